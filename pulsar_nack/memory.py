@@ -1,0 +1,276 @@
+"""Honest memory accounting for nack trackers.
+
+Two views that must agree (the benchmark checks they do, within a few per cent):
+
+* **From inside** — :func:`index_memory` walks a :class:`~pulsar_nack.index.TimeBucketIndex`: Python
+  objects at the size CPython's allocator really hands out (pymalloc blocks are multiples of 16 bytes;
+  objects over 512 bytes go to ``malloc``), and CRoaring's C heap read from each bitmap's
+  ``roaring_bitmap_t`` with glibc's ``malloc_usable_size``. ``sys.getsizeof`` and ``pympler.asizeof``
+  report a bitmap's *serialized* size instead, which is neither an upper nor a lower bound.
+* **From outside** — :func:`heap_in_use` is what the process holds right now: pymalloc's allocated
+  blocks plus glibc's in-use chunks (``mallinfo2``). The two are disjoint (pymalloc arenas are mmap-ed,
+  not malloc-ed), so a delta of ``heap_in_use()`` around building a structure in a fresh process is its
+  retained size. RSS would hide memory that glibc keeps after ``run_optimize`` frees it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyroaring import BitMap
+
+if TYPE_CHECKING:
+    from pulsar_nack.index import TimeBucketIndex
+
+__all__ = ["MemoryUsage", "bitmap_heap_bytes", "heap_in_use", "index_memory", "python_bytes"]
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """Bytes held by a tracker: Python objects and CRoaring's C heap."""
+
+    python_bytes: int
+    roaring_bytes: int
+    ids: int
+    breakdown: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.python_bytes + self.roaring_bytes
+
+    @property
+    def bytes_per_entry(self) -> float:
+        return self.total_bytes / self.ids if self.ids else 0.0
+
+
+# -- glibc ------------------------------------------------------------------------------------------
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def _load_libc() -> Any:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_usable_size.restype = ctypes.c_size_t
+        libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
+        libc.mallinfo2.restype = _MallInfo2
+        return libc
+    except (OSError, AttributeError):  # not glibc (musl, macOS): fall back to estimates
+        return None
+
+
+_LIBC = _load_libc()
+_CHUNK_HEADER = 8  # glibc keeps the chunk size in front of each allocation
+
+
+def _chunk(address: int) -> int:
+    """Bytes glibc holds for the allocation at ``address`` (usable size + header)."""
+    return int(_LIBC.malloc_usable_size(address)) + _CHUNK_HEADER if address else 0
+
+
+# -- CRoaring ----------------------------------------------------------------------------------------
+
+
+class _RoaringArray(ctypes.Structure):
+    """``roaring_array_t``, the only member of ``roaring_bitmap_t`` (CRoaring 1.x–4.x, roaring.h)."""
+
+    _fields_ = [
+        ("size", ctypes.c_int32),
+        ("allocation_size", ctypes.c_int32),
+        ("containers", ctypes.c_void_p),
+        ("keys", ctypes.c_void_p),
+        ("typecodes", ctypes.c_void_p),
+        ("flags", ctypes.c_uint8),
+    ]
+
+
+class _Container(ctypes.Structure):
+    """The common prefix of array/run containers (``{int32 n; int32 capacity; void *payload}``) and of
+    the bitset container (``{int32 cardinality; uint64_t *words}``, same offsets after padding)."""
+
+    _fields_ = [("count", ctypes.c_int32), ("capacity", ctypes.c_int32), ("payload", ctypes.c_void_p)]
+
+
+_BITSET, _ARRAY, _RUN = 1, 2, 3
+_BITSET_BYTES = 8192
+
+
+def bitmap_heap_bytes(bitmap: BitMap) -> int:
+    """CRoaring heap bytes of one bitmap, as glibc accounts them. O(containers).
+
+    Reads the ``roaring_bitmap_t`` behind ``bitmap.raw_pointer`` and asks glibc for each allocation's
+    real size. If the layout does not look like the one described above (another CRoaring, another
+    libc), falls back to an estimate from ``get_statistics()``.
+    """
+    if _LIBC is not None:
+        measured = _walk_bitmap(bitmap.raw_pointer)
+        if measured is not None:
+            return measured
+    return _estimate_bitmap(bitmap)
+
+
+def _walk_bitmap(address: int) -> int | None:
+    array = _RoaringArray.from_address(address)
+    size, capacity = array.size, array.allocation_size
+    # keys and typecodes live in the same allocation as the container pointers, right after them.
+    if not (0 <= size <= capacity <= 65536):
+        return None
+    if capacity and (
+        array.keys != array.containers + 8 * capacity or array.typecodes != array.keys + 2 * capacity
+    ):
+        return None
+    total = _chunk(address) + (_chunk(array.containers) if capacity else 0)
+    if not size:
+        return total
+    pointers = (ctypes.c_void_p * size).from_address(array.containers)
+    typecodes = (ctypes.c_uint8 * size).from_address(array.typecodes)
+    for pointer, typecode in zip(pointers, typecodes, strict=True):
+        if typecode not in (_BITSET, _ARRAY, _RUN) or not pointer:
+            return None
+        container = _Container.from_address(pointer)
+        payload = container.payload if typecode != _BITSET else ctypes.c_void_p.from_address(pointer + 8).value
+        total += _chunk(pointer) + _chunk(payload or 0)
+    return total
+
+
+def _estimate_bitmap(bitmap: BitMap) -> int:
+    stats = bitmap.get_statistics()
+    containers = stats["n_containers"]
+    payload = (
+        stats["n_bytes_array_containers"] + stats["n_bytes_run_containers"] + stats["n_bytes_bitset_containers"]
+    )
+    return 48 + (32 if containers else 0) + containers * (11 + 32 + 16) + payload
+
+
+# -- Python objects ---------------------------------------------------------------------------------
+
+_SMALL_REQUEST = 512  # pymalloc serves requests up to this size from its pools
+
+
+def python_bytes(obj: object) -> int:
+    """Bytes the allocator hands out for ``obj`` itself (not what it refers to)."""
+    size = sys.getsizeof(obj)
+    if isinstance(obj, BitMap):
+        size = type(obj).__basicsize__  # getsizeof reports the serialized size here
+    return _allocated(size)
+
+
+def _allocated(size: int) -> int:
+    if size <= _SMALL_REQUEST:
+        return (size + 15) & ~15
+    return (size + _CHUNK_HEADER + 15) & ~15
+
+
+def _container_bytes(container: Any) -> int:
+    """A dict/list/SortedDict's own storage (dicts and lists keep their tables in a separate block)."""
+    return _allocated(sys.getsizeof(container))
+
+
+def index_memory(index: TimeBucketIndex) -> MemoryUsage:
+    """Walk ``index`` (caller holds its lock) and add up what it holds. O(objects in the index).
+
+    Shared objects (a bucket's int key stored in several places, a topic string) count once; small
+    ints that CPython caches count nothing.
+    """
+    from pulsar_nack.index import _Ledger, _Run
+
+    seen: set[int] = set()
+    parts = {"schedule": 0, "buckets": 0, "ledgers": 0, "batch_members": 0, "bitmap_objects": 0}
+    roaring = 0
+
+    def once(obj: object) -> int:
+        if id(obj) in seen or (isinstance(obj, int) and -5 <= obj <= 256 and type(obj) is int):
+            return 0
+        seen.add(id(obj))
+        return python_bytes(obj)
+
+    def key_bytes(key: object) -> int:
+        if isinstance(key, tuple):
+            return once(key) + once(key[0]) + once(key[1])
+        return once(key)
+
+    schedule = index._schedule
+    parts["schedule"] += _container_bytes(schedule) + _sorted_list_bytes(schedule)
+    for bucket, slots in schedule.items():
+        parts["schedule"] += once(bucket)
+        parts["buckets"] += _container_bytes(slots)
+        for key, entries in slots.items():
+            parts["buckets"] += key_bytes(key)
+            parts["bitmap_objects"] += once(entries)
+            if isinstance(entries, BitMap):
+                roaring += bitmap_heap_bytes(entries)
+            elif not isinstance(entries, _Run):
+                raise TypeError(f"unexpected entries type {type(entries).__name__}")
+    parts["ledgers"] += _container_bytes(index._ledgers)
+    for key, record in index._ledgers.items():
+        parts["ledgers"] += key_bytes(key) + once(record)
+        if isinstance(record, _Ledger):
+            parts["ledgers"] += _container_bytes(record.buckets) + _container_bytes(record.entries)
+            parts["ledgers"] += once(record.lo) + once(record.hi)
+    members: Iterable[tuple[Any, dict[int, int]]] = index._members.items()
+    parts["batch_members"] += _container_bytes(index._members)
+    for slot, masks in members:
+        parts["batch_members"] += once(slot) + _container_bytes(masks)
+        parts["batch_members"] += sum(once(e) + once(m) for e, m in masks.items())
+    parts["schedule"] += _container_bytes(index._cold) + python_bytes(index) + python_bytes(index.__dict__)
+    return MemoryUsage(sum(parts.values()), roaring, len(index), parts)
+
+
+def _sorted_list_bytes(sorted_dict: Any) -> int:
+    """The SortedList of keys inside a SortedDict: its sublists, maxes and positional index."""
+    inner = sorted_dict._list
+    total = python_bytes(inner) + python_bytes(inner.__dict__) if hasattr(inner, "__dict__") else 0
+    total += _container_bytes(inner._lists) + _container_bytes(inner._maxes)
+    total += sum(_container_bytes(sub) for sub in inner._lists)
+    total += _container_bytes(inner._index)
+    return total
+
+
+# -- from outside -----------------------------------------------------------------------------------
+
+_ALLOCATED_BLOCKS = re.compile(rb"# bytes in allocated blocks\s*=\s*([\d,]+)")
+
+
+def heap_in_use() -> int:
+    """Bytes this process holds in pymalloc blocks plus glibc in-use chunks. O(heap metadata).
+
+    Use deltas around building something in a fresh process (``gc.collect()`` first). Needs glibc.
+    """
+    if _LIBC is None:
+        raise RuntimeError("heap_in_use needs glibc (mallinfo2)")
+    info = _LIBC.mallinfo2()
+    return _pymalloc_allocated() + int(info.uordblks) + int(info.hblkhd)
+
+
+def _pymalloc_allocated() -> int:
+    """pymalloc's "bytes in allocated blocks", read from ``sys._debugmallocstats()`` (it prints to fd 2)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        match = _ALLOCATED_BLOCKS.search(out.read())
+    if match is None:  # PYTHONMALLOC=malloc: everything is in mallinfo2 already
+        return 0
+    return int(match.group(1).replace(b",", b""))

@@ -1,0 +1,318 @@
+"""A hierarchical hashed timing wheel (Kafka's ``SystemTimer`` design) with one sleeping thread.
+
+Timeouts hash into the buckets of a wheel of ``wheel_size`` ticks; deadlines beyond the wheel's span
+go to an overflow wheel with ticks ``wheel_size`` times coarser, created on demand, and cascade down as
+time reaches them. Only *non-empty* buckets enter a heap ordered by expiration, so the thread:
+
+* sleeps until the earliest non-empty bucket — no fixed tick, no scan of pending timeouts;
+* waits without a timeout when nothing is scheduled (no work while idle);
+* is woken when a timeout earlier than everything else is scheduled (unlike Java's nack tracker, whose
+  timer makes a short nack wait behind a long one).
+
+Complexity: :meth:`TimerWheel.schedule` and :meth:`Timeout.cancel` are O(1), plus O(log m) for the m
+non-empty buckets when a bucket becomes non-empty; firing is O(1) per timeout per wheel level.
+
+Callbacks run on the timer thread, outside the wheel's lock, one at a time. A callback may schedule,
+cancel, or :meth:`~TimerWheel.close` the wheel. A timeout never fires before its deadline (deadlines are
+rounded up to whole ticks); it fires late by the time the thread needs to wake up plus the callbacks
+before it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["Timeout", "TimerWheel", "monotonic_ms"]
+
+_log = logging.getLogger(__name__)
+
+
+def monotonic_ms() -> float:
+    """The default clock: ``time.monotonic()`` in milliseconds."""
+    return time.monotonic() * 1000.0
+
+
+class Timeout:
+    """A scheduled callback; :meth:`cancel` it until it fires."""
+
+    __slots__ = ("_bucket", "_wheel", "callback", "deadline_ms")
+
+    def __init__(self, wheel: TimerWheel, deadline_ms: int, callback: Callable[[], object]) -> None:
+        self._wheel = wheel
+        self.deadline_ms = deadline_ms
+        self.callback = callback
+        self._bucket: _Bucket | None = None
+
+    @property
+    def pending(self) -> bool:
+        """True until the timeout fires or is cancelled."""
+        return self._bucket is not None
+
+    def cancel(self) -> bool:
+        """Stop the timeout from firing; False if it already fired or was cancelled. O(1)."""
+        return self._wheel._cancel(self)
+
+    def __repr__(self) -> str:
+        return f"Timeout(deadline_ms={self.deadline_ms}, pending={self.pending})"
+
+
+class _Bucket:
+    __slots__ = ("expiration", "timeouts")
+
+    def __init__(self) -> None:
+        self.timeouts: dict[Timeout, None] = {}
+        self.expiration = -1  # -1: not in the heap
+
+
+class _Wheel:
+    """One level: ``size`` buckets of ``tick`` ms, covering [current, current + tick * size)."""
+
+    __slots__ = ("buckets", "current", "interval", "overflow", "size", "tick")
+
+    def __init__(self, tick: int, size: int, start: int) -> None:
+        self.tick = tick
+        self.size = size
+        self.interval = tick * size
+        self.current = start - start % tick
+        self.buckets = [_Bucket() for _ in range(size)]
+        self.overflow: _Wheel | None = None
+
+    def bucket_for(self, deadline: int) -> tuple[_Bucket, int] | None:
+        """The bucket and its expiration for ``deadline``, or None if it is due within the current tick."""
+        if deadline < self.current + self.tick:
+            return None
+        if deadline < self.current + self.interval:
+            virtual = deadline // self.tick
+            return self.buckets[virtual % self.size], virtual * self.tick
+        if self.overflow is None:
+            self.overflow = _Wheel(self.interval, self.size, self.current)
+        return self.overflow.bucket_for(deadline)
+
+    def advance(self, now: int) -> None:
+        if now >= self.current + self.tick:
+            self.current = now - now % self.tick
+            if self.overflow is not None:
+                self.overflow.advance(self.current)
+
+
+class TimerWheel:
+    """Schedules callbacks at absolute deadlines (ms on ``clock``) and fires them on one thread.
+
+    ``tick_ms``: resolution of the finest wheel (deadlines round up to it); ``wheel_size``: buckets per
+    level. ``clock``: a monotonic millisecond clock, injectable for tests. With ``start=False`` no thread
+    runs and the owner calls :meth:`run_due` itself (deterministic tests with a fake clock).
+    """
+
+    def __init__(
+        self,
+        tick_ms: int = 1,
+        wheel_size: int = 512,
+        clock: Callable[[], float] = monotonic_ms,
+        name: str = "pulsar-nack-timer",
+        start: bool = True,
+    ) -> None:
+        if isinstance(tick_ms, bool) or not isinstance(tick_ms, int) or tick_ms < 1:
+            raise ValueError(f"tick_ms must be an int >= 1, got {tick_ms!r}")
+        if isinstance(wheel_size, bool) or not isinstance(wheel_size, int) or wheel_size < 2:
+            raise ValueError(f"wheel_size must be an int >= 2, got {wheel_size!r}")
+        self._clock = clock
+        self._cond = threading.Condition(threading.Lock())
+        self._wheel = _Wheel(tick_ms, wheel_size, self._now())
+        self._heap: list[tuple[int, int, _Bucket]] = []
+        self._sequence = itertools.count()
+        self._ready: list[Timeout] = []  # due on arrival; fired by the next run
+        self._pending = 0
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+            self._thread.start()
+
+    # -- public API -----------------------------------------------------------------------------------
+
+    def schedule(self, deadline_ms: float, callback: Callable[[], object]) -> Timeout:
+        """Run ``callback`` on the timer thread once ``clock() >= deadline_ms``. O(1) amortized."""
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {type(callback).__name__}")
+        if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int | float) or math.isnan(deadline_ms):
+            raise TypeError(f"deadline_ms must be a number of milliseconds, got {deadline_ms!r}")
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("TimerWheel is closed")
+            tick = self._wheel.tick
+            timeout = Timeout(self, -(-math.ceil(deadline_ms) // tick) * tick, callback)
+            head = self._heap[0][0] if self._heap else None
+            self._pending += 1
+            self._place(timeout)
+            if self._ready or (self._heap and self._heap[0][0] != head):
+                self._cond.notify()  # an earlier wake-up than the thread is sleeping for
+            return timeout
+
+    def schedule_after(self, delay_ms: float, callback: Callable[[], object]) -> Timeout:
+        """Like :meth:`schedule`, ``delay_ms`` from now."""
+        return self.schedule(self._clock() + delay_ms, callback)
+
+    def __len__(self) -> int:
+        """Timeouts scheduled and not yet fired or cancelled."""
+        return self._pending
+
+    def next_deadline_ms(self) -> int | None:
+        """When the thread will next wake (the earliest non-empty bucket), or None if idle."""
+        with self._cond:
+            if self._ready:
+                return int(self._now())
+            return self._head_expiration()
+
+    def run_due(self) -> int:
+        """Fire every timeout due now, on the calling thread; returns how many fired.
+
+        The wheel's own thread calls this; with ``start=False`` the owner does.
+        """
+        with self._cond:
+            due = self._collect_due(self._now())
+        for timeout in due:
+            _fire(timeout)
+        return len(due)
+
+    def wakeup(self) -> None:
+        """Make the thread re-read the clock (after a fake clock moved)."""
+        with self._cond:
+            self._cond.notify()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self, timeout: float | None = 10.0) -> bool:
+        """Cancel everything and stop the thread; True once it has stopped.
+
+        Safe from any thread, from inside a callback (then it does not wait for itself) and while a
+        callback runs (then it waits at most ``timeout`` seconds for that callback to return). Idempotent.
+        """
+        with self._cond:
+            self._closed = True
+            for _, _, bucket in self._heap:
+                for pending in bucket.timeouts:
+                    pending._bucket = None
+                bucket.timeouts.clear()
+                bucket.expiration = -1
+            self._heap.clear()
+            self._ready.clear()
+            self._pending = 0
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def __enter__(self) -> TimerWheel:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- internals (called with the lock held unless noted) ------------------------------------------------
+
+    def _now(self) -> int:
+        return math.floor(self._clock())
+
+    def _place(self, timeout: Timeout) -> None:
+        found = self._wheel.bucket_for(timeout.deadline_ms)
+        if found is None or timeout.deadline_ms <= self._now():
+            self._ready.append(timeout)
+            timeout._bucket = _READY
+            return
+        bucket, expiration = found
+        bucket.timeouts[timeout] = None
+        timeout._bucket = bucket
+        if bucket.expiration != expiration:
+            bucket.expiration = expiration
+            heapq.heappush(self._heap, (expiration, next(self._sequence), bucket))
+
+    def _cancel(self, timeout: Timeout) -> bool:
+        with self._cond:
+            bucket = timeout._bucket
+            if bucket is None:
+                return False
+            timeout._bucket = None
+            self._pending -= 1
+            if bucket is _READY:
+                self._ready.remove(timeout)
+                return True
+            del bucket.timeouts[timeout]
+            if not bucket.timeouts:
+                bucket.expiration = -1  # its heap entry is now stale
+                self._cond.notify()
+            return True
+
+    def _head_expiration(self) -> int | None:
+        """Earliest live heap entry, dropping stale ones. Amortized O(log m)."""
+        heap = self._heap
+        while heap:
+            expiration, _, bucket = heap[0]
+            if bucket.expiration == expiration:
+                return expiration
+            heapq.heappop(heap)
+        return None
+
+    def _collect_due(self, now: int) -> list[Timeout]:
+        due, self._ready = self._ready, []
+        while True:
+            expiration = self._head_expiration()
+            if expiration is None or expiration > now:
+                break
+            _, _, bucket = heapq.heappop(self._heap)
+            self._wheel.advance(expiration)
+            timeouts = list(bucket.timeouts)
+            bucket.timeouts.clear()
+            bucket.expiration = -1
+            for timeout in timeouts:  # cascade to a finer wheel, or fire
+                self._place(timeout)
+            due.extend(self._ready)
+            self._ready = []
+        self._wheel.advance(now)
+        for timeout in due:
+            timeout._bucket = None
+        self._pending -= len(due)
+        return due
+
+    def _run(self) -> None:
+        """The timer thread: sleep until the earliest non-empty bucket, fire, repeat."""
+        cond = self._cond
+        while True:
+            with cond:
+                if self._closed:
+                    return
+                if self._ready:
+                    wait: float | None = 0.0
+                else:
+                    head = self._head_expiration()
+                    wait = None if head is None else head - self._clock()
+                if wait is None:
+                    cond.wait()  # idle: nothing scheduled
+                    continue
+                if wait > 0:
+                    cond.wait(wait / 1000.0)
+                    continue
+                due = self._collect_due(self._now())
+            for timeout in due:
+                if self._closed:
+                    return
+                _fire(timeout)
+
+
+_READY = _Bucket()  # marker bucket of timeouts that were due on arrival
+
+
+def _fire(timeout: Timeout) -> None:
+    try:
+        timeout.callback()
+    except Exception:  # a failing callback must not kill the timer thread
+        _log.exception("timer callback %r failed", timeout.callback)

@@ -1,0 +1,183 @@
+"""The TimeBucket index against a plain reference model (hypothesis state machine).
+
+The model keeps one due bucket per id in dicts and states the semantics directly:
+
+* an id keeps its earliest bucket (re-adding never delays it);
+* ``batch_index`` -1 is the whole entry and covers its batch messages: a message added while its whole
+  entry is pending no later is a no-op, and a whole entry added at bucket b drops messages pending at >= b;
+* ``pop_due(now)`` returns every id whose bucket is <= now, once; an entry comes whole if its whole id is
+  due, else with the due batch indexes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import hypothesis.strategies as st
+import numpy as np
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from pulsar_nack import TimeBucketIndex
+
+TOPICS = ("", "persistent://public/default/t-partition-1")
+LEDGERS = (3, 7)
+ENTRIES = st.integers(0, 6)
+BATCH = st.integers(-1, 2)
+
+
+def model_bucket(due: int, k: int, rounding: str) -> int:
+    width = 1 << k
+    return due - due % width if rounding == "floor" else -(-due // width) * width
+
+
+@dataclass
+class Model:
+    k: int
+    rounding: str
+    whole: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    member: dict[tuple[str, int, int, int], int] = field(default_factory=dict)
+
+    def add(self, due: int, topic: str, ledger: int, entry: int, bi: int) -> None:
+        b = model_bucket(due, self.k, self.rounding)
+        entry_key = (topic, ledger, entry)
+        whole = self.whole.get(entry_key)
+        if whole is not None and whole <= b:
+            return
+        if bi < 0:
+            self.whole[entry_key] = b
+            for key in [m for m, mb in self.member.items() if m[:3] == entry_key and mb >= b]:
+                del self.member[key]
+            return
+        key = (topic, ledger, entry, bi)
+        if key in self.member and self.member[key] <= b:
+            return
+        self.member[key] = b
+
+    def remove(self, topic: str, ledger: int, entry: int, bi: int) -> bool:
+        entry_key = (topic, ledger, entry)
+        if bi >= 0:
+            return self.member.pop((topic, ledger, entry, bi), None) is not None
+        removed = self.whole.pop(entry_key, None) is not None
+        for key in [m for m in self.member if m[:3] == entry_key]:
+            del self.member[key]
+            removed = True
+        return removed
+
+    def due_of(self, topic: str, ledger: int, entry: int, bi: int) -> int | None:
+        entry_key = (topic, ledger, entry)
+        candidates = [self.whole[entry_key]] if entry_key in self.whole else []
+        candidates += [b for m, b in self.member.items() if m[:3] == entry_key and (bi < 0 or m[3] == bi)]
+        return min(candidates, default=None)
+
+    def pop_due(self, now: int) -> dict[tuple[str, int, int], tuple[int, ...] | None]:
+        """{entry: None if due whole, else the due batch indexes}."""
+        out: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
+        for key in [k for k, b in self.whole.items() if b <= now]:
+            del self.whole[key]
+            out[key] = None
+        due_members = sorted(m for m, b in self.member.items() if b <= now)
+        for m in due_members:
+            del self.member[m]
+            if m[:3] in out and out[m[:3]] is None:
+                continue
+            out[m[:3]] = (*(out.get(m[:3]) or ()), m[3])
+        return out
+
+    def slots(self) -> set[tuple[int, str, int, int]]:
+        return {(b, *k) for k, b in self.whole.items()} | {(b, *m[:3]) for m, b in self.member.items()}
+
+
+class IndexMachine(RuleBasedStateMachine):
+    @initialize(k=st.integers(0, 4), rounding=st.sampled_from(["floor", "ceil"]))
+    def setup(self, k: int, rounding: str) -> None:
+        self.index = TimeBucketIndex(k, rounding)  # type: ignore[arg-type]
+        self.model = Model(k, rounding)
+        self.now = 0
+        self.added_since_pop = False
+
+    @rule(
+        delay=st.integers(0, 80),
+        topic=st.sampled_from(TOPICS),
+        ledger=st.sampled_from(LEDGERS),
+        entry=ENTRIES,
+        bi=BATCH,
+    )
+    def add(self, delay: int, topic: str, ledger: int, entry: int, bi: int) -> None:
+        self.index.add(self.now + delay, ledger, entry, bi, topic)
+        self.added_since_pop = True
+        self.model.add(self.now + delay, topic, ledger, entry, bi)
+
+    @rule(
+        ids=st.lists(
+            st.tuples(st.integers(0, 80), st.sampled_from(LEDGERS), ENTRIES, BATCH), min_size=1, max_size=12
+        ),
+        topic=st.sampled_from(TOPICS),
+        with_batches=st.booleans(),
+    )
+    def add_many(self, ids: list[tuple[int, int, int, int]], topic: str, with_batches: bool) -> None:
+        due, ledgers, entries, batches = (np.array(column) for column in zip(*ids, strict=True))
+        due = due + self.now
+        self.index.add_many(due, ledgers, entries, batches if with_batches else None, topic)
+        self.added_since_pop = True
+        for d, led, e, bi in zip(due.tolist(), ledgers.tolist(), entries.tolist(), batches.tolist(), strict=True):
+            self.model.add(d, topic, led, e, bi if with_batches else -1)
+
+    @rule(topic=st.sampled_from(TOPICS), ledger=st.sampled_from(LEDGERS), entry=ENTRIES, bi=BATCH)
+    def remove(self, topic: str, ledger: int, entry: int, bi: int) -> None:
+        assert self.index.remove(ledger, entry, bi, topic) == self.model.remove(topic, ledger, entry, bi)
+
+    @rule(step=st.integers(0, 40))
+    def advance_and_pop(self, step: int) -> None:
+        self.now += step
+        got: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
+        for due in self.index.pop_due(self.now):
+            entries = due.entry_ids.tolist()
+            assert entries == sorted(set(entries)), "entry ids sorted, each once per call"
+            assert set(due.batch_indexes) <= set(entries)
+            for entry in entries:
+                key = (due.topic, due.ledger_id, entry)
+                assert key not in got, "one DueIds per ledger per call"
+                got[key] = due.batch_indexes.get(entry)
+        assert got == self.model.pop_due(self.now)
+        self.added_since_pop = False
+
+    @rule()
+    def compact(self) -> None:
+        self.index.compact()
+
+    @rule(topic=st.sampled_from(TOPICS), ledger=st.sampled_from(LEDGERS), entry=ENTRIES, bi=BATCH)
+    def due_of(self, topic: str, ledger: int, entry: int, bi: int) -> None:
+        assert self.index.due_of(ledger, entry, bi, topic) == self.model.due_of(topic, ledger, entry, bi)
+
+    @precondition(lambda self: hasattr(self, "index"))
+    @invariant()
+    def sizes_agree(self) -> None:
+        slots = self.model.slots()
+        assert len(self.index) == len(slots)
+        assert self.index.bucket_count == len({s[0] for s in slots})
+        assert self.index.next_due_ms() == min((s[0] for s in slots), default=None)
+
+    @precondition(lambda self: hasattr(self, "index"))
+    @invariant()
+    def nothing_overdue(self) -> None:
+        """After a pop at `now`, nothing pending is due at or before `now` (never late)."""
+        next_due = self.index.next_due_ms()
+        # Ids added since the last pop may already be due; they come out at the next pop.
+        assert next_due is None or next_due > self.now or self.added_since_pop
+
+
+IndexMachine.TestCase.settings = settings(max_examples=int(__import__("os").environ.get("HYPO_EXAMPLES", 300)), stateful_step_count=60, deadline=None)
+TestIndexAgainstModel = IndexMachine.TestCase
+
+
+def test_bucket_bounds_floor_and_ceil() -> None:
+    """floor: up to 2**k - 1 ms early, never late; ceil: never early, up to 2**k - 1 ms late."""
+    for k in range(0, 13):
+        width = 1 << k
+        for due in (0, 1, width - 1, width, 12345, 2**41 + 7):
+            floor = TimeBucketIndex(k, "floor").bucket_of(due)
+            ceil = TimeBucketIndex(k, "ceil").bucket_of(due)
+            assert due - width < floor <= due
+            assert due <= ceil < due + width
+            assert floor % width == 0 and ceil % width == 0

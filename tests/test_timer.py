@@ -1,0 +1,192 @@
+"""TimerWheel: fake-clock behaviour, re-arming, closing from and during callbacks, real-clock lateness."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pulsar_nack.timer import TimerWheel, monotonic_ms
+
+
+class FakeClock:
+    def __init__(self, now: float = 1_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_fires_in_deadline_order_never_early_with_fake_clock() -> None:
+    clock = FakeClock()
+    wheel = TimerWheel(tick_ms=1, wheel_size=8, clock=clock, start=False)
+    fired: list[tuple[int, float]] = []
+    deadlines = [1_003, 1_001, 1_500, 1_007, 90_000, 1_002]  # spans several wheel levels
+    for d in deadlines:
+        wheel.schedule(d, lambda d=d: fired.append((d, clock.now)))
+    assert len(wheel) == len(deadlines)
+    assert wheel.next_deadline_ms() == 1_001
+    while clock.now < 100_000:
+        clock.now += 1
+        wheel.run_due()
+    assert [d for d, _ in fired] == sorted(deadlines)
+    assert all(at == d for d, at in fired), "fires at the first clock reading >= its deadline"
+    assert len(wheel) == 0 and wheel.next_deadline_ms() is None
+
+
+def test_coarse_ticks_round_up_and_never_fire_early() -> None:
+    clock = FakeClock(0)
+    wheel = TimerWheel(tick_ms=10, wheel_size=4, clock=clock, start=False)
+    fired: list[float] = []
+    wheel.schedule(13, lambda: fired.append(clock.now))
+    for now in range(0, 60):
+        clock.now = now
+        wheel.run_due()
+    assert fired == [20]
+
+
+def test_cancel_is_exact_and_idempotent() -> None:
+    clock = FakeClock()
+    wheel = TimerWheel(clock=clock, start=False)
+    fired: list[str] = []
+    keep = wheel.schedule(1_010, lambda: fired.append("keep"))
+    drop = wheel.schedule(1_010, lambda: fired.append("drop"))
+    far = wheel.schedule(1_000_000, lambda: fired.append("far"))
+    assert drop.cancel() and not drop.cancel()
+    assert far.cancel()
+    assert len(wheel) == 1 and keep.pending and not drop.pending
+    clock.now = 2_000_000
+    wheel.run_due()
+    assert fired == ["keep"] and not keep.cancel()
+
+
+def test_due_on_arrival_fires_at_next_run() -> None:
+    clock = FakeClock()
+    wheel = TimerWheel(clock=clock, start=False)
+    fired: list[int] = []
+    wheel.schedule(clock.now - 5, lambda: fired.append(1))
+    assert wheel.run_due() == 1 and fired == [1]
+
+
+def test_thread_sleeps_then_is_rearmed_by_an_earlier_deadline() -> None:
+    """A short timeout scheduled after a long one must not wait behind it (unlike Java's nack timer)."""
+    wheel = TimerWheel()
+    try:
+        done = threading.Event()
+        start = monotonic_ms()
+        wheel.schedule(start + 60_000, lambda: None)
+        time.sleep(0.05)  # let the thread go to sleep for 60 s
+        wheel.schedule(start + 100, done.set)
+        assert done.wait(5.0), "the earlier deadline must wake the sleeping thread"
+        assert monotonic_ms() - start < 4_000
+    finally:
+        assert wheel.close()
+
+
+def test_idle_thread_does_no_work() -> None:
+    """With nothing scheduled the thread waits without a timeout: the heap stays empty, nothing runs."""
+    calls = 0
+
+    def counting_clock() -> float:
+        nonlocal calls
+        calls += 1
+        return monotonic_ms()
+
+    wheel = TimerWheel(clock=counting_clock)
+    try:
+        time.sleep(0.05)
+        before = calls
+        time.sleep(0.3)
+        assert calls == before, "an idle wheel must not poll the clock"
+    finally:
+        assert wheel.close()
+
+
+def test_real_clock_lateness_is_small() -> None:
+    wheel = TimerWheel()
+    lateness: list[float] = []
+    done = threading.Event()
+    try:
+        now = monotonic_ms()
+        deadlines = [now + 20 + 7 * i for i in range(30)]
+        for i, d in enumerate(deadlines):
+            def record(d: float = d, last: bool = i == len(deadlines) - 1) -> None:
+                lateness.append(monotonic_ms() - d)
+                if last:
+                    done.set()
+            wheel.schedule(d, record)
+        assert done.wait(10.0)
+    finally:
+        assert wheel.close()
+    assert len(lateness) == 30
+    assert min(lateness) >= -0.001, "never early"
+    assert max(lateness) < 500, "generous bound: shared machines jitter"
+
+
+def test_close_from_inside_a_callback() -> None:
+    wheel = TimerWheel()
+    closed = threading.Event()
+
+    def close_me() -> None:
+        assert wheel.close() is True  # must not join itself
+        closed.set()
+
+    wheel.schedule_after(10, close_me)
+    wheel.schedule_after(20, lambda: pytest.fail("must not fire after close"))
+    assert closed.wait(5.0)
+    time.sleep(0.05)
+    assert wheel.closed and len(wheel) == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        wheel.schedule_after(1, lambda: None)
+
+
+def test_close_while_a_callback_runs_does_not_deadlock() -> None:
+    """apache/pulsar #23650: closing during a redelivery flush must not deadlock."""
+    app_lock = threading.Lock()
+    wheel = TimerWheel()
+    entered = threading.Event()
+
+    def flush() -> None:
+        entered.set()
+        with app_lock:  # the flush needs a lock the closing thread holds
+            pass
+
+    wheel.schedule_after(5, flush)
+    with app_lock:
+        assert entered.wait(5.0)
+        started = time.monotonic()
+        assert wheel.close(timeout=0.2) is False  # bounded: reports it could not stop yet
+        assert time.monotonic() - started < 2.0
+    assert wheel.close(timeout=5.0) is True  # once the lock is free the thread ends
+    assert wheel.close() is True  # idempotent
+
+
+def test_callback_errors_do_not_stop_the_timer(caplog: pytest.LogCaptureFixture) -> None:
+    wheel = TimerWheel()
+    done = threading.Event()
+    try:
+        wheel.schedule_after(1, lambda: 1 / 0)
+        wheel.schedule_after(5, done.set)
+        assert done.wait(5.0)
+    finally:
+        wheel.close()
+    assert "timer callback" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"tick_ms": 0}, "tick_ms"), ({"wheel_size": 1}, "wheel_size"), ({"tick_ms": 1.5}, "tick_ms")],
+)
+def test_bad_arguments_name_the_parameter(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TimerWheel(start=False, **kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_schedule_arguments() -> None:
+    wheel = TimerWheel(start=False)
+    with pytest.raises(TypeError, match="callback"):
+        wheel.schedule(1, "not callable")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="deadline_ms"):
+        wheel.schedule("soon", lambda: None)  # type: ignore[arg-type]
+    assert len(wheel) == 0
