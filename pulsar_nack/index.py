@@ -162,9 +162,7 @@ class TimeBucketIndex:
         if isinstance(precision_bits, bool) or not isinstance(precision_bits, int):
             raise TypeError(f"precision_bits must be an int, got {type(precision_bits).__name__}")
         if not 0 <= precision_bits <= MAX_PRECISION_BITS:
-            raise ValueError(
-                f"precision_bits must be in 0..{MAX_PRECISION_BITS}, got {precision_bits}"
-            )
+            raise ValueError(f"precision_bits must be in 0..{MAX_PRECISION_BITS}, got {precision_bits}")
         if rounding not in ("floor", "ceil"):
             raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
         self._precision_bits = precision_bits
@@ -238,11 +236,7 @@ class TimeBucketIndex:
         if type(entry_id) is not int:
             entry_id = _entry(entry_id)
         with self._lock:
-            if (
-                bucket == self._slot_bucket
-                and ledger_id == self._slot_ledger
-                and topic == self._slot_topic
-            ):
+            if bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic:
                 entries = self._slot_entries
             else:
                 entries = self._select(bucket, ledger_id, topic)
@@ -798,8 +792,12 @@ def _as_arrays(
         sizes = ", ".join(f"{name}={a.size}" for name, a in arrays.items())
         raise ValueError(f"add_many inputs must have equal lengths (or be scalars): {sizes}") from None
     checked = dict(zip(arrays, shaped, strict=True))
-    limits = {"due_ms": (0, None), "ledger_ids": (0, None), "entry_ids": (0, MAX_ENTRY_ID),
-              "batch_indexes": (-1, None)}
+    limits = {
+        "due_ms": (0, None),
+        "ledger_ids": (0, None),
+        "entry_ids": (0, MAX_ENTRY_ID),
+        "batch_indexes": (-1, None),
+    }
     for name, array in checked.items():
         if array.size == 0:
             continue
@@ -807,8 +805,10 @@ def _as_arrays(
         if array.min() < low or (high is not None and array.max() > high):
             bound = f"{low}..{high}" if high is not None else f">= {low}"
             raise ValueError(f"{name} values must be {bound}")
-    if checked["ledger_ids"].size and checked["ledger_ids"].dtype == np.uint64 and (
-        checked["ledger_ids"].max() > np.iinfo(np.int64).max
+    if (
+        checked["ledger_ids"].size
+        and checked["ledger_ids"].dtype == np.uint64
+        and (checked["ledger_ids"].max() > np.iinfo(np.int64).max)
     ):
         raise ValueError("ledger_ids values must be < 2**63")
     batches = checked.get("batch_indexes")

@@ -58,7 +58,15 @@ class _MallInfo2(ctypes.Structure):
     _fields_ = [
         (name, ctypes.c_size_t)
         for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
             "keepcost",
         )
     ]
@@ -101,8 +109,7 @@ class _RoaringArray(ctypes.Structure):
 
 
 class _Container(ctypes.Structure):
-    """The common prefix of array/run containers (``{int32 n; int32 capacity; void *payload}``) and of
-    the bitset container (``{int32 cardinality; uint64_t *words}``, same offsets after padding)."""
+    """The common layout of CRoaring's containers: the payload pointer sits at offset 8 in all three."""
 
     _fields_ = [("count", ctypes.c_int32), ("capacity", ctypes.c_int32), ("payload", ctypes.c_void_p)]
 
@@ -143,8 +150,8 @@ def _walk_bitmap(address: int) -> int | None:
     for pointer, typecode in zip(pointers, typecodes, strict=True):
         if typecode not in (_BITSET, _ARRAY, _RUN) or not pointer:
             return None
-        container = _Container.from_address(pointer)
-        payload = container.payload if typecode != _BITSET else ctypes.c_void_p.from_address(pointer + 8).value
+        # array/run: {int32 n; int32 capacity; payload*}; bitset: {int32 cardinality; words*} (same offset)
+        payload = _Container.from_address(pointer).payload
         total += _chunk(pointer) + _chunk(payload or 0)
     return total
 
@@ -153,7 +160,9 @@ def _estimate_bitmap(bitmap: BitMap) -> int:
     stats = bitmap.get_statistics()
     containers = stats["n_containers"]
     payload = (
-        stats["n_bytes_array_containers"] + stats["n_bytes_run_containers"] + stats["n_bytes_bitset_containers"]
+        stats["n_bytes_array_containers"]
+        + stats["n_bytes_run_containers"]
+        + stats["n_bytes_bitset_containers"]
     )
     return 48 + (32 if containers else 0) + containers * (11 + 32 + 16) + payload
 

@@ -140,7 +140,11 @@ class TimerWheel:
         """Run ``callback`` on the timer thread once ``clock() >= deadline_ms``. O(1) amortized."""
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int | float) or math.isnan(deadline_ms):
+        if (
+            isinstance(deadline_ms, bool)
+            or not isinstance(deadline_ms, int | float)
+            or deadline_ms != deadline_ms
+        ):
             raise TypeError(f"deadline_ms must be a number of milliseconds, got {deadline_ms!r}")
         with self._cond:
             if self._closed:

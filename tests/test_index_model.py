@@ -11,6 +11,7 @@ The model keeps one due bucket per id in dicts and states the semantics directly
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
@@ -120,7 +121,8 @@ class IndexMachine(RuleBasedStateMachine):
         due = due + self.now
         self.index.add_many(due, ledgers, entries, batches if with_batches else None, topic)
         self.added_since_pop = True
-        for d, led, e, bi in zip(due.tolist(), ledgers.tolist(), entries.tolist(), batches.tolist(), strict=True):
+        rows = zip(due.tolist(), ledgers.tolist(), entries.tolist(), batches.tolist(), strict=True)
+        for d, led, e, bi in rows:
             self.model.add(d, topic, led, e, bi if with_batches else -1)
 
     @rule(topic=st.sampled_from(TOPICS), ledger=st.sampled_from(LEDGERS), entry=ENTRIES, bi=BATCH)
@@ -167,7 +169,10 @@ class IndexMachine(RuleBasedStateMachine):
         assert next_due is None or next_due > self.now or self.added_since_pop
 
 
-IndexMachine.TestCase.settings = settings(max_examples=int(__import__("os").environ.get("HYPO_EXAMPLES", 300)), stateful_step_count=60, deadline=None)
+#: HYPO_EXAMPLES raises the example count for a long soak run.
+IndexMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("HYPO_EXAMPLES", "300")), stateful_step_count=60, deadline=None
+)
 TestIndexAgainstModel = IndexMachine.TestCase
 
 

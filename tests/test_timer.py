@@ -111,10 +111,12 @@ def test_real_clock_lateness_is_small() -> None:
         now = monotonic_ms()
         deadlines = [now + 20 + 7 * i for i in range(30)]
         for i, d in enumerate(deadlines):
+
             def record(d: float = d, last: bool = i == len(deadlines) - 1) -> None:
                 lateness.append(monotonic_ms() - d)
                 if last:
                     done.set()
+
             wheel.schedule(d, record)
         assert done.wait(10.0)
     finally:
