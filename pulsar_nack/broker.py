@@ -269,7 +269,7 @@ def _resolve_classpath(project: Path, timeout: float) -> str:
         if settings.is_file():
             cmd += ["-s", str(settings)]
         cmd += ["dependency:build-classpath", f"-Dclasspath.file={tmp}"]
-        _log.info("resolving Apache Pulsar with Maven (first run downloads ~370 MB): %s", cmd)
+        _log.info("resolving Apache Pulsar with Maven (first run downloads ~270 MB into ~/.m2): %s", cmd)
         started = time.monotonic()
         with log_path.open("wb") as log_file:
             try:

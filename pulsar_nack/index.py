@@ -233,8 +233,8 @@ class TimeBucketIndex:
         except TypeError:
             _check_due(due_ms)
             raise
-        if type(entry_id) is not int:
-            entry_id = _entry(entry_id)
+        if type(entry_id) is not int or type(ledger_id) is not int:
+            entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
         with self._lock:
             if bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic:
                 entries = self._slot_entries
@@ -438,7 +438,9 @@ class TimeBucketIndex:
     # -- internals: the add path ------------------------------------------------------------------
 
     def _forget_slot(self) -> None:
-        """Drop the add path's cache of the last (bucket, ledger) slot."""
+        """Drop the add path's cache of the last (bucket, ledger) slot; its bucket becomes cold."""
+        if getattr(self, "_slot_bucket", None) is not None and self._slot_bucket in self._schedule:
+            self._cold[self._slot_bucket] = None
         self._slot_bucket: int | None = None
         self._slot_ledger: int | None = None
         self._slot_topic: str | None = None
@@ -450,11 +452,7 @@ class TimeBucketIndex:
     def _select(self, bucket: int, ledger_id: int, topic: str) -> BitMap:
         """Find or create the slot (bucket, ledger) and make it the cached one. O(log B) if new."""
         bucket = _check_due(bucket, "due_ms")
-        if isinstance(ledger_id, bool) or not isinstance(ledger_id, int | np.integer):
-            raise TypeError(f"ledger_id must be an int, got {type(ledger_id).__name__}")
-        if ledger_id < 0:
-            raise ValueError(f"ledger_id must be >= 0, got {ledger_id}")
-        ledger_id = int(ledger_id)
+        ledger_id = _ledger(ledger_id)
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, got {type(topic).__name__}")
         if self._slot_bucket is not None and self._slot_bucket != bucket:
@@ -705,6 +703,14 @@ def _entry(entry_id: Any) -> int:
     if isinstance(entry_id, bool) or not isinstance(entry_id, int | np.integer):
         raise _bad_entry(entry_id)
     return int(entry_id)
+
+
+def _ledger(ledger_id: Any) -> int:
+    if isinstance(ledger_id, bool) or not isinstance(ledger_id, int | np.integer):
+        raise TypeError(f"ledger_id must be an int, got {type(ledger_id).__name__}")
+    if ledger_id < 0:
+        raise ValueError(f"ledger_id must be >= 0, got {ledger_id}")
+    return int(ledger_id)
 
 
 def _bad_entry(entry_id: object) -> Exception:

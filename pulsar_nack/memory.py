@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import inspect
 import os
 import re
 import sys
@@ -215,7 +216,14 @@ def index_memory(index: TimeBucketIndex) -> MemoryUsage:
         return once(key)
 
     schedule = index._schedule
-    parts["schedule"] += _container_bytes(schedule) + _sorted_list_bytes(schedule)
+    # Fixed part: the index object, its attributes' holders, SortedDict's per-instance bound methods.
+    for holder in (index, index._lock, schedule, schedule._list):
+        parts["schedule"] += once(holder)
+        attributes = getattr(holder, "__dict__", None)
+        if attributes is not None:
+            parts["schedule"] += once(attributes)
+            parts["schedule"] += sum(once(v) for v in attributes.values() if inspect.ismethod(v))
+    parts["schedule"] += _sorted_list_bytes(schedule._list)
     for bucket, slots in schedule.items():
         parts["schedule"] += once(bucket)
         parts["buckets"] += _container_bytes(slots)
@@ -237,15 +245,13 @@ def index_memory(index: TimeBucketIndex) -> MemoryUsage:
     for slot, masks in members:
         parts["batch_members"] += once(slot) + _container_bytes(masks)
         parts["batch_members"] += sum(once(e) + once(m) for e, m in masks.items())
-    parts["schedule"] += _container_bytes(index._cold) + python_bytes(index) + python_bytes(index.__dict__)
+    parts["schedule"] += _container_bytes(index._cold)
     return MemoryUsage(sum(parts.values()), roaring, len(index), parts)
 
 
-def _sorted_list_bytes(sorted_dict: Any) -> int:
-    """The SortedList of keys inside a SortedDict: its sublists, maxes and positional index."""
-    inner = sorted_dict._list
-    total = python_bytes(inner) + python_bytes(inner.__dict__) if hasattr(inner, "__dict__") else 0
-    total += _container_bytes(inner._lists) + _container_bytes(inner._maxes)
+def _sorted_list_bytes(inner: Any) -> int:
+    """A SortedList's storage: its sublists, maxes and positional index."""
+    total = _container_bytes(inner._lists) + _container_bytes(inner._maxes)
     total += sum(_container_bytes(sub) for sub in inner._lists)
     total += _container_bytes(inner._index)
     return total
