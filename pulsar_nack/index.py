@@ -439,8 +439,9 @@ class TimeBucketIndex:
 
     def _forget_slot(self) -> None:
         """Drop the add path's cache of the last (bucket, ledger) slot; its bucket becomes cold."""
-        if getattr(self, "_slot_bucket", None) is not None and self._slot_bucket in self._schedule:
-            self._cold[self._slot_bucket] = None
+        left: int | None = getattr(self, "_slot_bucket", None)
+        if left is not None and left in self._schedule:
+            self._cold[left] = None
         self._slot_bucket: int | None = None
         self._slot_ledger: int | None = None
         self._slot_topic: str | None = None

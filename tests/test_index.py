@@ -172,7 +172,7 @@ def test_bad_input_names_the_parameter_and_changes_nothing(
     index.add(5, 1, 1)
     with pytest.raises(error, match=message):
         index.add(*args)  # type: ignore[arg-type]
-    assert len(index) == 1 and index.bucket_count == 1 and list(index)[0][3].tolist() == [1]
+    assert len(index) == 1 and index.bucket_count == 1 and next(iter(index))[3].tolist() == [1]
 
 
 @pytest.mark.parametrize(
