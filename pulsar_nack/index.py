@@ -25,7 +25,7 @@ whole call.
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
@@ -80,7 +80,7 @@ class _Run(int):
         return self & MAX_ENTRY_ID
 
     def __contains__(self, entry_id: object) -> bool:
-        return isinstance(entry_id, int) and self.lo <= entry_id <= self.hi
+        return isinstance(entry_id, int) and self >> 32 <= entry_id <= self & MAX_ENTRY_ID
 
     def __len__(self) -> int:
         return self.hi - self.lo + 1
@@ -101,11 +101,13 @@ Entries: TypeAlias = "BitMap | _Run"
 class _Ledger:
     """Bookkeeping of a ledger that has ids in more than one bucket (single-bucket ledgers need none).
 
-    ``buckets`` (sorted) and ``entries`` are parallel lists; ``lo``/``hi`` bound every pending entry id
-    (possibly loosely after pops: ``stale`` says so) so that a new nack outside them skips the scan.
+    ``buckets`` (sorted) and ``entries`` are parallel lists. ``lo``/``hi`` bound every pending entry id
+    (loosely after pops: ``stale`` says so), so that a nack outside them skips any search. ``mins`` holds
+    each bucket's smallest entry id when the buckets hold increasing, disjoint ranges of entry ids (the
+    usual in-order case), so a lookup bisects instead of probing every bucket; None = not known yet.
     """
 
-    __slots__ = ("buckets", "entries", "hi", "lo", "stale")
+    __slots__ = ("buckets", "entries", "hi", "lo", "mins", "ordered", "stale")
 
     def __init__(self, buckets: list[int], entries: list[Entries]) -> None:
         self.buckets = buckets
@@ -113,6 +115,8 @@ class _Ledger:
         self.lo = 0
         self.hi = -1
         self.stale = True
+        self.mins: list[int] | None = None
+        self.ordered = False
         self.refresh_bounds()
 
     def refresh_bounds(self) -> None:
@@ -122,6 +126,26 @@ class _Ledger:
         self.lo = min(lows) if lows else 0
         self.hi = max(highs) if highs else -1
         self.stale = False
+
+    def candidates(self, entry_id: int) -> Iterator[tuple[int, Entries]]:
+        """(bucket, entries) of the slots that may hold ``entry_id``. O(log B_l) when ordered, else O(B_l)."""
+        if self.mins is None:
+            self._order()
+        if self.ordered:
+            assert self.mins is not None
+            i = bisect_right(self.mins, entry_id) - 1
+            if i >= 0:
+                yield self.buckets[i], self.entries[i]
+            return
+        yield from zip(self.buckets, self.entries, strict=True)
+
+    def _order(self) -> None:
+        if not all(self.entries):  # a new, still empty slot: no order to speak of
+            self.mins, self.ordered = [], False
+            return
+        self.mins = [_min(e) for e in self.entries]
+        highs = [_max(e) for e in self.entries]
+        self.ordered = all(high < low for high, low in zip(highs, self.mins[1:], strict=False))
 
     def position(self, bucket: int) -> int:
         i = bisect_left(self.buckets, bucket)
@@ -255,8 +279,11 @@ class TimeBucketIndex:
                         self._count += 1
                         if entry_id > record.hi:
                             record.hi = entry_id
+                            if not self._slot_is_last:
+                                record.mins = None  # ranges may overlap now
                         else:
                             record.lo = entry_id
+                            record.mins = None
                         return
                 except OverflowError:  # pyroaring: negative or >= 2**32
                     self._reject(_bad_entry(entry_id))
@@ -317,13 +344,18 @@ class TimeBucketIndex:
             if stop == 0:
                 return []
             self._forget_slot()
-            due_buckets = schedule.keys()[:stop]
+            if stop <= _POP_ONE_BY_ONE:  # the timer's case: SortedDict pops its first item cheaply
+                due = [schedule.popitem(0) for _ in range(stop)]
+            else:
+                keys = schedule.keys()
+                due = [(bucket, schedule[bucket]) for bucket in keys[:stop]]
+                del keys[:stop]
             # ledger key → [(entries, batch masks or None for whole entries)] over the due buckets
             merged: dict[LedgerKey, list[tuple[Entries, dict[int, int] | None]]] = {}
             members = self._members
-            for bucket in due_buckets:
+            for bucket, slots in due:
                 self._cold.pop(bucket, None)
-                for key, entries in schedule[bucket].items():
+                for key, entries in slots.items():
                     masks = members.pop((bucket, key), None) if members else None
                     parts = merged.get(key)
                     if parts is None:
@@ -332,7 +364,6 @@ class TimeBucketIndex:
                         parts.append((entries, masks))
                     self._count -= len(entries)
                     self._unlink(key, bucket)
-            del schedule.keys()[:stop]
             return [_due_ids(key, parts) for key, parts in merged.items()]
 
     def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
@@ -448,6 +479,7 @@ class TimeBucketIndex:
         self._slot_key: LedgerKey = 0
         self._slot_entries: BitMap = _EMPTY
         self._slot_record: _Ledger | None = None
+        self._slot_is_last = False  # the slot is its ledger's latest bucket
         self._slot_members: dict[int, int] | None = None
 
     def _select(self, bucket: int, ledger_id: int, topic: str) -> BitMap:
@@ -476,6 +508,7 @@ class TimeBucketIndex:
         self._slot_key = key
         self._slot_entries = entries
         self._slot_record = record if isinstance(record, _Ledger) else None
+        self._slot_is_last = self._slot_record is not None and self._slot_record.buckets[-1] == bucket
         self._slot_members = self._members.get((bucket, key)) if self._members else None
         return entries
 
@@ -542,6 +575,7 @@ class TimeBucketIndex:
         if record is not None:
             record.lo = min(record.lo, entry_id)
             record.hi = max(record.hi, entry_id)
+            record.mins = None
         if batch_index >= 0:
             masks = self._slot_members
             if masks is None:
@@ -578,6 +612,7 @@ class TimeBucketIndex:
             if record is not None:
                 record.lo = min(record.lo, lo)
                 record.hi = max(record.hi, hi)
+                record.mins = None
         for entry_id in repeated or ():
             self._select(bucket, ledger_id, topic)
             self._add_checked(entry_id, -1)
@@ -601,6 +636,7 @@ class TimeBucketIndex:
             i = bisect_left(record.buckets, bucket)
             record.buckets.insert(i, bucket)
             record.entries.insert(i, entries)
+            record.mins = None
         else:
             first = self._schedule[record][key]
             pairs = sorted([(record, first), (bucket, entries)], key=lambda p: p[0])
@@ -616,6 +652,10 @@ class TimeBucketIndex:
         del record.buckets[i]
         del record.entries[i]
         record.stale = True  # lo/hi still bound the rest, loosely
+        if i == 0 and record.mins:
+            del record.mins[0]  # dropping the first of ordered ranges keeps them ordered
+        else:
+            record.mins = None
         if len(record.buckets) == 1:
             self._ledgers[key] = record.buckets[0]
 
@@ -653,6 +693,9 @@ class TimeBucketIndex:
         else:
             bitmap = entries
         bitmap.discard(entry_id)
+        record = self._ledgers[key]
+        if isinstance(record, _Ledger):
+            record.mins = None  # the slot's smallest entry may have changed
 
     def _holding(self, key: LedgerKey, entry_id: int) -> Iterator[tuple[int, Entries]]:
         """(bucket, entries) of every slot of this ledger that holds ``entry_id``."""
@@ -670,7 +713,7 @@ class TimeBucketIndex:
             record.refresh_bounds()
             if entry_id > record.hi or entry_id < record.lo:
                 return
-        for bucket, entries in zip(record.buckets, record.entries, strict=True):
+        for bucket, entries in record.candidates(entry_id):
             if entry_id in entries:
                 yield bucket, entries
 
@@ -826,6 +869,9 @@ def _as_arrays(
         None if batches is None else batches.astype(np.int64, copy=False),
     )
 
+
+#: pop_due takes up to this many due buckets one by one, more with one slice deletion.
+_POP_ONE_BY_ONE = 8
 
 #: Inputs with more runs than n / this are sorted first, so per-run Python work stays amortized.
 _SORT_WHEN_RUNS_EXCEED = 16
