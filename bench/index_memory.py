@@ -72,7 +72,9 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
         return _probe_due_of(due, ledgers, entries, k)
     if kind == "scalar":
         count = n if contender == "index" else min(n, BASELINE_SCALAR_IDS)
-        rows = list(zip(due[:count].tolist(), ledgers[:count].tolist(), entries[:count].tolist(), strict=True))
+        rows = list(
+            zip(due[:count].tolist(), ledgers[:count].tolist(), entries[:count].tolist(), strict=True)
+        )
         tracker = _tracker(contender, k)
         add = tracker.add
         started = time.perf_counter()
@@ -81,7 +83,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
         out["scalar_ns"] = (time.perf_counter() - started) / count * 1e9
         out["scalar_ids"] = count
         started = time.perf_counter()
-        for d, led, e in rows:  # the bare loop, for reference
+        for _d, _led, _e in rows:  # the bare loop, for reference
             pass
         out["loop_ns"] = (time.perf_counter() - started) / count * 1e9
         if contender == "index":  # the timer's way: one pop per bucket, at its time
@@ -144,7 +146,9 @@ def _probe_due_of(due: Any, ledgers: Any, entries: Any, k: int) -> dict[str, Any
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--n", type=int, default=10_000_000, help="ids per case (default 10M)")
     parser.add_argument("--no-java", action="store_true", help="skip the Java reference")
     parser.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset")
@@ -229,31 +233,56 @@ def render(results: dict[str, Any]) -> str:
         goal = JAVA_GOALS_MB.get(tuple(int(v) for v in key.split()[0].split(",")))  # type: ignore[arg-type]
         target = java_opt if java_opt is not None else (goal * 1e6 if goal and n == 10_000_000 else None)
         verdict = "–" if ours is None or target is None else ("✓" if ours <= target else "✗")
-        memory_rows.append([
-            key, index.get("buckets", "–"), _mb(ours),
-            "–" if ours is None else f"{ours / index['ids']:.3f}",
-            _mb(index.get("retained")), _mb(java_opt), _mb(java.get("retained_bytes")),
-            "–" if goal is None else f"{goal:.2f}", verdict, _mb(hashmap.get("retained")), _mb(heap.get("retained")),
-        ])
-        speed_rows.append([
-            key, _ns(index.get("bulk_ns")), _ns(index.get("scalar_ns")), _ns(index.get("drain_ns")),
-            _ns(index.get("drain_per_bucket_ns")), _ns(java.get("insert_ns_per_id")),
-            _ns(java.get("drain_ns_per_id")),
-            f"{_ns(hashmap.get('bulk_ns'))} / {_ns(hashmap.get('scalar_ns'))} / {_ns(hashmap.get('drain_ns'))}",
-            f"{_ns(heap.get('bulk_ns'))} / {_ns(heap.get('scalar_ns'))} / {_ns(heap.get('drain_ns'))}",
-        ])
+        memory_rows.append(
+            [
+                key,
+                index.get("buckets", "–"),
+                _mb(ours),
+                "–" if ours is None else f"{ours / index['ids']:.3f}",
+                _mb(index.get("retained")),
+                _mb(java_opt),
+                _mb(java.get("retained_bytes")),
+                "–" if goal is None else f"{goal:.2f}",
+                verdict,
+                _mb(hashmap.get("retained")),
+                _mb(heap.get("retained")),
+            ]
+        )
+        speed_rows.append(
+            [
+                key,
+                _ns(index.get("bulk_ns")),
+                _ns(index.get("scalar_ns")),
+                _ns(index.get("drain_ns")),
+                _ns(index.get("drain_per_bucket_ns")),
+                _ns(java.get("insert_ns_per_id")),
+                _ns(java.get("drain_ns_per_id")),
+                f"{_ns(hashmap.get('bulk_ns'))} / {_ns(hashmap.get('scalar_ns'))} / {_ns(hashmap.get('drain_ns'))}",
+                f"{_ns(heap.get('bulk_ns'))} / {_ns(heap.get('scalar_ns'))} / {_ns(heap.get('drain_ns'))}",
+            ]
+        )
         if index:
-            accuracy_rows.append([
-                key, _mb(index["retained"]), _mb(index["inside"]),
-                f"{(index['inside'] / index['retained'] - 1) * 100:+.1f} %",
-                _mb(index["retained_compacted"]), _mb(index["inside_compacted"]),
-                f"{(index['inside_compacted'] / index['retained_compacted'] - 1) * 100:+.1f} %",
-            ])
+            accuracy_rows.append(
+                [
+                    key,
+                    _mb(index["retained"]),
+                    _mb(index["inside"]),
+                    f"{(index['inside'] / index['retained'] - 1) * 100:+.1f} %",
+                    _mb(index["retained_compacted"]),
+                    _mb(index["inside_compacted"]),
+                    f"{(index['inside_compacted'] / index['retained_compacted'] - 1) * 100:+.1f} %",
+                ]
+            )
         if verdict == "✗":
             verdicts.append(key)
     due_rows = [
-        [f"{r['x']},{r['k']}" + (" sparse" if r["share"] < 1 else ""), r["pending"], r["buckets"],
-         f"{r['hit_us']:.2f}", f"{r['miss_us']:.2f}"]
+        [
+            f"{r['x']},{r['k']}" + (" sparse" if r["share"] < 1 else ""),
+            r["pending"],
+            r["buckets"],
+            f"{r['hit_us']:.2f}",
+            f"{r['miss_us']:.2f}",
+        ]
         for r in results["due_of"]
     ]
     scalar_ids = min(n, BASELINE_SCALAR_IDS)
@@ -274,8 +303,19 @@ def render(results: dict[str, Any]) -> str:
         "measured in this run.",
         "",
         report.table(
-            ["x,k", "buckets", "index MB", "B/id", "index before compact", "Java runOptimize", "Java plain",
-             "goal (memory.md)", "≤ Java", "hash map", "triple heap"],
+            [
+                "x,k",
+                "buckets",
+                "index MB",
+                "B/id",
+                "index before compact",
+                "Java runOptimize",
+                "Java plain",
+                "goal (memory.md)",
+                "≤ Java",
+                "hash map",
+                "triple heap",
+            ],
             memory_rows,
         ),
         "",
@@ -287,16 +327,32 @@ def render(results: dict[str, Any]) -> str:
         "Goals: bulk ≤ 70, drain ≤ 10.",
         "",
         report.table(
-            ["x,k", "bulk add", "scalar add", "drain", "drain per bucket", "Java insert", "Java drain",
-             "hash map bulk / scalar / drain", "triple heap bulk / scalar / drain"],
+            [
+                "x,k",
+                "bulk add",
+                "scalar add",
+                "drain",
+                "drain per bucket",
+                "Java insert",
+                "Java drain",
+                "hash map bulk / scalar / drain",
+                "triple heap bulk / scalar / drain",
+            ],
             speed_rows,
         ),
         "",
         "### `memory_usage()` against the heap measured from outside",
         "",
         report.table(
-            ["x,k", "outside", "memory_usage()", "error", "outside, compacted", "memory_usage(), compacted",
-             "error"],
+            [
+                "x,k",
+                "outside",
+                "memory_usage()",
+                "error",
+                "outside, compacted",
+                "memory_usage(), compacted",
+                "error",
+            ],
             accuracy_rows,
         ),
         "",
