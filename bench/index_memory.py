@@ -223,6 +223,10 @@ def _ns(value: float | None) -> str:
     return "–" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
 
+def _triple(figures: dict[str, Any]) -> str:
+    return " / ".join(_ns(figures.get(name)) for name in ("bulk_ns", "scalar_ns", "drain_ns"))
+
+
 def render(results: dict[str, Any]) -> str:
     n = results["n"]
     memory_rows, speed_rows, accuracy_rows, verdicts = [], [], [], []
@@ -257,8 +261,8 @@ def render(results: dict[str, Any]) -> str:
                 _ns(index.get("drain_per_bucket_ns")),
                 _ns(java.get("insert_ns_per_id")),
                 _ns(java.get("drain_ns_per_id")),
-                f"{_ns(hashmap.get('bulk_ns'))} / {_ns(hashmap.get('scalar_ns'))} / {_ns(hashmap.get('drain_ns'))}",
-                f"{_ns(heap.get('bulk_ns'))} / {_ns(heap.get('scalar_ns'))} / {_ns(heap.get('drain_ns'))}",
+                _triple(hashmap),
+                _triple(heap),
             ]
         )
         if index:
@@ -298,8 +302,8 @@ def render(results: dict[str, Any]) -> str:
         "",
         "### Retained memory (MB)",
         "",
-        "Index = after `compact()` (Java's equivalent is `runOptimize`); *before* = right after the bulk add. "
-        "Goal = memory.md's Java figure with runOptimize; ✓ when the index is at or below the Java structure "
+        "Index = after `compact()` (Java's equivalent is `runOptimize`); *before* = right after the bulk "
+        "add. Goal = memory.md's Java figure with runOptimize; ✓ when the index is at or below the Java structure "
         "measured in this run.",
         "",
         report.table(
