@@ -303,8 +303,8 @@ def render(results: dict[str, Any]) -> str:
         "### Retained memory (MB)",
         "",
         "Index = after `compact()` (Java's equivalent is `runOptimize`); *before* = right after the bulk "
-        "add. Goal = memory.md's Java figure with runOptimize; ✓ when the index is at or below the Java structure "
-        "measured in this run.",
+        "add. Goal = memory.md's Java figure with runOptimize; ✓ when the index is at or below the Java "
+        "structure measured in this run.",
         "",
         report.table(
             [

@@ -6,6 +6,7 @@ Each benchmark owns one section of ``docs/performance.md`` between ``<!-- BEGIN 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -40,10 +41,8 @@ def machine() -> dict[str, Any]:
         pass
     versions = {}
     for module in ("pyroaring", "sortedcontainers", "numpy", "pulsar"):
-        try:
+        with contextlib.suppress(ImportError, AttributeError):
             versions[module] = __import__(module).__version__
-        except (ImportError, AttributeError):
-            pass
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
