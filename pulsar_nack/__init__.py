@@ -1,7 +1,32 @@
-"""pulsar-nack: PIP-393 negative-acknowledgement tracking for the Apache Pulsar Python client."""
+"""pulsar-nack: PIP-393 negative-acknowledgement tracking for the Apache Pulsar Python client.
 
+``pulsar_nack.Client`` is a ``pulsar.Client`` whose ``subscribe`` returns a :class:`NackConsumer`;
+:func:`wrap` turns an existing consumer into one. Underneath: :class:`TimeBucketIndex` (the PIP-393
+structure), :class:`TimerWheel`, and :class:`~pulsar_nack.tracker.NackTracker`, which joins them.
+"""
+
+from pulsar_nack.backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff
+from pulsar_nack.consumer import Client, NackConsumer, NackOptions, wrap
+from pulsar_nack.delay_limit import DelayLimitedProducer, DelayLimitExceeded
 from pulsar_nack.index import DueIds, TimeBucketIndex
 from pulsar_nack.memory import MemoryUsage
+from pulsar_nack.timer import TimerWheel
+from pulsar_nack.tracker import NackStats, NackTracker
 
-__all__ = ["DueIds", "MemoryUsage", "TimeBucketIndex"]
+__all__ = [
+    "Client",
+    "DelayLimitExceeded",
+    "DelayLimitedProducer",
+    "DueIds",
+    "MemoryUsage",
+    "MultiplierRedeliveryBackoff",
+    "NackConsumer",
+    "NackOptions",
+    "NackStats",
+    "NackTracker",
+    "RedeliveryBackoff",
+    "TimeBucketIndex",
+    "TimerWheel",
+    "wrap",
+]
 __version__ = "0.1.0"

@@ -245,8 +245,10 @@ class TimeBucketIndex:
         entry_id: int,
         batch_index: int = -1,
         topic: str = "",
-    ) -> None:
-        """Schedule one id. A pending id keeps its earlier due time (earliest wins).
+    ) -> int:
+        """Schedule one id; returns the bucket time it was filed under.
+
+        A pending id keeps its earlier due time (earliest wins).
 
         ``batch_index`` -1 means the whole entry; ``>= 0`` one message of a batch. A pending whole entry
         covers its batch messages, so adding a batch message it covers is a no-op.
@@ -272,7 +274,7 @@ class TimeBucketIndex:
                         if entry_id not in entries:
                             entries.add(entry_id)
                             self._count += 1
-                        return
+                        return bucket
                     if entry_id > record.hi or entry_id < record.lo:
                         # Outside every pending id of the ledger: cannot be a duplicate.
                         entries.add(entry_id)
@@ -284,10 +286,11 @@ class TimeBucketIndex:
                         else:
                             record.lo = entry_id
                             record.mins = None
-                        return
+                        return bucket
                 except OverflowError:  # pyroaring: negative or >= 2**32
                     self._reject(_bad_entry(entry_id))
             self._add_checked(entry_id, batch_index)
+        return bucket
 
     def add_many(
         self,

@@ -1,0 +1,398 @@
+"""The drop-in wrapper: ``pulsar_nack.Client`` and ``NackConsumer``, a ``pulsar.Consumer`` whose nacks go
+through the PIP-393 tracker.
+
+``NackConsumer`` *is* a ``pulsar.Consumer`` (a subclass): everything but nacks, receiving and acking is the
+official client's, unchanged. Nacks are filed in a :class:`~pulsar_nack.tracker.NackTracker`; when due, the
+tracker hands the ids back to the native ``negative_acknowledge`` (set to its 100 ms minimum delay), the
+only per-id redelivery the official Python client offers. Every message the broker delivers passes
+:meth:`NackTracker.on_arrival` first, so batch siblings and early redeliveries are held back.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import _pulsar
+import pulsar
+
+from pulsar_nack.backoff import RedeliveryBackoff
+from pulsar_nack.delay_limit import (
+    DelayLimitedProducer,
+    OnDelayLimit,
+    check_limit_options,
+    limit_delay,
+)
+from pulsar_nack.index import DueIds, Rounding
+from pulsar_nack.tracker import NATIVE_MIN_DELAY_MS, NackStats, NackTracker, Verdict
+
+__all__ = ["Client", "NackConsumer", "NackOptions", "wrap"]
+
+_log = logging.getLogger(__name__)
+_PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
+_MAX_LEDGER_TOPICS = 65_536
+#: The native timer checks every delay/3 ms, so a native delay d redelivers after about d + d/3.
+_NATIVE_CHECK_SHARE = 1 / 3
+
+OnClose = Literal["drop", "flush"]
+
+
+@dataclass(frozen=True)
+class NackOptions:
+    """How a :class:`NackConsumer` treats nacks (the ``negative_ack_*`` arguments of ``subscribe``).
+
+    ``redelivery_delay_ms``: the default delay (the official client's ``negative_ack_redelivery_delay_ms``);
+    ``precision_bits``/``rounding``: the index's buckets (see :class:`~pulsar_nack.index.TimeBucketIndex`);
+    ``backoff``: delay by ``redelivery_count()`` when no per-call delay is given; ``max_redelivery_delay_ms``
+    and ``on_delay_limit``: PIP-315's limit applied to every nack delay (0 = none); ``on_close``: ``"drop"``
+    pending nacks at close (Java's behaviour: the broker redelivers unacked messages when the consumer
+    goes) or ``"flush"`` them to the broker first; ``native_delay_ms``: the wrapped native consumer's own
+    ``negative_ack_redelivery_delay_ms``; ``on_redelivery``: called on the timer thread with the ids of each
+    flush (Java's ``onNegativeAcksSend`` interceptor).
+    """
+
+    redelivery_delay_ms: int = 60_000
+    precision_bits: int = 8
+    rounding: Rounding = "floor"
+    backoff: RedeliveryBackoff | None = None
+    max_redelivery_delay_ms: int = 0
+    on_delay_limit: OnDelayLimit = "error"
+    on_close: OnClose = "drop"
+    native_delay_ms: int = NATIVE_MIN_DELAY_MS
+    on_redelivery: Callable[[Sequence[DueIds]], object] | None = None
+
+    def __post_init__(self) -> None:
+        _check_delay(self.redelivery_delay_ms, "negative_ack_redelivery_delay_ms")
+        check_limit_options(self.max_redelivery_delay_ms, self.on_delay_limit)
+        if self.backoff is not None and not isinstance(self.backoff, RedeliveryBackoff):
+            raise TypeError(
+                f"negative_ack_backoff must have a next(redelivery_count) method, got {self.backoff!r}"
+            )
+        if self.on_close not in ("drop", "flush"):
+            raise ValueError(f"on_close must be 'drop' or 'flush', got {self.on_close!r}")
+        _check_delay(self.native_delay_ms, "native_delay_ms")
+        if self.on_redelivery is not None and not callable(self.on_redelivery):
+            raise TypeError("on_redelivery must be callable")
+        # Bad precision/rounding are reported by TimeBucketIndex itself.
+        if self.on_delay_limit == "error" and self.backoff is None:
+            limit_delay(self.redelivery_delay_ms, self.max_redelivery_delay_ms, "error")
+
+    @property
+    def native_lead_ms(self) -> float:
+        """How long before a bucket's time its ids go to the native client."""
+        native = max(self.native_delay_ms, NATIVE_MIN_DELAY_MS)
+        return native + native * _NATIVE_CHECK_SHARE
+
+
+class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
+    """A ``pulsar.Consumer`` with PIP-393 nacks: per-call delays, backoff, limits, batch-safe redelivery.
+
+    Create it with :meth:`Client.subscribe` or :func:`wrap`. Thread-safe like the official consumer.
+    """
+
+    _tracker: NackTracker
+    _options: NackOptions
+    _ledger_topics: dict[int, str]
+
+    def _attach(self, native: pulsar.Consumer, options: NackOptions) -> None:
+        """Take over ``native``'s C++ consumer; start the tracker."""
+        self._consumer = native._consumer
+        self._client = native._client
+        self._schema = native._schema
+        consumers = self._client._consumers  # pulsar.Client closes what it lists; list us instead
+        consumers[:] = [self if c is native else c for c in consumers]
+        self._options = options
+        self._ledger_topics = {}
+        self._topic = native.topic()
+        self._tracker = NackTracker(
+            self._forward,
+            precision_bits=options.precision_bits,
+            rounding=options.rounding,
+            lead_ms=options.native_lead_ms,
+            min_forward_interval_ms=max(options.native_delay_ms, NATIVE_MIN_DELAY_MS) * _NATIVE_CHECK_SHARE
+            + 2,
+        )
+
+    @property
+    def nack_options(self) -> NackOptions:
+        return self._options
+
+    # -- nacking --------------------------------------------------------------------------------------
+
+    def negative_acknowledge(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
+        """Redeliver ``message`` after ``delay_ms``, else the backoff's delay for its redelivery count, else
+        the default delay. Accepts ``pulsar.Message``, ``pulsar.MessageId`` and ``_pulsar.MessageId``.
+
+        Raises ``TypeError`` for anything else, ``ValueError`` for a negative delay, and
+        :class:`~pulsar_nack.DelayLimitExceeded` above ``max_redelivery_delay_ms`` (unless clamping).
+        """
+        if isinstance(message, pulsar.Message):
+            message = message._message
+        if isinstance(message, _pulsar.Message):
+            message_id, topic = message.message_id(), message.topic_name()
+            redelivery_count = message.redelivery_count()
+        elif isinstance(message, pulsar.MessageId | _pulsar.MessageId):
+            message_id = message._msg_id if isinstance(message, pulsar.MessageId) else message
+            topic, redelivery_count = None, 0
+        else:
+            raise TypeError(
+                "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
+                f"got {type(message).__name__}"
+            )
+        options = self._options
+        if delay_ms is not None:
+            delay = _check_delay(delay_ms, "delay_ms")
+        elif options.backoff is not None:
+            delay = float(options.backoff.next(redelivery_count))
+        else:
+            delay = options.redelivery_delay_ms
+        if options.max_redelivery_delay_ms:
+            delay = limit_delay(delay, options.max_redelivery_delay_ms, options.on_delay_limit)
+        ledger_id = message_id.ledger_id()
+        if topic is None:
+            topic = self._topic_of(ledger_id)
+        self._tracker.schedule(
+            self._tracker._clock() + delay, ledger_id, message_id.entry_id(), message_id.batch_index(), topic
+        )
+
+    def _topic_of(self, ledger_id: int) -> str:
+        """The topic of a bare id: ledger ids are unique in a cluster, and we saw the ledger's messages."""
+        topic = self._ledger_topics.get(ledger_id)
+        if topic is not None:
+            return topic
+        if "," in self._topic or self._topic.startswith("MultiTopics"):
+            raise ValueError(
+                f"cannot tell the topic of a MessageId in ledger {ledger_id} on a multi-topic consumer: "
+                "nack the Message, or an id of a message this consumer delivered"
+            )
+        return str(self._topic)
+
+    def _forward(self, due: Sequence[DueIds]) -> None:
+        """Timer thread: hand due entries to the native tracker (one id per entry, topic set)."""
+        nack = self._consumer.negative_acknowledge
+        for ids in due:
+            match = _PARTITION_SUFFIX.search(ids.topic)
+            partition = int(match.group(1)) if match else -1
+            for entry_id in ids.entry_ids.tolist():
+                message_id = _pulsar.MessageId(partition, ids.ledger_id, entry_id, -1)
+                if ids.topic:
+                    message_id.topic_name(ids.topic)
+                nack(message_id)
+        if self._options.on_redelivery is not None:
+            self._options.on_redelivery(due)
+
+    # -- receiving and acking ---------------------------------------------------------------------------
+
+    def _admit(self, message: pulsar.Message) -> bool:
+        """Record the message's ledger → topic and ask the tracker whether the application gets it."""
+        inner = message._message
+        message_id = inner.message_id()
+        topic = inner.topic_name()
+        ledger_id = message_id.ledger_id()
+        if ledger_id not in self._ledger_topics:
+            if len(self._ledger_topics) >= _MAX_LEDGER_TOPICS:
+                self._ledger_topics.pop(next(iter(self._ledger_topics)))
+            self._ledger_topics[ledger_id] = topic
+        verdict = self._tracker.on_arrival(ledger_id, message_id.entry_id(), message_id.batch_index(), topic)
+        return verdict is Verdict.DELIVER
+
+    def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
+        """Like ``pulsar.Consumer.receive``, skipping messages that must not reach the application."""
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            if deadline is None:
+                message = super().receive()
+            else:
+                remaining = int((deadline - time.monotonic()) * 1000)
+                if remaining <= 0:
+                    raise pulsar.Timeout("Pulsar error: TimeOut")
+                message = super().receive(remaining)
+            if self._admit(message):
+                return message
+
+    def batch_receive(self) -> list[pulsar.Message]:
+        """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application."""
+        while True:
+            messages = super().batch_receive()
+            admitted = [m for m in messages if self._admit(m)]
+            if admitted or not messages:
+                return admitted
+
+    def acknowledge(self, message: Any) -> None:
+        self._note_ack(message)
+        super().acknowledge(message)
+
+    def _note_ack(self, message: Any) -> None:
+        if isinstance(message, pulsar.Message):
+            message_id, topic = message._message.message_id(), message._message.topic_name()
+        elif isinstance(message, pulsar.MessageId | _pulsar.MessageId):
+            message_id = message._msg_id if isinstance(message, pulsar.MessageId) else message
+            topic = None
+        else:
+            return  # the official client reports bad arguments
+        batch_index = message_id.batch_index()
+        if batch_index >= 0:
+            ledger_id = message_id.ledger_id()
+            topic = topic if topic is not None else self._ledger_topics.get(ledger_id, "")
+            self._tracker.on_ack(ledger_id, message_id.entry_id(), batch_index, topic)
+
+    # -- lifecycle and stats ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the tracker (dropping or flushing pending nacks, per ``on_close``), then close the consumer.
+
+        Never hangs on a flush in progress: the timer is given a bounded time to finish it.
+        """
+        tracker = self._tracker
+        if not tracker.closed:
+            flushing = self._options.on_close == "flush"
+            tracker.close(flush=flushing)
+            if flushing:
+                # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
+                time.sleep(self._options.native_lead_ms / 1000.0 + 0.05)
+        super().close()
+
+    def nack_stats(self, with_memory: bool = True) -> NackStats:
+        """Pending ids, buckets, memory, redelivery counters and lateness p50/p99 (ms)."""
+        return self._tracker.stats(with_memory)
+
+
+class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
+    """A ``pulsar.Client`` whose consumers track nacks with PIP-393's TimeBucket index.
+
+    ``subscribe`` takes every argument of ``pulsar.Client.subscribe`` plus the nack options below and
+    returns a :class:`NackConsumer`; ``create_producer`` also takes ``max_delivery_delay_ms`` (PIP-315).
+    """
+
+    def subscribe(
+        self,
+        *args: Any,
+        negative_ack_precision_bits: int = 8,
+        negative_ack_rounding: Rounding = "floor",
+        negative_ack_backoff: RedeliveryBackoff | None = None,
+        max_redelivery_delay_ms: int = 0,
+        on_delay_limit: OnDelayLimit = "error",
+        on_close: OnClose = "drop",
+        on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
+        **kwargs: Any,
+    ) -> NackConsumer:
+        arguments = _SUBSCRIBE.bind(self, *args, **kwargs).arguments
+        arguments.pop("self")
+        options = NackOptions(
+            redelivery_delay_ms=arguments.get("negative_ack_redelivery_delay_ms", 60_000),
+            precision_bits=negative_ack_precision_bits,
+            rounding=negative_ack_rounding,
+            backoff=negative_ack_backoff,
+            max_redelivery_delay_ms=max_redelivery_delay_ms,
+            on_delay_limit=on_delay_limit,
+            on_close=on_close,
+            on_redelivery=on_redelivery,
+        )
+        arguments["negative_ack_redelivery_delay_ms"] = NATIVE_MIN_DELAY_MS
+        consumer = NackConsumer()
+        listener = arguments.get("message_listener")
+        if listener is not None:
+            arguments["message_listener"] = _admitting_listener(consumer, listener)
+        native = super().subscribe(**arguments)
+        consumer._attach(native, options)
+        if listener is not None:
+            consumer._ready.set()
+        return consumer
+
+    def create_producer(self, *args: Any, max_delivery_delay_ms: int = 0, **kwargs: Any) -> pulsar.Producer:
+        """``pulsar.Client.create_producer``; with ``max_delivery_delay_ms`` > 0 the producer rejects
+        ``deliver_after``/``deliver_at`` beyond it before sending (PIP-315, client side)."""
+        check_limit_options(max_delivery_delay_ms, "error", "max_delivery_delay_ms")
+        producer = super().create_producer(*args, **kwargs)
+        if not max_delivery_delay_ms:
+            return producer
+        limited = DelayLimitedProducer()
+        limited.__dict__.update(producer.__dict__)
+        limited.max_delivery_delay_ms = max_delivery_delay_ms
+        return limited
+
+
+_SUBSCRIBE = inspect.signature(pulsar.Client.subscribe)
+
+
+def _admitting_listener(
+    consumer: NackConsumer, listener: Callable[[Any, Any], object]
+) -> Callable[[Any, Any], None]:
+    """The user's listener gets the NackConsumer, and only messages the tracker admits."""
+    consumer._ready = threading.Event()
+
+    def admit_then_call(_native: Any, message: pulsar.Message) -> None:
+        if not consumer._ready.wait(30):  # messages may arrive before subscribe() has returned
+            _log.error("message listener called before the consumer was ready; message left unacked")
+            return
+        if consumer._admit(message):
+            listener(consumer, message)
+
+    return admit_then_call
+
+
+def wrap(
+    consumer: pulsar.Consumer,
+    *,
+    negative_ack_redelivery_delay_ms: int = 60_000,
+    negative_ack_precision_bits: int = 8,
+    negative_ack_rounding: Rounding = "floor",
+    negative_ack_backoff: RedeliveryBackoff | None = None,
+    max_redelivery_delay_ms: int = 0,
+    on_delay_limit: OnDelayLimit = "error",
+    on_close: OnClose = "drop",
+    on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
+    native_delay_ms: int = 60_000,
+) -> NackConsumer:
+    """Wrap an existing ``pulsar.Consumer``: its nacks go through the PIP-393 tracker from now on.
+
+    ``native_delay_ms`` must be the ``negative_ack_redelivery_delay_ms`` the consumer was subscribed with
+    (the official default is 60000): it sets how early due ids are handed to the native tracker, and the
+    native tracker's check interval (a third of it) bounds the precision. Subscribe with
+    ``negative_ack_redelivery_delay_ms=100`` for redelivery within milliseconds of the due time. A
+    ``message_listener`` set on the wrapped consumer keeps receiving the plain consumer and every message:
+    use :meth:`Client.subscribe` for listeners.
+    """
+    if not isinstance(consumer, pulsar.Consumer):
+        raise TypeError(f"wrap() takes a pulsar.Consumer, got {type(consumer).__name__}")
+    if isinstance(consumer, NackConsumer):
+        raise TypeError("this consumer is already wrapped")
+    options = NackOptions(
+        redelivery_delay_ms=negative_ack_redelivery_delay_ms,
+        precision_bits=negative_ack_precision_bits,
+        rounding=negative_ack_rounding,
+        backoff=negative_ack_backoff,
+        max_redelivery_delay_ms=max_redelivery_delay_ms,
+        on_delay_limit=on_delay_limit,
+        on_close=on_close,
+        on_redelivery=on_redelivery,
+        native_delay_ms=native_delay_ms,
+    )
+    if native_delay_ms > 1_000:
+        _log.warning(
+            "wrapped consumer has a %d ms native nack delay: redeliveries are precise to about %d ms only; "
+            "subscribe with negative_ack_redelivery_delay_ms=100",
+            native_delay_ms,
+            native_delay_ms * _NATIVE_CHECK_SHARE,
+        )
+    wrapped = NackConsumer()
+    wrapped._attach(consumer, options)
+    return wrapped
+
+
+def _check_delay(value: Any, name: str) -> float:
+    """A delay in ms (int/float >= 0, or a timedelta), as float ms; else TypeError/ValueError naming it."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds() * 1000.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise TypeError(f"{name} must be a number of milliseconds, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return float(value)

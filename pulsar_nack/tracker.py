@@ -1,0 +1,281 @@
+"""The client-side nack tracker: TimeBucket index + timer wheel + forwarding of due ids.
+
+Data flows one way: ``schedule`` (a nack) → :class:`~pulsar_nack.index.TimeBucketIndex` → a
+:class:`~pulsar_nack.timer.TimerWheel` timeout per bucket → ``forward(due_ids)``, which the consumer
+layer turns into native ``negative_acknowledge`` calls (the only per-id redelivery the official Python
+client has).
+
+Why the timing looks the way it does (see shared notes on the native tracker): the native client
+redelivers a nacked id after its own delay (set to its 100 ms minimum) *plus* up to one check interval
+(delay/3), and every native nack restarts that check timer. So a bucket is forwarded ``lead_ms`` before its
+time, and forwards are spaced at least ``min_forward_interval_ms`` apart — a forward arriving faster than
+the native check interval would keep postponing the native timer (the native tracker's starvation).
+
+Redelivered entries come back whole. :meth:`NackTracker.on_arrival` decides per message whether the
+application sees it: batch messages it acked, or whose own nack is still pending for later, are not
+handed out again; neither is a message the broker redelivers early (e.g. after a reconnect) while its nack
+is pending — it comes back when due.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.timer import Timeout, TimerWheel, monotonic_ms
+
+__all__ = ["NackStats", "NackTracker", "Verdict"]
+
+_log = logging.getLogger(__name__)
+
+#: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp).
+NATIVE_MIN_DELAY_MS = 100
+
+
+class Verdict(enum.Enum):
+    """What to do with a message that just arrived from the broker."""
+
+    DELIVER = "deliver"  # hand it to the application
+    HOLD = "hold"  # its nack is pending: it comes back when due
+    DROP = "drop"  # already acked, already delivered, or not part of this redelivery
+
+
+@dataclass(frozen=True)
+class NackStats:
+    """A snapshot of a tracker's state and history."""
+
+    pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
+    buckets: int
+    memory_bytes: int  # the index's memory (Python objects + CRoaring heap)
+    nacked: int  # ids scheduled
+    forwarded: int  # entries handed to the native client for redelivery
+    redelivered: int  # messages handed to the application again after a forward
+    held_back: int  # arrivals not handed out because their nack is still pending
+    dropped: int  # arrivals not handed out because they were acked or not part of the redelivery
+    lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
+    lateness_p99_ms: float | None
+
+
+class _Forwarded:
+    """An entry handed to the native client, until its redelivery has arrived (or ``ttl`` passed)."""
+
+    __slots__ = ("acked", "at", "delivered", "expected", "target")
+
+    def __init__(self, at: float, target: int, expected: int, acked: int) -> None:
+        self.at = at  # when it was forwarded (clock ms)
+        self.target = target  # the bucket time it was due at
+        self.expected = expected  # bitmask of batch indexes to hand out; -1: the whole entry
+        self.acked = acked  # bitmask of batch indexes the application acked
+        self.delivered = 0  # bitmask of batch indexes handed out again
+
+
+class NackTracker:
+    """Schedules nacked ids and forwards them to ``forward`` when due. Thread-safe.
+
+    ``forward`` is called on the timer thread with the due ids, once per flush; it must not block for
+    long (it delays the next flush) and may be called concurrently with :meth:`schedule`.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[[Sequence[DueIds]], object],
+        *,
+        precision_bits: int = 8,
+        rounding: Rounding = "floor",
+        lead_ms: float = NATIVE_MIN_DELAY_MS + 33.0,
+        min_forward_interval_ms: float = 35.0,
+        inflight_ttl_ms: float = 30_000.0,
+        clock: Callable[[], float] = monotonic_ms,
+        wheel: TimerWheel | None = None,
+        lateness_window: int = 4096,
+    ) -> None:
+        self.index = TimeBucketIndex(precision_bits, rounding)
+        self._forward = forward
+        self.lead_ms = float(lead_ms)
+        self.min_forward_interval_ms = float(min_forward_interval_ms)
+        self.inflight_ttl_ms = float(inflight_ttl_ms)
+        self._clock = clock
+        self._owns_wheel = wheel is None
+        self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
+        self._lock = threading.Lock()
+        self._armed: dict[int, Timeout] = {}  # bucket time → its timeout
+        self._inflight: dict[tuple[str, int, int], _Forwarded] = {}
+        self._acked_pending: dict[tuple[str, int, int], int] = {}  # acked batch indexes of pending entries
+        self._last_forward = -float("inf")
+        self._lateness: deque[float] = deque(maxlen=lateness_window)
+        self._nacked = self._forwarded = self._redelivered = self._held_back = self._dropped = 0
+        self._closed = False
+
+    # -- the nack path ----------------------------------------------------------------------------
+
+    def schedule(
+        self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
+    ) -> int:
+        """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time. O(1) typically."""
+        if self._closed:
+            raise RuntimeError("the consumer is closed")
+        bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
+        with self._lock:
+            self._nacked += 1
+            if bucket not in self._armed:
+                self._arm(bucket, bucket - self.lead_ms)
+        return bucket
+
+    def _arm(self, bucket: int, at_ms: float) -> None:
+        """One timeout per bucket (lock held)."""
+        self._armed[bucket] = self._wheel.schedule(at_ms, functools.partial(self._fire, bucket))
+
+    # -- the timer path ----------------------------------------------------------------------------
+
+    def _fire(self, bucket: int) -> None:
+        """Timer thread: forward everything that must arrive by ``now + lead``."""
+        now = self._clock()
+        with self._lock:
+            self._armed.pop(bucket, None)
+            if self._closed:
+                return
+            not_before = self._last_forward + self.min_forward_interval_ms
+            if now < not_before:
+                self._arm(
+                    bucket, not_before
+                )  # too soon after the last forward: the native timer would restart
+                return
+        self.flush(now, target=bucket)
+        self.index.compact(max_buckets=16)
+
+    def flush(self, now: float | None = None, target: int | None = None, everything: bool = False) -> int:
+        """Forward due ids (all pending ids with ``everything``) now; returns how many entries went."""
+        now = self._clock() if now is None else now
+        due = self.index.pop_due(2**62 if everything else int(now + self.lead_ms))
+        if not due:
+            return 0
+        target = int(now + self.lead_ms) if target is None else target
+        keys: list[tuple[str, int, int]] = []
+        with self._lock:
+            self._last_forward = now
+            for ids in due:
+                partial = ids.batch_indexes
+                for entry_id in ids.entry_ids.tolist():
+                    key = (ids.topic, ids.ledger_id, entry_id)
+                    indexes = partial.get(entry_id)
+                    expected = -1 if indexes is None else sum(1 << i for i in indexes)
+                    self._inflight[key] = _Forwarded(now, target, expected, self._acked_pending.pop(key, 0))
+                    keys.append(key)
+            self._forwarded += len(keys)
+            if not self._closed:
+                self._wheel.schedule(now + self.inflight_ttl_ms, functools.partial(self._expire, keys, now))
+        forwarded = len(keys)
+        try:
+            self._forward(due)
+        except Exception:
+            _log.exception("forwarding %d due entries to the native client failed", forwarded)
+        return forwarded
+
+    def _expire(self, keys: list[tuple[str, int, int]], forwarded_at: float) -> None:
+        with self._lock:
+            for key in keys:
+                record = self._inflight.get(key)
+                if record is not None and record.at == forwarded_at:
+                    del self._inflight[key]
+
+    # -- the receive path --------------------------------------------------------------------------
+
+    def on_arrival(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> Verdict:
+        """Decide whether a message that just arrived goes to the application. O(1) typically."""
+        key = (topic, ledger_id, entry_id)
+        bit = 1 << batch_index if batch_index >= 0 else 0
+        with self._lock:
+            record = self._inflight.get(key)
+            if record is not None:
+                return self._redelivery(key, record, bit)
+            if self._acked_pending and self._acked_pending.get(key, 0) & bit:
+                self._dropped += 1
+                return Verdict.DROP
+            if self.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
+                self._held_back += 1
+                return Verdict.HOLD
+        return Verdict.DELIVER
+
+    def _redelivery(self, key: tuple[str, int, int], record: _Forwarded, bit: int) -> Verdict:
+        """An entry we forwarded came back (lock held)."""
+        if bit == 0:  # a non-batched message: the redelivery is complete
+            del self._inflight[key]
+            self._delivered(record)
+            return Verdict.DELIVER
+        if (record.acked | record.delivered) & bit or not (record.expected == -1 or record.expected & bit):
+            # Acked, already handed out, or a sibling that is not due: pending later, or still held by the
+            # application (which will ack or nack it itself).
+            topic, ledger_id, entry_id = key
+            if self.index.due_of(ledger_id, entry_id, bit.bit_length() - 1, topic) is not None:
+                self._held_back += 1
+                return Verdict.HOLD
+            self._dropped += 1
+            return Verdict.DROP
+        record.delivered |= bit
+        self._delivered(record)
+        return Verdict.DELIVER
+
+    def _delivered(self, record: _Forwarded) -> None:
+        self._redelivered += 1
+        self._lateness.append(self._clock() - record.target)
+
+    def on_ack(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> None:
+        """Remember acked batch messages of entries that will come back, so they are not handed out again."""
+        if batch_index < 0:
+            return
+        key = (topic, ledger_id, entry_id)
+        with self._lock:
+            record = self._inflight.get(key)
+            if record is not None:
+                record.acked |= 1 << batch_index
+                return
+        if self.index.due_of(ledger_id, entry_id, -1, topic) is not None:
+            with self._lock:
+                self._acked_pending[key] = self._acked_pending.get(key, 0) | 1 << batch_index
+
+    # -- lifecycle and stats --------------------------------------------------------------------------
+
+    def close(self, flush: bool = False) -> None:
+        """Stop the timer; forward every pending id first when ``flush``, else drop them. Idempotent."""
+        if self._closed:
+            return
+        if flush:
+            self.flush(everything=True)
+        self._closed = True
+        with self._lock:
+            armed = list(self._armed.values())
+            self._armed.clear()
+        for timeout in armed:
+            timeout.cancel()
+        if self._owns_wheel:
+            self._wheel.close()
+        self.index.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self, with_memory: bool = True) -> NackStats:
+        """Counters, pending state and lateness percentiles. O(1), or O(index objects) ``with_memory``."""
+        samples = np.fromiter(self._lateness, dtype=float)
+        p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
+        return NackStats(
+            pending=len(self.index),
+            buckets=self.index.bucket_count,
+            memory_bytes=self.index.memory_usage().total_bytes if with_memory else 0,
+            nacked=self._nacked,
+            forwarded=self._forwarded,
+            redelivered=self._redelivered,
+            held_back=self._held_back,
+            dropped=self._dropped,
+            lateness_p50_ms=p50,
+            lateness_p99_ms=p99,
+        )
