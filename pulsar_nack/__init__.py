@@ -11,9 +11,10 @@ from pulsar_nack.delay_limit import DelayLimitedProducer, DelayLimitExceeded
 from pulsar_nack.index import DueIds, TimeBucketIndex
 from pulsar_nack.memory import MemoryUsage
 from pulsar_nack.timer import TimerWheel
-from pulsar_nack.tracker import NackStats, NackTracker
+from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = [
+    "NATIVE_DELAY_MS",
     "Client",
     "DelayLimitExceeded",
     "DelayLimitedProducer",
@@ -24,6 +25,7 @@ __all__ = [
     "NackOptions",
     "NackStats",
     "NackTracker",
+    "NativeTiming",
     "RedeliveryBackoff",
     "TimeBucketIndex",
     "TimerWheel",

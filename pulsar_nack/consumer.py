@@ -31,15 +31,13 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding
-from pulsar_nack.tracker import NATIVE_MIN_DELAY_MS, NackStats, NackTracker, Verdict
+from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming, Verdict
 
 __all__ = ["Client", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _MAX_LEDGER_TOPICS = 65_536
-#: The native timer checks every delay/3 ms, so a native delay d redelivers after about d + d/3.
-_NATIVE_CHECK_SHARE = 1 / 3
 
 OnClose = Literal["drop", "flush"]
 
@@ -65,7 +63,7 @@ class NackOptions:
     max_redelivery_delay_ms: int = 0
     on_delay_limit: OnDelayLimit = "error"
     on_close: OnClose = "drop"
-    native_delay_ms: int = NATIVE_MIN_DELAY_MS
+    native_delay_ms: int = NATIVE_DELAY_MS
     on_redelivery: Callable[[Sequence[DueIds]], object] | None = None
 
     def __post_init__(self) -> None:
@@ -85,10 +83,8 @@ class NackOptions:
             limit_delay(self.redelivery_delay_ms, self.max_redelivery_delay_ms, "error")
 
     @property
-    def native_lead_ms(self) -> float:
-        """How long before a bucket's time its ids go to the native client."""
-        native = max(self.native_delay_ms, NATIVE_MIN_DELAY_MS)
-        return native + native * _NATIVE_CHECK_SHARE
+    def native(self) -> NativeTiming:
+        return NativeTiming(self.native_delay_ms)
 
 
 class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
@@ -115,9 +111,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             self._forward,
             precision_bits=options.precision_bits,
             rounding=options.rounding,
-            lead_ms=options.native_lead_ms,
-            min_forward_interval_ms=max(options.native_delay_ms, NATIVE_MIN_DELAY_MS) * _NATIVE_CHECK_SHARE
-            + 2,
+            native=options.native,
         )
 
     @property
@@ -256,7 +250,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             tracker.close(flush=flushing)
             if flushing:
                 # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
-                time.sleep(self._options.native_lead_ms / 1000.0 + 0.05)
+                time.sleep(self._options.native.latency_ms / 1000.0 + 0.05)
         super().close()
 
     def nack_stats(self, with_memory: bool = True) -> NackStats:
@@ -295,7 +289,7 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
             on_close=on_close,
             on_redelivery=on_redelivery,
         )
-        arguments["negative_ack_redelivery_delay_ms"] = NATIVE_MIN_DELAY_MS
+        arguments["negative_ack_redelivery_delay_ms"] = NATIVE_DELAY_MS
         consumer = NackConsumer()
         listener = arguments.get("message_listener")
         if listener is not None:
@@ -356,7 +350,8 @@ def wrap(
     ``native_delay_ms`` must be the ``negative_ack_redelivery_delay_ms`` the consumer was subscribed with
     (the official default is 60000): it sets how early due ids are handed to the native tracker, and the
     native tracker's check interval (a third of it) bounds the precision. Subscribe with
-    ``negative_ack_redelivery_delay_ms=100`` for redelivery within milliseconds of the due time. A
+    ``negative_ack_redelivery_delay_ms=pulsar_nack.NATIVE_DELAY_MS`` (102) for redelivery within
+    milliseconds of the due time. A
     ``message_listener`` set on the wrapped consumer keeps receiving the plain consumer and every message:
     use :meth:`Client.subscribe` for listeners.
     """
@@ -378,9 +373,10 @@ def wrap(
     if native_delay_ms > 1_000:
         _log.warning(
             "wrapped consumer has a %d ms native nack delay: redeliveries are precise to about %d ms only; "
-            "subscribe with negative_ack_redelivery_delay_ms=100",
+            "subscribe with negative_ack_redelivery_delay_ms=%d",
             native_delay_ms,
-            native_delay_ms * _NATIVE_CHECK_SHARE,
+            native_delay_ms // 3,
+            NATIVE_DELAY_MS,
         )
     wrapped = NackConsumer()
     wrapped._attach(consumer, options)

@@ -5,11 +5,9 @@ Data flows one way: ``schedule`` (a nack) → :class:`~pulsar_nack.index.TimeBuc
 layer turns into native ``negative_acknowledge`` calls (the only per-id redelivery the official Python
 client has).
 
-Why the timing looks the way it does (see shared notes on the native tracker): the native client
-redelivers a nacked id after its own delay (set to its 100 ms minimum) *plus* up to one check interval
-(delay/3), and every native nack restarts that check timer. So a bucket is forwarded ``lead_ms`` before its
-time, and forwards are spaced at least ``min_forward_interval_ms`` apart — a forward arriving faster than
-the native check interval would keep postponing the native timer (the native tracker's starvation).
+When forwards happen is decided by :class:`NativeTiming`, a model of the native tracker's timer (see
+there): a bucket's ids are forwarded one native latency before the bucket's time, and only at moments that
+neither postpone an earlier forward's redelivery nor starve the native timer.
 
 Redelivered entries come back whole. :meth:`NackTracker.on_arrival` decides per message whether the
 application sees it: batch messages it acked, or whose own nack is still pending for later, are not
@@ -38,6 +36,44 @@ _log = logging.getLogger(__name__)
 
 #: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp).
 NATIVE_MIN_DELAY_MS = 100
+#: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
+#: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
+NATIVE_DELAY_MS = 102
+
+
+@dataclass(frozen=True)
+class NativeTiming:
+    """When the native tracker (pulsar-client-cpp 3.x/4.x ``NegativeAcksTracker``) redelivers a nacked id.
+
+    Each native nack re-arms one timer to fire ``interval = delay // 3`` ms later; each firing redelivers
+    the ids nacked at least ``delay`` ago and re-arms it again. So an id forwarded at t comes back at the
+    first check at or after t + delay — at t + ``latency`` — *unless* another forward re-arms the timer
+    in between and shifts the checks. Hence forwards go only at moments that keep earlier forwards on time:
+    exactly ``2 * interval`` after the previous one (the checks stay on the same grid, and the check in
+    between still fires), or once the previous forward's ids are out (``latency`` + a margin). Forwarding
+    every ``interval`` or faster would postpone the native check for ever (the native starvation).
+    """
+
+    delay_ms: int = NATIVE_DELAY_MS
+    margin_ms: float = 5.0  # timer jitter allowed for before a fresh forward may re-arm the native timer
+
+    @property
+    def interval_ms(self) -> int:
+        return max(self.delay_ms, NATIVE_MIN_DELAY_MS) // 3
+
+    @property
+    def latency_ms(self) -> int:
+        """Forward → redelivery request sent. Exact when ``delay_ms`` is a multiple of 3."""
+        delay = max(self.delay_ms, NATIVE_MIN_DELAY_MS)
+        return -(-delay // self.interval_ms) * self.interval_ms
+
+    def forward_at(self, desired_ms: float, last_ms: float) -> float:
+        """The earliest moment >= ``desired_ms`` at which a forward keeps the one at ``last_ms`` on time."""
+        free_ms = last_ms + self.latency_ms + self.margin_ms
+        same_grid_ms = last_ms + 2 * self.interval_ms
+        if desired_ms >= free_ms:
+            return desired_ms
+        return same_grid_ms if desired_ms <= same_grid_ms else free_ms
 
 
 class Verdict(enum.Enum):
@@ -90,8 +126,7 @@ class NackTracker:
         *,
         precision_bits: int = 8,
         rounding: Rounding = "floor",
-        lead_ms: float = NATIVE_MIN_DELAY_MS + 33.0,
-        min_forward_interval_ms: float = 35.0,
+        native: NativeTiming = NativeTiming(),
         inflight_ttl_ms: float = 30_000.0,
         clock: Callable[[], float] = monotonic_ms,
         wheel: TimerWheel | None = None,
@@ -99,8 +134,8 @@ class NackTracker:
     ) -> None:
         self.index = TimeBucketIndex(precision_bits, rounding)
         self._forward = forward
-        self.lead_ms = float(lead_ms)
-        self.min_forward_interval_ms = float(min_forward_interval_ms)
+        self.native = native
+        self.lead_ms = float(native.latency_ms)
         self.inflight_ttl_ms = float(inflight_ttl_ms)
         self._clock = clock
         self._owns_wheel = wheel is None
@@ -142,11 +177,9 @@ class NackTracker:
             self._armed.pop(bucket, None)
             if self._closed:
                 return
-            not_before = self._last_forward + self.min_forward_interval_ms
-            if now < not_before:
-                self._arm(
-                    bucket, not_before
-                )  # too soon after the last forward: the native timer would restart
+            at = self.native.forward_at(now, self._last_forward)
+            if at > now:
+                self._arm(bucket, at)  # now would delay the last forward's redelivery, or starve the timer
                 return
         self.flush(now, target=bucket)
         self.index.compact(max_buckets=16)

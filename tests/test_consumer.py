@@ -1,0 +1,423 @@
+"""NackConsumer against real brokers: the behaviours the official clients' suites assert, ported.
+
+Shared subscriptions, non-partitioned and multi-topic, batching on and off (pulsar-lite serves these;
+each test runs against Apache Pulsar too). Timing bounds are generous: these machines are shared.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pulsar
+import pytest
+
+import pulsar_nack
+from pulsar_nack import Client, DelayLimitExceeded, MultiplierRedeliveryBackoff, NackConsumer
+from pulsar_nack.broker import Broker
+
+SHARED = pulsar.ConsumerType.Shared
+
+
+@pytest.fixture
+def client(broker: Broker) -> Iterator[Client]:
+    c = Client(
+        broker.service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
+    )
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def produce(client: Client, topic: str, count: int, batching: bool, prefix: str = "m") -> None:
+    producer = client.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=20)
+    for i in range(count):
+        producer.send_async(f"{prefix}{i}".encode(), None)
+    producer.flush()
+    producer.close()
+
+
+def receive_all(consumer: NackConsumer, count: int, timeout_s: float = 15.0) -> list[pulsar.Message]:
+    """Receive exactly ``count`` messages (fails on timeout)."""
+    got: list[pulsar.Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        remaining = int((deadline - time.monotonic()) * 1000)
+        assert remaining > 0, f"timed out with {len(got)} of {count}: {[m.data() for m in got]}"
+        try:
+            got.append(consumer.receive(min(remaining, 1000)))
+        except pulsar.Timeout:
+            continue
+    return got
+
+
+def nothing_more(consumer: NackConsumer, wait_ms: int = 800) -> None:
+    with pytest.raises(pulsar.Timeout):
+        extra = consumer.receive(wait_ms)
+        pytest.fail(f"unexpected extra message {extra.data()!r}")
+
+
+def subscribe(client: Client, topic: str | list[str], **kwargs: Any) -> NackConsumer:
+    kwargs.setdefault("consumer_type", SHARED)
+    return client.subscribe(topic, "sub", **kwargs)
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+@pytest.mark.parametrize("delay_ms", [100, 0])
+def test_nack_by_message_and_by_id_all_come_back_once(
+    client: Client, unique_topic: str, batching: bool, delay_ms: int
+) -> None:
+    """Java J1: 20 messages, 10 nacked by message and 10 by id; all 20 back as a set, then nothing."""
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=delay_ms)
+    produce(client, unique_topic, 20, batching)
+    first = receive_all(consumer, 20)
+    for i, message in enumerate(first):
+        consumer.negative_acknowledge(message if i % 2 else message.message_id())
+    again = receive_all(consumer, 20)
+    assert sorted(m.data() for m in again) == sorted(m.data() for m in first)
+    for message in again:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    stats = consumer.nack_stats()
+    assert stats.nacked == 20 and stats.pending == 0 and stats.redelivered == 20
+    consumer.close()
+
+
+def test_nacked_messages_come_back_in_order_then_nothing(client: Client, unique_topic: str) -> None:
+    """C++/Python: 10 nacked messages come back in order."""
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=300)
+    produce(client, unique_topic, 10, batching=False)
+    for message in receive_all(consumer, 10):
+        consumer.negative_acknowledge(message)
+    again = receive_all(consumer, 10)
+    assert [m.data() for m in again] == [f"m{i}".encode() for i in range(10)]
+    for message in again:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+def test_ack_even_nack_odd_brings_back_exactly_the_odd_ones(
+    client: Client, unique_topic: str, batching: bool
+) -> None:
+    """Go: 100 messages, nack the odd ones, ack the even ones -> exactly the odd ones, in order.
+
+    With batching, a redelivered batch must not hand out its acked (even) siblings again.
+    """
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=300)
+    produce(client, unique_topic, 100, batching)
+    for i, message in enumerate(receive_all(consumer, 100)):
+        assert message.data() == f"m{i}".encode()
+        if i % 2:
+            consumer.negative_acknowledge(message)
+        else:
+            consumer.acknowledge(message)
+    again = receive_all(consumer, 50)
+    assert [m.data() for m in again] == [f"m{i}".encode() for i in range(1, 100, 2)]
+    for message in again:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_batch_siblings_with_different_due_times_come_back_separately(
+    client: Client, unique_topic: str
+) -> None:
+    """Java J4, the PIP-393 headline case: nack msg0 at 0 and msg1 at 2 s, delay 3 s -> msg0 at ~3 s,
+    msg1 at ~5 s, each exactly once (the native client brings both back twice, or both at 5 s)."""
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=3000)
+    produce(client, unique_topic, 2, batching=True)
+    m0, m1 = receive_all(consumer, 2)
+    assert m0.message_id().entry_id() == m1.message_id().entry_id(), "both in one batch"
+    start = time.monotonic()
+    consumer.negative_acknowledge(m0)
+    time.sleep(2.0)
+    nacked_m1 = time.monotonic()
+    consumer.negative_acknowledge(m1)
+    first = receive_all(consumer, 1)[0]
+    first_at = time.monotonic() - start
+    consumer.acknowledge(first)
+    second = receive_all(consumer, 1)[0]
+    second_at = time.monotonic() - nacked_m1
+    consumer.acknowledge(second)
+    assert first.data() == b"m0" and second.data() == b"m1"
+    width = 2**8 / 1000
+    assert 3.0 - width <= first_at <= 3.0 + 0.5
+    assert 3.0 - width <= second_at <= 3.0 + 0.5
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_precision_bounds_for_k_1_to_12(client: Client, unique_topic: str) -> None:
+    """Java J6 / Go: with precision k and delay 2000 ms, redelivery is at most 2^k ms early and (generous
+    bound) not more than 500 ms late. All k run at once, one consumer each."""
+    delay = 2000
+    consumers: dict[int, NackConsumer] = {}
+    for k in range(1, 13):
+        topic = f"{unique_topic}-k{k}"
+        consumers[k] = subscribe(
+            client, topic, negative_ack_redelivery_delay_ms=delay, negative_ack_precision_bits=k
+        )
+        produce(client, topic, 2, batching=False)
+    nacked_at: dict[tuple[int, bytes], float] = {}
+    for k, consumer in consumers.items():
+        for message in receive_all(consumer, 2):
+            nacked_at[(k, message.data())] = time.monotonic()
+            consumer.negative_acknowledge(message)
+    for k, consumer in consumers.items():
+        for message in receive_all(consumer, 2):
+            elapsed_ms = (time.monotonic() - nacked_at[(k, message.data())]) * 1000
+            assert delay - 2**k <= elapsed_ms <= delay + 500, (k, elapsed_ms)
+            consumer.acknowledge(message)
+    for consumer in consumers.values():
+        consumer.close()
+
+
+def test_backoff_grows_with_redelivery_count(client: Client, unique_topic: str) -> None:
+    """Java J2: Multiplier(min 100, max 1000), 10 messages, 5 rounds of nacks: elapsed >= sum of
+    next(0..4) = 2500 ms (ceil rounding: never early); the same set every round; nothing extra."""
+    backoff = MultiplierRedeliveryBackoff(100, 1000)
+    consumer = subscribe(client, unique_topic, negative_ack_backoff=backoff, negative_ack_rounding="ceil")
+    produce(client, unique_topic, 10, batching=False)
+    messages = receive_all(consumer, 10)
+    start = time.monotonic()
+    for round_ in range(5):
+        for message in messages:
+            assert message.redelivery_count() == round_
+            consumer.negative_acknowledge(message)
+        messages = receive_all(consumer, 10)
+        assert sorted(m.data() for m in messages) == [f"m{i}".encode() for i in range(10)]
+    elapsed_ms = (time.monotonic() - start) * 1000
+    assert elapsed_ms >= sum(backoff.next(n) for n in range(5))
+    for message in messages:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_redelivery_count_after_nacks_by_message_and_by_id(client: Client, unique_topic: str) -> None:
+    """C++/Python: nack 4 times, alternating the message and its id: the last copy has count 3."""
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=100)
+    produce(client, unique_topic, 1, batching=False)
+    message = receive_all(consumer, 1)[0]
+    for i in range(3):
+        consumer.negative_acknowledge(message if i % 2 else message.message_id())
+        message = receive_all(consumer, 1)[0]
+    assert message.redelivery_count() == 3
+    consumer.acknowledge(message)
+    consumer.close()
+
+
+def test_per_call_delay_overrides_default_and_backoff(client: Client, unique_topic: str) -> None:
+    consumer = subscribe(
+        client,
+        unique_topic,
+        negative_ack_redelivery_delay_ms=60_000,
+        negative_ack_backoff=MultiplierRedeliveryBackoff(30_000, 60_000),
+    )
+    produce(client, unique_topic, 3, batching=False)
+    nacked = time.monotonic()
+    for i, message in enumerate(receive_all(consumer, 3)):
+        consumer.negative_acknowledge(message, delay_ms=300 * (3 - i))  # m2 first, m0 last
+    again = receive_all(consumer, 3)
+    assert [m.data() for m in again] == [b"m2", b"m1", b"m0"]
+    assert time.monotonic() - nacked < 5, "the per-call delay, not 30-60 s"
+    for message in again:
+        consumer.acknowledge(message)
+    consumer.close()
+
+
+def test_multi_topic_consumer_redelivers_with_topics(client: Client, unique_topic: str) -> None:
+    topics = [f"{unique_topic}-a", f"{unique_topic}-b", f"{unique_topic}-c"]
+    consumer = subscribe(client, topics, negative_ack_redelivery_delay_ms=200)
+    for topic in topics:
+        produce(client, topic, 4, batching=False, prefix=topic[-1])
+    first = receive_all(consumer, 12)
+    for i, message in enumerate(first):  # by message and by id (the id's topic is known from delivery)
+        consumer.negative_acknowledge(message if i % 2 else message.message_id())
+    again = receive_all(consumer, 12)
+    assert sorted((m.topic_name(), m.data()) for m in again) == sorted(
+        (m.topic_name(), m.data()) for m in first
+    )
+    for message in again:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_message_listener_gets_the_nack_consumer(client: Client, unique_topic: str) -> None:
+    seen: list[tuple[bytes, int]] = []
+    done = threading.Event()
+
+    def listener(consumer: Any, message: pulsar.Message) -> None:
+        assert isinstance(consumer, NackConsumer)
+        seen.append((message.data(), message.redelivery_count()))
+        if message.redelivery_count() == 0:
+            consumer.negative_acknowledge(message, delay_ms=200)
+        else:
+            consumer.acknowledge(message)
+            if len(seen) == 6:
+                done.set()
+
+    consumer = subscribe(client, unique_topic, message_listener=listener)
+    produce(client, unique_topic, 3, batching=False)
+    assert done.wait(15)
+    assert sorted(seen) == sorted([(f"m{i}".encode(), c) for i in range(3) for c in (0, 1)])
+    assert consumer.nack_stats().redelivered == 3
+    consumer.close()
+
+
+def test_early_redelivery_is_held_back_until_due(client: Client, unique_topic: str) -> None:
+    """The broker redelivering everything unacked (as after a reconnect) must not bring a pending nack
+    back early: it comes back when due, once."""
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=2500)
+    produce(client, unique_topic, 3, batching=False)
+    messages = receive_all(consumer, 3)
+    nacked = time.monotonic()
+    consumer.negative_acknowledge(messages[0])
+    consumer.redeliver_unacknowledged_messages()
+    early = receive_all(consumer, 2, timeout_s=5)  # m1 and m2 were unacked, not nacked: they come again
+    assert sorted(m.data() for m in early) == [b"m1", b"m2"]
+    assert time.monotonic() - nacked < 2.0
+    for message in early:
+        consumer.acknowledge(message)
+    late = receive_all(consumer, 1)[0]
+    assert late.data() == b"m0" and time.monotonic() - nacked >= 2.5 - 0.256
+    consumer.acknowledge(late)
+    nothing_more(consumer)
+    assert consumer.nack_stats().held_back >= 1
+    consumer.close()
+
+
+def test_wrap_an_existing_consumer(client: Client, unique_topic: str) -> None:
+    native = pulsar.Client.subscribe(
+        client,
+        unique_topic,
+        "sub",
+        consumer_type=SHARED,
+        negative_ack_redelivery_delay_ms=pulsar_nack.NATIVE_DELAY_MS,
+    )
+    consumer = pulsar_nack.wrap(
+        native, negative_ack_redelivery_delay_ms=300, native_delay_ms=pulsar_nack.NATIVE_DELAY_MS
+    )
+    assert isinstance(consumer, pulsar.Consumer)
+    produce(client, unique_topic, 2, batching=False)
+    for message in receive_all(consumer, 2):
+        consumer.negative_acknowledge(message)
+    again = receive_all(consumer, 2)
+    assert sorted(m.data() for m in again) == [b"m0", b"m1"]
+    for message in again:
+        consumer.acknowledge(message)
+    consumer.close()
+    with pytest.raises(TypeError):
+        pulsar_nack.wrap("not a consumer")  # type: ignore[arg-type]
+
+
+def test_close_during_a_blocked_flush_does_not_deadlock(client: Client, unique_topic: str) -> None:
+    """apache/pulsar #23650 and the C++ hook test: the redelivery hook blocks 500 ms holding a lock the
+    application needs to nack; nacking and closing meanwhile must not deadlock or hang."""
+    app_lock = threading.Lock()
+    in_hook = threading.Event()
+
+    def hook(_due: object) -> None:
+        with app_lock:
+            in_hook.set()
+            time.sleep(0.5)
+
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=0, on_redelivery=hook)
+    produce(client, unique_topic, 2, batching=False)
+    first, second = receive_all(consumer, 2)
+    consumer.negative_acknowledge(first)
+    assert in_hook.wait(5)
+    started = time.monotonic()
+    consumer.negative_acknowledge(second)  # while the hook runs
+    with app_lock:
+        pass
+    consumer.close()
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("on_close", ["drop", "flush"])
+def test_close_with_pending_nacks(client: Client, unique_topic: str, on_close: str) -> None:
+    """Either way the messages come back to the subscription (the broker redelivers what was unacked)."""
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=60_000, on_close=on_close)
+    produce(client, unique_topic, 3, batching=False)
+    for message in receive_all(consumer, 3):
+        consumer.negative_acknowledge(message)
+    assert consumer.nack_stats().pending == 3
+    consumer.close()
+    other = subscribe(client, unique_topic)
+    again = receive_all(other, 3)
+    assert sorted(m.data() for m in again) == [b"m0", b"m1", b"m2"]
+    for message in again:
+        other.acknowledge(message)
+    other.close()
+
+
+def test_bad_inputs_name_the_problem_and_change_nothing(client: Client, unique_topic: str) -> None:
+    consumer = subscribe(
+        client, unique_topic, max_redelivery_delay_ms=10_000, negative_ack_redelivery_delay_ms=1000
+    )
+    produce(client, unique_topic, 1, batching=False)
+    message = receive_all(consumer, 1)[0]
+    with pytest.raises(TypeError, match=r"pulsar\.Message"):
+        consumer.negative_acknowledge("m0")
+    with pytest.raises(ValueError, match="delay_ms"):
+        consumer.negative_acknowledge(message, delay_ms=-1)
+    with pytest.raises(TypeError, match="delay_ms"):
+        consumer.negative_acknowledge(message, delay_ms="soon")
+    with pytest.raises(DelayLimitExceeded, match="Exceeds max allowed delivery delay of 10000 milliseconds"):
+        consumer.negative_acknowledge(message, delay_ms=20_000)
+    assert consumer.nack_stats().pending == 0, "nothing filed by a rejected nack"
+    consumer.negative_acknowledge(message, delay_ms=100)
+    assert receive_all(consumer, 1)[0].data() == b"m0"
+    consumer.close()
+    for kwargs, error, text in [
+        ({"negative_ack_precision_bits": 31}, ValueError, "precision_bits"),
+        ({"negative_ack_rounding": "up"}, ValueError, "rounding"),
+        ({"negative_ack_redelivery_delay_ms": -5}, ValueError, "negative_ack_redelivery_delay_ms"),
+        ({"max_redelivery_delay_ms": -1}, ValueError, "max_redelivery_delay_ms"),
+        ({"on_delay_limit": "ignore"}, ValueError, "on_delay_limit"),
+        (
+            {"max_redelivery_delay_ms": 10, "negative_ack_redelivery_delay_ms": 50},
+            DelayLimitExceeded,
+            "10 milli",
+        ),
+        ({"negative_ack_backoff": 5}, TypeError, "negative_ack_backoff"),
+        ({"no_such_option": 1}, TypeError, "no_such_option"),
+    ]:
+        with pytest.raises(error, match=text):
+            subscribe(client, unique_topic, **kwargs)
+
+
+def test_clamp_mode_caps_delays(client: Client, unique_topic: str) -> None:
+    consumer = subscribe(client, unique_topic, max_redelivery_delay_ms=300, on_delay_limit="clamp")
+    produce(client, unique_topic, 1, batching=False)
+    nacked = time.monotonic()
+    consumer.negative_acknowledge(receive_all(consumer, 1)[0], delay_ms=3_600_000)
+    consumer.acknowledge(receive_all(consumer, 1)[0])
+    assert time.monotonic() - nacked < 3
+    consumer.close()
+
+
+def test_producer_rejects_delivery_delays_beyond_the_limit_before_sending(
+    client: Client, unique_topic: str
+) -> None:
+    import datetime
+
+    producer = client.create_producer(unique_topic, max_delivery_delay_ms=60_000)
+    assert isinstance(producer, pulsar_nack.DelayLimitedProducer)
+    consumer = subscribe(client, unique_topic)
+    with pytest.raises(DelayLimitExceeded, match="Exceeds max allowed delivery delay of 60000 milliseconds"):
+        producer.send(b"late", deliver_after=datetime.timedelta(hours=1))
+    with pytest.raises(DelayLimitExceeded):
+        producer.send_async(b"late", None, deliver_at=int(time.time() * 1000) + 3_600_000)
+    producer.send(b"ok", deliver_after=datetime.timedelta(milliseconds=10))
+    assert consumer.receive(10_000).data() == b"ok"
+    nothing_more(consumer, 500)
+    producer.close()
+    consumer.close()
