@@ -128,6 +128,7 @@ class NackTracker:
         rounding: Rounding = "floor",
         native: NativeTiming = NativeTiming(),
         inflight_ttl_ms: float = 30_000.0,
+        compact_after_ms: float = 1_000.0,
         clock: Callable[[], float] = monotonic_ms,
         wheel: TimerWheel | None = None,
         lateness_window: int = 4096,
@@ -137,6 +138,8 @@ class NackTracker:
         self.native = native
         self.lead_ms = float(native.latency_ms)
         self.inflight_ttl_ms = float(inflight_ttl_ms)
+        self.compact_after_ms = float(compact_after_ms)
+        self._compaction: Timeout | None = None
         self._clock = clock
         self._owns_wheel = wheel is None
         self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
@@ -165,8 +168,17 @@ class NackTracker:
         return bucket
 
     def _arm(self, bucket: int, at_ms: float) -> None:
-        """One timeout per bucket (lock held)."""
+        """One timeout per bucket (lock held); a new bucket also means an older one may have gone cold."""
         self._armed[bucket] = self._wheel.schedule(at_ms, functools.partial(self._fire, bucket))
+        if self._compaction is None:
+            self._compaction = self._wheel.schedule(self._clock() + self.compact_after_ms, self._compact)
+
+    def _compact(self) -> None:
+        """Timer thread: compact the buckets nacks have moved on from (off the nack path)."""
+        with self._lock:
+            self._compaction = None
+        if not self._closed:
+            self.index.compact()
 
     # -- the timer path ----------------------------------------------------------------------------
 
@@ -182,7 +194,6 @@ class NackTracker:
                 self._arm(bucket, at)  # now would delay the last forward's redelivery, or starve the timer
                 return
         self.flush(now, target=bucket)
-        self.index.compact(max_buckets=16)
 
     def flush(self, now: float | None = None, target: int | None = None, everything: bool = False) -> int:
         """Forward due ids (all pending ids with ``everything``) now; returns how many entries went."""
@@ -285,6 +296,8 @@ class NackTracker:
         self._closed = True
         with self._lock:
             armed = list(self._armed.values())
+            if self._compaction is not None:
+                armed.append(self._compaction)
             self._armed.clear()
         for timeout in armed:
             timeout.cancel()

@@ -205,3 +205,16 @@ def test_limit_delay() -> None:
     ) as info:
         limit_delay(5000, 1000, "error")
     assert isinstance(info.value, ValueError) and info.value.max_delay_ms == 1000
+
+
+def test_buckets_left_behind_are_compacted_by_the_timer() -> None:
+    h = Harness(precision_bits=8)
+    start = h.clock.now
+    for entry in range(20_000):  # a steady stream: a new bucket every 256 nacks
+        h.clock.now = start + entry / 1_000
+        h.tracker.schedule(h.clock.now + 60_000, 1, entry)
+    heavy = h.tracker.index.memory_usage().total_bytes
+    h.run_until(h.clock.now + h.tracker.compact_after_ms + 1)
+    assert not h.forwards, "nothing due yet: only compaction ran"
+    assert h.tracker.index.memory_usage().total_bytes < heavy / 2
+    assert len(h.tracker.index) == 20_000
