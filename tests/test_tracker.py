@@ -210,8 +210,8 @@ def test_limit_delay() -> None:
 def test_buckets_left_behind_are_compacted_by_the_timer() -> None:
     h = Harness(precision_bits=8)
     start = h.clock.now
-    for entry in range(20_000):  # a steady stream: a new bucket every 256 nacks
-        h.clock.now = start + entry / 1_000
+    for entry in range(20_000):  # a steady stream over 2 s: a new bucket every 2560 nacks
+        h.clock.now = start + entry / 10
         h.tracker.schedule(h.clock.now + 60_000, 1, entry)
     heavy = h.tracker.index.memory_usage().total_bytes
     h.run_until(h.clock.now + h.tracker.compact_after_ms + 1)
