@@ -77,6 +77,10 @@ LOOPBACK = "127.0.0.1"
 #: from the registry these machines reach, so 4.0.7 is the newest 4.0.x that resolves.
 APACHE_PULSAR_VERSION = "4.0.7"
 
+#: Main class in ``broker/``: expires ephemeral metadata left by a SIGKILLed run, then runs
+#: ``org.apache.pulsar.PulsarStandaloneStarter`` in the same JVM.
+STANDALONE_MAIN = "io.github.pulsarnack.standalone.StandaloneMain"
+
 #: A broker setting value: written as ``true``/``false`` for booleans, ``str()`` otherwise.
 SettingValue = str | int | float | bool
 
@@ -230,18 +234,26 @@ def _classpath_file(project: Path) -> Path:
 
 
 def _classpath_if_fresh(project: Path) -> str | None:
-    """The resolved classpath if it is newer than the POM and every jar in it exists."""
+    """The runtime classpath (compiled classes first) if it is up to date, else None.
+
+    Up to date: ``target/classpath.txt`` is newer than the POM and every Java source, the compiled
+    main class exists and every jar listed exists.
+    """
     cp_file = _classpath_file(project)
+    classes = project / "target" / "classes"
     try:
-        if cp_file.stat().st_mtime < (project / "pom.xml").stat().st_mtime:
+        built = cp_file.stat().st_mtime
+        inputs = [project / "pom.xml", *(project / "src").rglob("*.java")]
+        if any(p.stat().st_mtime > built for p in inputs):
             return None
-        classpath = cp_file.read_text().strip()
+        if not (classes / (STANDALONE_MAIN.replace(".", "/") + ".class")).is_file():
+            return None
+        jars = [e for e in cp_file.read_text().strip().split(os.pathsep) if e]
     except OSError:
         return None
-    entries = [e for e in classpath.split(os.pathsep) if e]
-    if not entries or not all(os.path.exists(e) for e in entries):
+    if not jars or not all(os.path.exists(e) for e in jars):
         return None
-    return classpath
+    return os.pathsep.join([str(classes), *jars])
 
 
 def _resolve_classpath(project: Path, timeout: float) -> str:
@@ -268,7 +280,7 @@ def _resolve_classpath(project: Path, timeout: float) -> str:
         settings = project / "settings.xml"
         if settings.is_file():
             cmd += ["-s", str(settings)]
-        cmd += ["dependency:build-classpath", f"-Dclasspath.file={tmp}"]
+        cmd += ["compile", "dependency:build-classpath", f"-Dclasspath.file={tmp}"]
         _log.info("resolving Apache Pulsar with Maven (first run downloads ~270 MB into ~/.m2): %s", cmd)
         started = time.monotonic()
         with log_path.open("wb") as log_file:
@@ -332,7 +344,7 @@ class Broker(ABC):
         data_dir: str | os.PathLike[str] | None = None,
         start_timeout: float = 60.0,
         stop_timeout: float = 30.0,
-        keep_data_dir: bool = False,
+        keep_data_dir: bool | None = None,
         die_with_parent: bool = True,
     ) -> None:
         """Create (but do not start) a broker.
@@ -343,7 +355,9 @@ class Broker(ABC):
                 caller's directory is never removed.
             start_timeout: seconds :meth:`start` waits for the broker to become ready.
             stop_timeout: seconds :meth:`stop` waits after SIGTERM before it sends SIGKILL.
-            keep_data_dir: keep the temporary data directory on :meth:`stop` (for debugging).
+            keep_data_dir: keep the temporary data directory (and the log in it) on
+                :meth:`stop`, for debugging; None: keep it if ``$PULSAR_NACK_KEEP_BROKER_DATA``
+                is set to 1.
             die_with_parent: ask Linux to SIGTERM the broker if the thread that started it dies
                 (via ``setpriv --pdeathsig``, which execs the broker, so the PID stays the
                 broker's). Keeps a killed test run from leaking brokers. Turn it off when a
@@ -353,6 +367,8 @@ class Broker(ABC):
         self._data_dir: Path | None = None if data_dir is None else Path(data_dir).resolve()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
+        if keep_data_dir is None:
+            keep_data_dir = os.environ.get("PULSAR_NACK_KEEP_BROKER_DATA", "") in ("1", "true")
         self.keep_data_dir = keep_data_dir
         self.die_with_parent = die_with_parent
         self._proc: subprocess.Popen[bytes] | None = None
@@ -603,7 +619,7 @@ class PulsarLite(Broker):
         data_dir: str | os.PathLike[str] | None = None,
         start_timeout: float = 15.0,
         stop_timeout: float = 10.0,
-        keep_data_dir: bool = False,
+        keep_data_dir: bool | None = None,
         die_with_parent: bool = True,
     ) -> None:
         """Create (but do not start) a pulsar-lite broker.
@@ -737,8 +753,11 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 class PulsarStandalone(Broker):
     """Apache Pulsar standalone: broker + bookie + RocksDB metadata store in one JVM.
 
-    Runs ``java -cp <classpath> org.apache.pulsar.PulsarStandaloneStarter --config FILE
-    --no-functions-worker --no-stream-storage ...`` directly (the PID is the JVM's), with a
+    Runs ``java -cp <classpath> io.github.pulsarnack.standalone.StandaloneMain --config FILE
+    --no-functions-worker --no-stream-storage ...`` directly (the PID is the JVM's; that main
+    class expires ephemeral metadata a SIGKILLed run left behind -- with Pulsar's RocksDB metadata
+    store they otherwise make the bookie's registration flap after :meth:`kill` -- and then calls
+    ``org.apache.pulsar.PulsarStandaloneStarter``), with a
     config written here: broker, web service and bookie on 127.0.0.1 free ports,
     ``acknowledgmentAtBatchIndexLevelEnabled=true``, ``delayedDeliveryEnabled=true``,
     single-bookie ledgers, plus the caller's ``settings`` (which win).
@@ -750,7 +769,7 @@ class PulsarStandalone(Broker):
 
     kind = "apache"
     log_name = "broker.log"
-    main_class: ClassVar[str] = "org.apache.pulsar.PulsarStandaloneStarter"
+    main_class: ClassVar[str] = STANDALONE_MAIN
 
     def __init__(
         self,
@@ -767,7 +786,7 @@ class PulsarStandalone(Broker):
         data_dir: str | os.PathLike[str] | None = None,
         start_timeout: float = 120.0,
         stop_timeout: float = 30.0,
-        keep_data_dir: bool = False,
+        keep_data_dir: bool | None = None,
         die_with_parent: bool = True,
     ) -> None:
         """Create (but do not start) an Apache Pulsar standalone.
