@@ -204,6 +204,7 @@ class TimeBucketIndex:
         # Buckets the add path has moved away from: candidates for compact(). Ordered set.
         self._cold: dict[int, None] = {}
         self._count = 0
+        self._added = 0  # ids accepted by add/add_many, repeats included
         self._forget_slot()
 
     # -- properties ---------------------------------------------------------------------------------
@@ -220,6 +221,16 @@ class TimeBucketIndex:
     def bucket_count(self) -> int:
         """Number of non-empty buckets. O(1)."""
         return len(self._schedule)
+
+    @property
+    def added(self) -> int:
+        """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included."""
+        return self._added
+
+    @property
+    def added(self) -> int:
+        """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included."""
+        return self._added
 
     def __len__(self) -> int:
         """Pending ids, counting an entry once per bucket (batch messages of one entry count once)."""
@@ -274,6 +285,7 @@ class TimeBucketIndex:
                         if entry_id not in entries:
                             entries.add(entry_id)
                             self._count += 1
+                        self._added += 1
                         return bucket
                     if entry_id > record.hi or entry_id < record.lo:
                         # Outside every pending id of the ledger: cannot be a duplicate.
@@ -286,10 +298,12 @@ class TimeBucketIndex:
                         else:
                             record.lo = entry_id
                             record.mins = None
+                        self._added += 1
                         return bucket
                 except OverflowError:  # pyroaring: negative or >= 2**32
                     self._reject(_bad_entry(entry_id))
             self._add_checked(entry_id, batch_index)
+            self._added += 1
         return bucket
 
     def add_many(
@@ -312,6 +326,7 @@ class TimeBucketIndex:
             return
         buckets = (due + self._round_up) & self._mask
         with self._lock:
+            self._added += len(entries)
             self._forget_slot()
             if batches is not None and (batches >= 0).any():
                 whole = batches < 0

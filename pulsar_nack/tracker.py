@@ -149,7 +149,7 @@ class NackTracker:
         self._acked_pending: dict[tuple[str, int, int], int] = {}  # acked batch indexes of pending entries
         self._last_forward = -float("inf")
         self._lateness: deque[float] = deque(maxlen=lateness_window)
-        self._nacked = self._forwarded = self._redelivered = self._held_back = self._dropped = 0
+        self._forwarded = self._redelivered = self._held_back = self._dropped = 0
         self._closed = False
 
     # -- the nack path ----------------------------------------------------------------------------
@@ -161,10 +161,10 @@ class NackTracker:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
-        with self._lock:
-            self._nacked += 1
-            if bucket not in self._armed:
-                self._arm(bucket, bucket - self.lead_ms)
+        if bucket not in self._armed:  # most nacks land in an armed bucket: no lock needed to see that
+            with self._lock:
+                if bucket not in self._armed and not self._closed:
+                    self._arm(bucket, bucket - self.lead_ms)
         return bucket
 
     def _arm(self, bucket: int, at_ms: float) -> None:
@@ -317,7 +317,7 @@ class NackTracker:
             pending=len(self.index),
             buckets=self.index.bucket_count,
             memory_bytes=self.index.memory_usage().total_bytes if with_memory else 0,
-            nacked=self._nacked,
+            nacked=self.index.added,
             forwarded=self._forwarded,
             redelivered=self._redelivered,
             held_back=self._held_back,

@@ -33,7 +33,9 @@ def client(broker: Broker) -> Iterator[Client]:
 
 
 def produce(client: Client, topic: str, count: int, batching: bool, prefix: str = "m") -> None:
-    producer = client.create_producer(topic, batching_enabled=batching, batching_max_publish_delay_ms=20)
+    producer = client.create_producer(
+        topic, batching_enabled=batching, batching_max_publish_delay_ms=20, block_if_queue_full=True
+    )
     for i in range(count):
         producer.send_async(f"{prefix}{i}".encode(), None)
     producer.flush()
