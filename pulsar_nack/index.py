@@ -227,11 +227,6 @@ class TimeBucketIndex:
         """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included."""
         return self._added
 
-    @property
-    def added(self) -> int:
-        """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included."""
-        return self._added
-
     def __len__(self) -> int:
         """Pending ids, counting an entry once per bucket (batch messages of one entry count once)."""
         return self._count
