@@ -3,6 +3,9 @@
 ``pulsar_nack.Client`` is a ``pulsar.Client`` whose ``subscribe`` returns a :class:`NackConsumer`;
 :func:`wrap` turns an existing consumer into one. Underneath: :class:`TimeBucketIndex` (the PIP-393
 structure), :class:`TimerWheel`, and :class:`~pulsar_nack.tracker.NackTracker`, which joins them.
+
+Submodules imported on demand: :mod:`pulsar_nack.aio` (the same wrapper for ``pulsar.asyncio``) and
+:mod:`pulsar_nack.metrics` (a Prometheus collector; needs the ``prometheus`` extra).
 """
 
 from pulsar_nack.backoff import MultiplierRedeliveryBackoff, RedeliveryBackoff

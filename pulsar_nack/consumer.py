@@ -6,6 +6,9 @@ official client's, unchanged. Nacks are filed in a :class:`~pulsar_nack.tracker.
 tracker hands the ids back to the native ``negative_acknowledge`` (set to its 100 ms minimum delay), the
 only per-id redelivery the official Python client offers. Every message the broker delivers passes
 :meth:`NackTracker.on_arrival` first, so batch siblings and early redeliveries are held back.
+
+What does not depend on the call style lives in :class:`NackBridge` (nacks → tracker, due ids → native
+nacks, arrivals and acks → tracker); the asyncio consumer of :mod:`pulsar_nack.aio` shares it.
 """
 
 from __future__ import annotations
@@ -30,10 +33,10 @@ from pulsar_nack.delay_limit import (
     check_limit_options,
     limit_delay,
 )
-from pulsar_nack.index import DueIds, Rounding
+from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming, Verdict
 
-__all__ = ["Client", "NackConsumer", "NackOptions", "wrap"]
+__all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
@@ -78,7 +81,7 @@ class NackOptions:
         _check_delay(self.native_delay_ms, "native_delay_ms")
         if self.on_redelivery is not None and not callable(self.on_redelivery):
             raise TypeError("on_redelivery must be callable")
-        # Bad precision/rounding are reported by TimeBucketIndex itself.
+        TimeBucketIndex(self.precision_bits, self.rounding)  # it checks them: now, before any subscribe
         if self.on_delay_limit == "error" and self.backoff is None:
             limit_delay(self.redelivery_delay_ms, self.max_redelivery_delay_ms, "error")
 
@@ -86,74 +89,86 @@ class NackOptions:
     def native(self) -> NativeTiming:
         return NativeTiming(self.native_delay_ms)
 
+    def delay_for(self, delay_ms: float | datetime.timedelta | None, redelivery_count: int) -> float:
+        """The delay of one nack (ms): ``delay_ms`` if given, else the backoff's for ``redelivery_count``,
+        else ``redelivery_delay_ms``; then ``max_redelivery_delay_ms`` applies. O(1).
 
-class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
-    """A ``pulsar.Consumer`` with PIP-393 nacks: per-call delays, backoff, limits, batch-safe redelivery.
+        Raises ``TypeError``/``ValueError`` naming ``delay_ms`` for a bad one, and
+        :class:`~pulsar_nack.DelayLimitExceeded` above the limit (unless ``on_delay_limit="clamp"``).
+        """
+        if delay_ms is not None:
+            delay = _check_delay(delay_ms, "delay_ms")
+        elif self.backoff is not None:
+            delay = float(self.backoff.next(redelivery_count))
+        else:
+            delay = float(self.redelivery_delay_ms)
+        if self.max_redelivery_delay_ms:
+            delay = limit_delay(delay, self.max_redelivery_delay_ms, self.on_delay_limit)
+        return delay
 
-    Create it with :meth:`Client.subscribe` or :func:`wrap`. Thread-safe like the official consumer.
+
+def message_id_of(message: Any) -> tuple[Any, Any] | None:
+    """``(_pulsar.MessageId, _pulsar.Message or None)`` of what the official consumers accept for (n)acks:
+    a ``pulsar.Message``, ``_pulsar.Message``, ``pulsar.MessageId`` or ``_pulsar.MessageId``; None for
+    anything else. O(1)."""
+    if isinstance(message, pulsar.Message):
+        message = message._message
+    if isinstance(message, _pulsar.Message):
+        return message.message_id(), message
+    if isinstance(message, pulsar.MessageId):
+        return message._msg_id, None
+    if isinstance(message, _pulsar.MessageId):
+        return message, None
+    return None
+
+
+class NackBridge:
+    """Joins one native consumer (the C++ ``_pulsar.Consumer`` behind either client) to its
+    :class:`~pulsar_nack.tracker.NackTracker`: the part of a wrapped consumer that does not depend on
+    whether it is called synchronously or with ``await``.
+
+    * :meth:`nack`: a message or id and a delay → ``tracker.schedule`` (O(1) typically);
+    * :meth:`admit`: each arrival → ``tracker.on_arrival`` → whether the application gets it (O(1));
+    * :meth:`note_ack`: acked batch messages, so a redelivered batch does not hand them out again (O(1));
+    * forwarding (timer thread): due entries → one native ``negative_acknowledge`` each (O(due entries)).
+
+    Thread-safe: the native consumer's ``negative_acknowledge`` is, and the tracker is.
     """
 
-    _tracker: NackTracker
-    _options: NackOptions
-    _ledger_topics: dict[int, str]
-
-    def _attach(self, native: pulsar.Consumer, options: NackOptions) -> None:
-        """Take over ``native``'s C++ consumer; start the tracker."""
-        self._consumer = native._consumer
-        self._client = native._client
-        self._schema = native._schema
-        consumers = self._client._consumers  # pulsar.Client closes what it lists; list us instead
-        consumers[:] = [self if c is native else c for c in consumers]
-        self._options = options
-        self._ledger_topics = {}
-        self._topic = native.topic()
-        self._tracker = NackTracker(
+    def __init__(self, native: Any, topic: str, options: NackOptions) -> None:
+        """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns."""
+        self.options = options
+        self._native = native
+        self._topic = topic
+        self._ledger_topics: dict[int, str] = {}
+        self.tracker = NackTracker(
             self._forward,
             precision_bits=options.precision_bits,
             rounding=options.rounding,
             native=options.native,
         )
 
-    @property
-    def nack_options(self) -> NackOptions:
-        return self._options
+    def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
+        """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
 
-    # -- nacking --------------------------------------------------------------------------------------
-
-    def negative_acknowledge(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
-        """Redeliver ``message`` after ``delay_ms``, else the backoff's delay for its redelivery count, else
-        the default delay. Accepts ``pulsar.Message``, ``pulsar.MessageId`` and ``_pulsar.MessageId``.
-
-        Raises ``TypeError`` for anything else, ``ValueError`` for a negative delay, and
-        :class:`~pulsar_nack.DelayLimitExceeded` above ``max_redelivery_delay_ms`` (unless clamping).
+        Raises ``TypeError`` for anything but a message or id, ``ValueError``/``TypeError`` for a bad
+        ``delay_ms``, :class:`~pulsar_nack.DelayLimitExceeded` above the limit, ``RuntimeError`` once closed;
+        nothing is filed then.
         """
-        if isinstance(message, pulsar.Message):
-            message = message._message
-        if isinstance(message, _pulsar.Message):
-            message_id, topic = message.message_id(), message.topic_name()
-            redelivery_count = message.redelivery_count()
-        elif isinstance(message, pulsar.MessageId | _pulsar.MessageId):
-            message_id = message._msg_id if isinstance(message, pulsar.MessageId) else message
-            topic, redelivery_count = None, 0
-        else:
+        target = message_id_of(message)
+        if target is None:
             raise TypeError(
                 "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
                 f"got {type(message).__name__}"
             )
-        options = self._options
-        if delay_ms is not None:
-            delay = _check_delay(delay_ms, "delay_ms")
-        elif options.backoff is not None:
-            delay = float(options.backoff.next(redelivery_count))
-        else:
-            delay = options.redelivery_delay_ms
-        if options.max_redelivery_delay_ms:
-            delay = limit_delay(delay, options.max_redelivery_delay_ms, options.on_delay_limit)
+        message_id, inner = target
+        redelivery_count = inner.redelivery_count() if inner is not None else 0
+        delay = self.options.delay_for(delay_ms, redelivery_count)
         ledger_id = message_id.ledger_id()
-        if topic is None:
-            topic = self._topic_of(ledger_id)
-        self._tracker.schedule(
-            self._tracker._clock() + delay, ledger_id, message_id.entry_id(), message_id.batch_index(), topic
+        topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
+        tracker = self.tracker
+        tracker.schedule(
+            tracker._clock() + delay, ledger_id, message_id.entry_id(), message_id.batch_index(), topic
         )
 
     def _topic_of(self, ledger_id: int) -> str:
@@ -166,11 +181,11 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 f"cannot tell the topic of a MessageId in ledger {ledger_id} on a multi-topic consumer: "
                 "nack the Message, or an id of a message this consumer delivered"
             )
-        return str(self._topic)
+        return self._topic
 
     def _forward(self, due: Sequence[DueIds]) -> None:
         """Timer thread: hand due entries to the native tracker (one id per entry, topic set)."""
-        nack = self._consumer.negative_acknowledge
+        nack = self._native.negative_acknowledge
         for ids in due:
             match = _PARTITION_SUFFIX.search(ids.topic)
             partition = int(match.group(1)) if match else -1
@@ -179,23 +194,82 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 if ids.topic:
                     message_id.topic_name(ids.topic)
                 nack(message_id)
-        if self._options.on_redelivery is not None:
-            self._options.on_redelivery(due)
+        if self.options.on_redelivery is not None:
+            self.options.on_redelivery(due)
 
-    # -- receiving and acking ---------------------------------------------------------------------------
-
-    def _admit(self, message: pulsar.Message) -> bool:
+    def admit(self, message: pulsar.Message) -> bool:
         """Record the message's ledger → topic and ask the tracker whether the application gets it."""
         inner = message._message
         message_id = inner.message_id()
         topic = inner.topic_name()
         ledger_id = message_id.ledger_id()
-        if ledger_id not in self._ledger_topics:
-            if len(self._ledger_topics) >= _MAX_LEDGER_TOPICS:
-                self._ledger_topics.pop(next(iter(self._ledger_topics)))
-            self._ledger_topics[ledger_id] = topic
-        verdict = self._tracker.on_arrival(ledger_id, message_id.entry_id(), message_id.batch_index(), topic)
+        ledger_topics = self._ledger_topics
+        if ledger_id not in ledger_topics:
+            if len(ledger_topics) >= _MAX_LEDGER_TOPICS:
+                ledger_topics.pop(next(iter(ledger_topics)), None)
+            ledger_topics[ledger_id] = topic
+        verdict = self.tracker.on_arrival(ledger_id, message_id.entry_id(), message_id.batch_index(), topic)
         return verdict is Verdict.DELIVER
+
+    def note_ack(self, message: Any) -> None:
+        """Tell the tracker about an acked batch message (anything else needs no note)."""
+        target = message_id_of(message)
+        if target is None:
+            return  # the official client reports bad arguments
+        message_id, inner = target
+        batch_index = message_id.batch_index()
+        if batch_index >= 0:
+            ledger_id = message_id.ledger_id()
+            topic = inner.topic_name() if inner is not None else self._ledger_topics.get(ledger_id, "")
+            self.tracker.on_ack(ledger_id, message_id.entry_id(), batch_index, topic)
+
+    def close(self) -> float:
+        """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.
+
+        Returns how long (seconds) the caller should wait before closing the native consumer, so that
+        flushed ids reach the broker (0 when nothing was flushed). May block while a flush hook runs
+        (bounded by the timer's close timeout).
+        """
+        if self.tracker.closed:
+            return 0.0
+        flushing = self.options.on_close == "flush"
+        self.tracker.close(flush=flushing)
+        # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
+        return self.options.native.latency_ms / 1000.0 + 0.05 if flushing else 0.0
+
+    def stats(self, with_memory: bool = True) -> NackStats:
+        return self.tracker.stats(with_memory)
+
+
+class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
+    """A ``pulsar.Consumer`` with PIP-393 nacks: per-call delays, backoff, limits, batch-safe redelivery.
+
+    Create it with :meth:`Client.subscribe` or :func:`wrap`. Thread-safe like the official consumer.
+    """
+
+    _nacks: NackBridge
+
+    def _attach(self, native: pulsar.Consumer, options: NackOptions) -> None:
+        """Take over ``native``'s C++ consumer; start the tracker."""
+        self._nacks = NackBridge(native._consumer, native.topic(), options)
+        self._consumer = native._consumer
+        self._client = native._client
+        self._schema = native._schema
+        consumers = self._client._consumers  # pulsar.Client closes what it lists; list us instead
+        consumers[:] = [self if c is native else c for c in consumers]
+
+    @property
+    def nack_options(self) -> NackOptions:
+        return self._nacks.options
+
+    def negative_acknowledge(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
+        """Redeliver ``message`` after ``delay_ms``, else the backoff's delay for its redelivery count, else
+        the default delay. Accepts ``pulsar.Message``, ``pulsar.MessageId`` and ``_pulsar.MessageId``.
+
+        Raises ``TypeError`` for anything else, ``ValueError`` for a negative delay, and
+        :class:`~pulsar_nack.DelayLimitExceeded` above ``max_redelivery_delay_ms`` (unless clamping).
+        """
+        self._nacks.nack(message, delay_ms)
 
     def receive(self, timeout_millis: int | None = None) -> pulsar.Message:
         """Like ``pulsar.Consumer.receive``, skipping messages that must not reach the application."""
@@ -208,54 +282,45 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 if remaining <= 0:
                     raise pulsar.Timeout("Pulsar error: TimeOut")
                 message = super().receive(remaining)
-            if self._admit(message):
+            if self._nacks.admit(message):
                 return message
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application."""
         while True:
             messages = super().batch_receive()
-            admitted = [m for m in messages if self._admit(m)]
+            admitted = [m for m in messages if self._nacks.admit(m)]
             if admitted or not messages:
                 return admitted
 
     def acknowledge(self, message: Any) -> None:
-        self._note_ack(message)
+        self._nacks.note_ack(message)
         super().acknowledge(message)
-
-    def _note_ack(self, message: Any) -> None:
-        if isinstance(message, pulsar.Message):
-            message_id, topic = message._message.message_id(), message._message.topic_name()
-        elif isinstance(message, pulsar.MessageId | _pulsar.MessageId):
-            message_id = message._msg_id if isinstance(message, pulsar.MessageId) else message
-            topic = None
-        else:
-            return  # the official client reports bad arguments
-        batch_index = message_id.batch_index()
-        if batch_index >= 0:
-            ledger_id = message_id.ledger_id()
-            topic = topic if topic is not None else self._ledger_topics.get(ledger_id, "")
-            self._tracker.on_ack(ledger_id, message_id.entry_id(), batch_index, topic)
-
-    # -- lifecycle and stats ----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop the tracker (dropping or flushing pending nacks, per ``on_close``), then close the consumer.
 
         Never hangs on a flush in progress: the timer is given a bounded time to finish it.
         """
-        tracker = self._tracker
-        if not tracker.closed:
-            flushing = self._options.on_close == "flush"
-            tracker.close(flush=flushing)
-            if flushing:
-                # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
-                time.sleep(self._options.native.latency_ms / 1000.0 + 0.05)
+        time.sleep(self._nacks.close())
         super().close()
 
     def nack_stats(self, with_memory: bool = True) -> NackStats:
         """Pending ids, buckets, memory, redelivery counters and lateness p50/p99 (ms)."""
-        return self._tracker.stats(with_memory)
+        return self._nacks.stats(with_memory)
+
+
+def native_subscribe_arguments(
+    signature: inspect.Signature, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], int]:
+    """Bind ``subscribe(*args, **kwargs)`` to the official ``signature`` (a ``TypeError`` names an unknown
+    argument); returns the arguments for the native subscribe, whose nack delay is :data:`NATIVE_DELAY_MS`,
+    and the caller's ``negative_ack_redelivery_delay_ms`` (default 60000)."""
+    arguments = signature.bind(client, *args, **kwargs).arguments
+    arguments.pop("self")
+    delay = arguments.get("negative_ack_redelivery_delay_ms", 60_000)
+    arguments["negative_ack_redelivery_delay_ms"] = NATIVE_DELAY_MS
+    return arguments, delay
 
 
 class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
@@ -277,10 +342,9 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
         **kwargs: Any,
     ) -> NackConsumer:
-        arguments = _SUBSCRIBE.bind(self, *args, **kwargs).arguments
-        arguments.pop("self")
+        arguments, delay_ms = native_subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
         options = NackOptions(
-            redelivery_delay_ms=arguments.get("negative_ack_redelivery_delay_ms", 60_000),
+            redelivery_delay_ms=delay_ms,
             precision_bits=negative_ack_precision_bits,
             rounding=negative_ack_rounding,
             backoff=negative_ack_backoff,
@@ -289,7 +353,6 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
             on_close=on_close,
             on_redelivery=on_redelivery,
         )
-        arguments["negative_ack_redelivery_delay_ms"] = NATIVE_DELAY_MS
         consumer = NackConsumer()
         listener = arguments.get("message_listener")
         if listener is not None:
@@ -299,6 +362,14 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         if listener is not None:
             consumer._ready.set()
         return consumer
+
+    def close(self) -> None:
+        """Stop the trackers of consumers not closed yet (their timer threads would outlive the client),
+        then close the client and with it its producers and consumers."""
+        for consumer in list(self._consumers):
+            if isinstance(consumer, NackConsumer):
+                time.sleep(consumer._nacks.close())
+        super().close()
 
     def create_producer(self, *args: Any, max_delivery_delay_ms: int = 0, **kwargs: Any) -> pulsar.Producer:
         """``pulsar.Client.create_producer``; with ``max_delivery_delay_ms`` > 0 the producer rejects
@@ -326,7 +397,7 @@ def _admitting_listener(
         if not consumer._ready.wait(30):  # messages may arrive before subscribe() has returned
             _log.error("message listener called before the consumer was ready; message left unacked")
             return
-        if consumer._admit(message):
+        if consumer._nacks.admit(message):
             listener(consumer, message)
 
     return admit_then_call

@@ -52,6 +52,11 @@ class NativeTiming:
     exactly ``2 * interval`` after the previous one (the checks stay on the same grid, and the check in
     between still fires), or once the previous forward's ids are out (``latency`` + a margin). Forwarding
     every ``interval`` or faster would postpone the native check for ever (the native starvation).
+
+    A timer never fires exactly on the same-grid slot; up to ``margin`` after it still counts: the
+    native check of the slot has fired, and the forward re-arms the next one, so the previous forward's ids
+    come back that much late. (Without this tolerance, a 1 ms late timer pushed the forward to the free
+    slot: ~40 ms later.)
     """
 
     delay_ms: int = NATIVE_DELAY_MS
@@ -73,7 +78,9 @@ class NativeTiming:
         same_grid_ms = last_ms + 2 * self.interval_ms
         if desired_ms >= free_ms:
             return desired_ms
-        return same_grid_ms if desired_ms <= same_grid_ms else free_ms
+        if desired_ms <= same_grid_ms:
+            return same_grid_ms
+        return desired_ms if desired_ms <= same_grid_ms + self.margin_ms else free_ms
 
 
 class Verdict(enum.Enum):

@@ -57,6 +57,10 @@ def test_forward_times_keep_the_previous_forward_on_time() -> None:
     assert timing.forward_at(last + 500, last) == last + 500, "free once the last forward's ids are out"
     assert timing.forward_at(last + 10, last) == last + 68, "soon after: on the same check grid"
     assert timing.forward_at(last + 80, last) == last + 102 + timing.margin_ms
+    # A timer re-armed for the same-grid slot fires a little late: it still takes the slot.
+    assert timing.forward_at(last + 68.9, last) == last + 68.9
+    assert timing.forward_at(last + 68 + timing.margin_ms, last) == last + 68 + timing.margin_ms
+    assert timing.forward_at(last + 68.1 + timing.margin_ms, last) == last + 102 + timing.margin_ms
     assert timing.forward_at(5.0, -float("inf")) == 5.0
 
 

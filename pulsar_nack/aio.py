@@ -1,0 +1,237 @@
+"""The asyncio wrapper: ``pulsar_nack.aio.Client`` and ``NackConsumer``, a ``pulsar.asyncio.Consumer`` whose
+nacks go through the PIP-393 tracker.
+
+Same behaviour as :mod:`pulsar_nack.consumer`, in ``pulsar.asyncio``'s call style::
+
+    client = pulsar_nack.aio.Client("pulsar://127.0.0.1:6650")
+    consumer = await client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared,
+                                      negative_ack_redelivery_delay_ms=1000)
+    message = await consumer.receive()
+    await consumer.negative_acknowledge(message, delay_ms=250)
+
+The logic is the sync consumer's :class:`~pulsar_nack.consumer.NackBridge`; this module adds only the
+``await`` surface. Forwarding due ids happens on the tracker's timer thread, through the C++ consumer's own
+(thread-safe, non-blocking) ``negative_acknowledge``: never on the event loop, and never blocking it.
+``on_redelivery`` hooks run on that thread too.
+
+One difference from ``pulsar.asyncio.Consumer``: a ``receive()`` cancelled while it waits (by
+``asyncio.wait_for``, ``asyncio.timeout`` or a cancelled task) loses no message. The C++ client cannot
+take back a pending receive, so the official asyncio consumer drops the message that later fulfils it; here
+the next ``receive()`` gets it instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import functools
+import inspect
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import _pulsar
+import pulsar
+import pulsar.asyncio
+
+from pulsar_nack.backoff import RedeliveryBackoff
+from pulsar_nack.consumer import NackBridge, NackOptions, OnClose, native_subscribe_arguments
+from pulsar_nack.delay_limit import OnDelayLimit
+from pulsar_nack.index import DueIds, Rounding
+from pulsar_nack.tracker import NackStats
+
+__all__ = ["Client", "NackConsumer"]
+
+_Receive = tuple[int, "asyncio.Future[Any]"]  # (request number, the native receive's future)
+
+
+class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is untyped
+    """A ``pulsar.asyncio.Consumer`` with PIP-393 nacks: per-call delays, backoff, limits, batch-safe
+    redelivery. Create it with :meth:`Client.subscribe`.
+
+    Everything but receiving, nacking, acking and closing is ``pulsar.asyncio.Consumer``'s.
+    """
+
+    def __init__(self, native: pulsar.asyncio.Consumer, options: NackOptions) -> None:
+        """Take over ``native``'s C++ consumer and start the tracker."""
+        super().__init__(native._consumer, native._schema)
+        self._nacks = NackBridge(self._consumer, self._consumer.topic(), options)
+        self._requests = itertools.count()
+        self._orphans: list[_Receive] = []  # native receives whose caller was cancelled
+
+    @property
+    def nack_options(self) -> NackOptions:
+        return self._nacks.options
+
+    # -- receiving ----------------------------------------------------------------------------------
+
+    async def receive(self) -> pulsar.Message:
+        """Like ``pulsar.asyncio.Consumer.receive``, skipping messages that must not reach the application.
+
+        Use ``asyncio.wait_for``/``asyncio.timeout`` for a timeout: cancelling loses no message.
+        Raises ``pulsar.asyncio.PulsarException`` (e.g. ``AlreadyClosed``).
+        """
+        while True:
+            message = await self._receive_native()
+            if self._nacks.admit(message):
+                return message
+
+    async def _receive_native(self) -> pulsar.Message:
+        """The next message from the C++ consumer, oldest orphaned native receive first."""
+        loop = asyncio.get_running_loop()
+        request = self._claim_orphan(loop)
+        if request is None:
+            future: asyncio.Future[Any] = loop.create_future()
+            self._consumer.receive_async(functools.partial(_settle, future))
+            request = (next(self._requests), future)
+        try:
+            raw = await asyncio.shield(request[1])
+        except asyncio.CancelledError:
+            # The native receive stays outstanding and will be fulfilled by the next message: keep it.
+            self._orphans.append(request)
+            raise
+        message = pulsar.Message()
+        message._message = raw
+        message._schema = self._schema
+        return message
+
+    def _claim_orphan(self, loop: asyncio.AbstractEventLoop) -> _Receive | None:
+        """The earliest orphaned receive of this event loop (the C++ client fulfils receives in order).
+
+        Orphans are rare (one per cancelled receive): O(orphans). Those of closed loops are forgotten.
+        """
+        self._orphans = [r for r in self._orphans if not r[1].get_loop().is_closed()]
+        mine = [r for r in self._orphans if r[1].get_loop() is loop]
+        if not mine:
+            return None
+        request = min(mine, key=lambda r: r[0])
+        self._orphans.remove(request)
+        return request
+
+    # -- nacking and acking -------------------------------------------------------------------------
+
+    async def negative_acknowledge(
+        self, message: Any, delay_ms: float | datetime.timedelta | None = None
+    ) -> None:
+        """Redeliver ``message`` after ``delay_ms``, else the backoff's delay for its redelivery count, else
+        the default delay. Accepts ``pulsar.Message``, ``pulsar.MessageId`` and ``_pulsar.MessageId``.
+
+        Never blocks (O(1) typically; no thread hop). Raises ``TypeError`` for anything else,
+        ``ValueError`` for a negative delay, and :class:`~pulsar_nack.DelayLimitExceeded` above
+        ``max_redelivery_delay_ms`` (unless clamping).
+        """
+        self._nacks.nack(message, delay_ms)
+
+    async def acknowledge(
+        self, message: pulsar.Message | pulsar.MessageId | _pulsar.Message | _pulsar.MessageId
+    ) -> None:
+        """``pulsar.asyncio.Consumer.acknowledge``; an acked batch message is not handed out again when
+        its batch comes back for a sibling's nack."""
+        self._nacks.note_ack(message)
+        await super().acknowledge(message)
+
+    # -- lifecycle and stats ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Stop the tracker (dropping or flushing pending nacks, per ``on_close``), then close the consumer.
+
+        The tracker is stopped on a worker thread: a flush hook in progress never blocks the event loop.
+        """
+        await self._stop_tracking()
+        await super().close()
+        self._forget_orphans()
+
+    async def _stop_tracking(self) -> None:
+        if self._nacks.tracker.closed:
+            return
+        wait_s = await asyncio.to_thread(self._nacks.close)
+        if wait_s:
+            await asyncio.sleep(wait_s)
+
+    def _forget_orphans(self) -> None:
+        """Closing fails outstanding native receives; nobody awaits the orphaned ones any more."""
+        for _, future in self._orphans:
+            future.add_done_callback(_retrieve)
+        self._orphans.clear()
+
+    def nack_stats(self, with_memory: bool = True) -> NackStats:
+        """Pending ids, buckets, memory, redelivery counters and lateness p50/p99 (ms).
+
+        O(1), or O(index objects) ``with_memory`` (then it runs on the event loop: pass False in hot paths).
+        """
+        return self._nacks.stats(with_memory)
+
+
+class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
+    """A ``pulsar.asyncio.Client`` whose consumers track nacks with PIP-393's TimeBucket index.
+
+    ``await subscribe(...)`` takes every argument of ``pulsar.asyncio.Client.subscribe`` plus the nack options
+    of :meth:`pulsar_nack.Client.subscribe` and returns a :class:`NackConsumer`. ``close()`` also stops the
+    trackers of consumers that were not closed.
+    """
+
+    def __init__(self, service_url: str, **kwargs: Any) -> None:
+        super().__init__(service_url, **kwargs)
+        self._nack_consumers: list[NackConsumer] = []
+
+    async def subscribe(
+        self,
+        *args: Any,
+        negative_ack_precision_bits: int = 8,
+        negative_ack_rounding: Rounding = "floor",
+        negative_ack_backoff: RedeliveryBackoff | None = None,
+        max_redelivery_delay_ms: int = 0,
+        on_delay_limit: OnDelayLimit = "error",
+        on_close: OnClose = "drop",
+        on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
+        **kwargs: Any,
+    ) -> NackConsumer:
+        arguments, delay_ms = native_subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
+        options = NackOptions(  # validated before anything is subscribed
+            redelivery_delay_ms=delay_ms,
+            precision_bits=negative_ack_precision_bits,
+            rounding=negative_ack_rounding,
+            backoff=negative_ack_backoff,
+            max_redelivery_delay_ms=max_redelivery_delay_ms,
+            on_delay_limit=on_delay_limit,
+            on_close=on_close,
+            on_redelivery=on_redelivery,
+        )
+        consumer = NackConsumer(await super().subscribe(**arguments), options)
+        self._nack_consumers = [c for c in self._nack_consumers if not c._nacks.tracker.closed]
+        self._nack_consumers.append(consumer)
+        return consumer
+
+    async def close(self) -> None:
+        """Stop every consumer's tracker, then close the client (and with it producers and consumers)."""
+        consumers, self._nack_consumers = self._nack_consumers, []
+        for consumer in consumers:
+            await consumer._stop_tracking()
+        await super().close()
+        for consumer in consumers:
+            consumer._forget_orphans()
+
+
+_SUBSCRIBE = inspect.signature(pulsar.asyncio.Client.subscribe)
+
+
+def _settle(future: asyncio.Future[Any], result: Any, value: Any) -> None:
+    """C++ callback thread: complete ``future`` on its loop (``pulsar.asyncio``'s convention)."""
+
+    def complete() -> None:
+        if future.done():
+            return
+        if result == _pulsar.Result.Ok:
+            future.set_result(value)
+        else:
+            future.set_exception(pulsar.asyncio.PulsarException(result))
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+        future.get_loop().call_soon_threadsafe(complete)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Mark an orphan's outcome as seen, so asyncio does not log 'exception was never retrieved'."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,212 @@
+"""Prometheus metrics for nack consumers: :class:`NackCollector`.
+
+Optional: needs ``prometheus_client`` (``pip install 'pulsar-nack[prometheus]'``), imported only when a
+collector is created::
+
+    from pulsar_nack.metrics import NackCollector
+
+    collector = NackCollector(consumer).register()   # the default registry
+    prometheus_client.start_http_server(9464, addr="127.0.0.1")
+
+Exposed per ``topic``/``subscription`` (``pulsar_nack`` is the default namespace):
+
+==============================================  =======  ===============================================
+``pulsar_nack_pending_ids``                     gauge    ids waiting in the index
+``pulsar_nack_buckets``                         gauge    time buckets in the index
+``pulsar_nack_memory_bytes``                    gauge    the index's memory (cached: ``memory_ttl_s``)
+``pulsar_nack_redelivery_lateness_seconds``     gauge    arrival − due time; ``quantile`` 0.5 and 0.99
+``pulsar_nack_nacked_total``                    counter  ids nacked
+``pulsar_nack_forwarded_total``                 counter  entries handed to the native client
+``pulsar_nack_redelivered_total``               counter  messages handed to the application again
+``pulsar_nack_held_back_total``                 counter  arrivals held back: their nack is still pending
+``pulsar_nack_dropped_total``                   counter  arrivals dropped: acked or not redelivered
+==============================================  =======  ===============================================
+
+Consumers sharing a topic and subscription (a Shared subscription consumed in parallel) are one series:
+counts are summed, lateness quantiles are the largest of theirs (a conservative bound, not a true
+quantile of the union).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, runtime_checkable
+
+from pulsar_nack.tracker import NackStats
+
+__all__ = ["NackCollector", "NackSource"]
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABELS = ["topic", "subscription"]
+_QUANTILES = (("0.5", "lateness_p50_ms"), ("0.99", "lateness_p99_ms"))
+_GAUGES = (  # (metric suffix, NackStats field, help)
+    ("pending_ids", "pending", "Nacked ids waiting for redelivery in the PIP-393 index."),
+    ("buckets", "buckets", "Time buckets in the PIP-393 index."),
+    ("memory_bytes", "memory_bytes", "Memory held by the PIP-393 index (Python objects and CRoaring heap)."),
+)
+_COUNTERS = (
+    ("nacked", "nacked", "Ids negatively acknowledged."),
+    ("forwarded", "forwarded", "Entries handed to the native client for redelivery."),
+    ("redelivered", "redelivered", "Redelivered messages handed to the application."),
+    ("held_back", "held_back", "Arrivals held back because their nack is still pending."),
+    ("dropped", "dropped", "Arrivals dropped: acked already, or not part of the redelivery."),
+)
+_LATENESS = ("redelivery_lateness_seconds", "Redelivery arrival minus due time, recent redeliveries.")
+
+
+@runtime_checkable
+class NackSource(Protocol):
+    """What the collector reads: :class:`pulsar_nack.NackConsumer` and :class:`pulsar_nack.aio.NackConsumer`
+    qualify, as does anything else with these methods."""
+
+    def nack_stats(self, with_memory: bool = True) -> NackStats: ...
+
+    def topic(self) -> str: ...
+
+    def subscription_name(self) -> str: ...
+
+
+@dataclasses.dataclass
+class _Memory:
+    measured_at: float
+    bytes: int
+
+
+class NackCollector:
+    """A Prometheus collector of the nack statistics of some consumers (see the module for the metrics).
+
+    A scrape is O(consumers), plus an O(index objects) walk of each index whose memory figure is older than
+    ``memory_ttl_s`` seconds (the walk holds the index's lock, so it is not done on every scrape).
+    Thread-safe: consumers may be added and removed while scrapes run.
+    """
+
+    def __init__(
+        self,
+        *consumers: NackSource,
+        namespace: str = "pulsar_nack",
+        memory_ttl_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._prometheus = _import_prometheus()
+        if not isinstance(namespace, str) or not _NAME.fullmatch(namespace):
+            raise ValueError(
+                f"namespace must be a Prometheus metric name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*), "
+                f"got {namespace!r}"
+            )
+        if (
+            isinstance(memory_ttl_s, bool)
+            or not isinstance(memory_ttl_s, int | float)
+            or not memory_ttl_s >= 0
+        ):
+            raise ValueError(f"memory_ttl_s must be a number of seconds >= 0, got {memory_ttl_s!r}")
+        self.namespace = namespace
+        self.memory_ttl_s = float(memory_ttl_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._consumers: list[NackSource] = []
+        self._memory: dict[int, _Memory] = {}  # id(consumer) → its last memory walk
+        for consumer in consumers:
+            self.add(consumer)
+
+    # -- the set of consumers -----------------------------------------------------------------------
+
+    def add(self, consumer: NackSource) -> None:
+        """Report ``consumer`` from the next scrape on. O(consumers)."""
+        if not isinstance(consumer, NackSource):
+            raise TypeError(
+                "NackCollector takes consumers with nack_stats(), topic() and subscription_name() "
+                f"(pulsar_nack.NackConsumer or pulsar_nack.aio.NackConsumer), got {type(consumer).__name__}"
+            )
+        with self._lock:
+            if not any(c is consumer for c in self._consumers):
+                self._consumers.append(consumer)
+
+    def remove(self, consumer: NackSource) -> None:
+        """Stop reporting ``consumer`` (its counters leave the sums: Prometheus sees a counter reset)."""
+        with self._lock:
+            self._consumers = [c for c in self._consumers if c is not consumer]
+            self._memory.pop(id(consumer), None)
+
+    @property
+    def consumers(self) -> tuple[NackSource, ...]:
+        return tuple(self._consumers)
+
+    # -- the collector protocol ---------------------------------------------------------------------
+
+    def register(self, registry: Any = None) -> NackCollector:
+        """Register with ``registry`` (default: ``prometheus_client.REGISTRY``); returns the collector."""
+        (registry if registry is not None else self._prometheus.REGISTRY).register(self)
+        return self
+
+    def describe(self) -> list[Any]:
+        """The metric families without samples: lets a registry check names without walking indexes."""
+        return list(self._families().values())
+
+    def collect(self) -> Iterator[Any]:
+        """One sample per (topic, subscription) in each family."""
+        families = self._families()
+        for (topic, subscription), stats in self._stats_by_series().items():
+            labels = [topic, subscription]
+            for suffix, field, _ in (*_GAUGES, *_COUNTERS):
+                families[suffix].add_metric(labels, float(sum(getattr(s, field) for s in stats)))
+            lateness = families[_LATENESS[0]]
+            for quantile, field in _QUANTILES:
+                values = [getattr(s, field) for s in stats if getattr(s, field) is not None]
+                if values:
+                    lateness.add_metric([*labels, quantile], max(values) / 1000.0)
+        yield from families.values()
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _families(self) -> dict[str, Any]:
+        prometheus = self._prometheus
+        families: dict[str, Any] = {}
+        for suffix, _, help_text in _GAUGES:
+            families[suffix] = prometheus.GaugeMetricFamily(self._name(suffix), help_text, labels=_LABELS)
+        families[_LATENESS[0]] = prometheus.GaugeMetricFamily(
+            self._name(_LATENESS[0]), _LATENESS[1], labels=[*_LABELS, "quantile"]
+        )
+        for suffix, _, help_text in _COUNTERS:
+            families[suffix] = prometheus.CounterMetricFamily(self._name(suffix), help_text, labels=_LABELS)
+        return families
+
+    def _name(self, suffix: str) -> str:
+        return f"{self.namespace}_{suffix}"
+
+    def _stats_by_series(self) -> dict[tuple[str, str], list[NackStats]]:
+        with self._lock:
+            consumers = list(self._consumers)
+        series: dict[tuple[str, str], list[NackStats]] = {}
+        for consumer in consumers:
+            key = (str(consumer.topic()), str(consumer.subscription_name()))
+            series.setdefault(key, []).append(self._stats(consumer))
+        return series
+
+    def _stats(self, consumer: NackSource) -> NackStats:
+        """The consumer's stats, with a memory figure at most ``memory_ttl_s`` old."""
+        now = self._clock()
+        with self._lock:
+            cached = self._memory.get(id(consumer))
+        if cached is not None and now - cached.measured_at < self.memory_ttl_s:
+            stats = consumer.nack_stats(with_memory=False)
+            return dataclasses.replace(stats, memory_bytes=cached.bytes)
+        stats = consumer.nack_stats(with_memory=True)
+        with self._lock:
+            if any(c is consumer for c in self._consumers):  # not removed meanwhile
+                self._memory[id(consumer)] = _Memory(now, stats.memory_bytes)
+        return stats
+
+
+def _import_prometheus() -> Any:
+    """``prometheus_client.core``, or an ImportError that says which extra provides it."""
+    try:
+        import prometheus_client.core
+    except ImportError as error:
+        raise ImportError(
+            "pulsar_nack.metrics needs prometheus_client: pip install 'pulsar-nack[prometheus]'"
+        ) from error
+    return prometheus_client.core
