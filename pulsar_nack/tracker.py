@@ -10,9 +10,10 @@ there): a bucket's ids are forwarded one native latency before the bucket's time
 neither postpone an earlier forward's redelivery nor starve the native timer.
 
 Redelivered entries come back whole. :meth:`NackTracker.on_arrival` decides per message whether the
-application sees it: batch messages it acked, or whose own nack is still pending for later, are not
-handed out again; neither is a message the broker redelivers early (e.g. after a reconnect) while its nack
-is pending — it comes back when due.
+application sees it: batch messages it acked or still holds, or whose own nack is pending for later, are
+not handed out again — but siblings it has not seen yet are (their first copies may still be queued in
+the native client). Neither is a message the broker redelivers early (e.g. after a reconnect) while its
+nack is pending: it comes back when due.
 """
 
 from __future__ import annotations
@@ -107,17 +108,49 @@ class NackStats:
     lateness_p99_ms: float | None
 
 
+#: "Every message of the batch has been handed out" (batch indexes are far below this).
+_ALL_SEEN = 2**31
+
+
+class _Batch:
+    """What the application has seen and acked of a batched entry while a nack of it is in play.
+
+    The native client queues a batch's messages together and hands them out in index order, so "seen"
+    is one number: the highest batch index taken from the queue.
+    """
+
+    __slots__ = ("acked", "seen")
+
+    def __init__(self, seen: int) -> None:
+        self.seen = seen
+        self.acked = 0  # bitmask of acked batch indexes
+
+
 class _Forwarded:
     """An entry handed to the native client, until its redelivery has arrived (or ``ttl`` passed)."""
 
-    __slots__ = ("acked", "at", "delivered", "expected", "target")
+    __slots__ = ("at", "batch", "delivered", "expected", "targets")
 
-    def __init__(self, at: float, target: int, expected: int, acked: int) -> None:
-        self.at = at  # when it was forwarded (clock ms)
-        self.target = target  # the bucket time it was due at
-        self.expected = expected  # bitmask of batch indexes to hand out; -1: the whole entry
-        self.acked = acked  # bitmask of batch indexes the application acked
+    def __init__(self, at: float, target: int, expected: int, batch: _Batch | None) -> None:
+        self.at = at  # when it was last forwarded (clock ms)
+        self.expected = expected  # bitmask of batch indexes to hand out again; -1: the whole entry
+        self.targets = [(expected, target)]  # (batch indexes, the bucket time they were due at), newest last
+        self.batch = batch if batch is not None else _Batch(_ALL_SEEN)
         self.delivered = 0  # bitmask of batch indexes handed out again
+
+    def merge(self, at: float, target: int, expected: int) -> None:
+        """The entry was forwarded again: expect these messages too (again, if handed out already)."""
+        self.at = at
+        self.expected = -1 if expected == -1 or self.expected == -1 else self.expected | expected
+        self.delivered = 0 if expected == -1 else self.delivered & ~expected
+        self.targets.append((expected, target))
+
+    def target_of(self, bit: int) -> int:
+        """When the message with this batch-index bit (0: non-batched) was due."""
+        for expected, target in reversed(self.targets):
+            if expected == -1 or expected & bit:
+                return target
+        return self.targets[-1][1]
 
 
 class NackTracker:
@@ -153,7 +186,8 @@ class NackTracker:
         self._lock = threading.Lock()
         self._armed: dict[int, Timeout] = {}  # bucket time → its timeout
         self._inflight: dict[tuple[str, int, int], _Forwarded] = {}
-        self._acked_pending: dict[tuple[str, int, int], int] = {}  # acked batch indexes of pending entries
+        self._batches: dict[tuple[str, int, int], _Batch] = {}  # batched entries with a nack in play
+        self._cursor: dict[str, tuple[int, int, int]] = {}  # topic → last (ledger, entry, batch index) out
         self._last_forward = -float("inf")
         self._lateness: deque[float] = deque(maxlen=lateness_window)
         self._forwarded = self._redelivered = self._held_back = self._dropped = 0
@@ -168,11 +202,27 @@ class NackTracker:
         if self._closed:
             raise RuntimeError("the consumer is closed")
         bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
+        if batch_index >= 0:
+            with self._lock:
+                self._batch((topic, ledger_id, entry_id), batch_index)
         if bucket not in self._armed:  # most nacks land in an armed bucket: no lock needed to see that
             with self._lock:
                 if bucket not in self._armed and not self._closed:
                     self._arm(bucket, bucket - self.lead_ms)
         return bucket
+
+    def _batch(self, key: tuple[str, int, int], batch_index: int) -> _Batch:
+        """The entry's batch state (lock held), seen at least up to ``batch_index``."""
+        topic, ledger_id, entry_id = key
+        cursor = self._cursor.get(topic)
+        # The queue's cursor still in this entry: later siblings are not out yet; moved on: all are out.
+        seen = cursor[2] if cursor is not None and cursor[:2] == (ledger_id, entry_id) else _ALL_SEEN
+        batch = self._batches.get(key)
+        if batch is None:
+            batch = self._batches[key] = _Batch(max(seen, batch_index))
+        else:
+            batch.seen = max(batch.seen, seen, batch_index)
+        return batch
 
     def _arm(self, bucket: int, at_ms: float) -> None:
         """One timeout per bucket (lock held); a new bucket also means an older one may have gone cold."""
@@ -218,7 +268,11 @@ class NackTracker:
                     key = (ids.topic, ids.ledger_id, entry_id)
                     indexes = partial.get(entry_id)
                     expected = -1 if indexes is None else sum(1 << i for i in indexes)
-                    self._inflight[key] = _Forwarded(now, target, expected, self._acked_pending.pop(key, 0))
+                    record = self._inflight.get(key)
+                    if record is None:
+                        self._inflight[key] = _Forwarded(now, target, expected, self._batches.get(key))
+                    else:  # an earlier redelivery of this entry may still be on its way: keep its messages
+                        record.merge(now, target, expected)
                     keys.append(key)
             self._forwarded += len(keys)
             if not self._closed:
@@ -236,47 +290,62 @@ class NackTracker:
                 record = self._inflight.get(key)
                 if record is not None and record.at == forwarded_at:
                     del self._inflight[key]
+                topic, ledger_id, entry_id = key
+                if key in self._batches and self.index.due_of(ledger_id, entry_id, -1, topic) is None:
+                    del self._batches[key]
 
     # -- the receive path --------------------------------------------------------------------------
 
     def on_arrival(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> Verdict:
-        """Decide whether a message that just arrived goes to the application. O(1) typically."""
+        """Decide whether a message that just came out of the native queue goes to the application.
+
+        O(1) typically (a dict lookup, plus the index's ``due_of`` for ids of ledgers with pending nacks).
+        """
         key = (topic, ledger_id, entry_id)
-        bit = 1 << batch_index if batch_index >= 0 else 0
         with self._lock:
+            if batch_index >= 0:
+                self._cursor[topic] = (ledger_id, entry_id, batch_index)
             record = self._inflight.get(key)
             if record is not None:
-                return self._redelivery(key, record, bit)
-            if self._acked_pending and self._acked_pending.get(key, 0) & bit:
-                self._dropped += 1
-                return Verdict.DROP
+                return self._redelivery(key, record, batch_index)
+            batch = self._batches.get(key) if batch_index >= 0 else None
+            if batch is not None:
+                if batch.acked >> batch_index & 1:
+                    self._dropped += 1
+                    return Verdict.DROP
+                batch.seen = max(batch.seen, batch_index)
             if self.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
                 self._held_back += 1
                 return Verdict.HOLD
         return Verdict.DELIVER
 
-    def _redelivery(self, key: tuple[str, int, int], record: _Forwarded, bit: int) -> Verdict:
-        """An entry we forwarded came back (lock held)."""
-        if bit == 0:  # a non-batched message: the redelivery is complete
+    def _redelivery(self, key: tuple[str, int, int], record: _Forwarded, batch_index: int) -> Verdict:
+        """A message of an entry we forwarded (lock held)."""
+        if batch_index < 0:  # a non-batched message: the redelivery is complete
             del self._inflight[key]
-            self._delivered(record)
+            self._delivered(record, 0)
             return Verdict.DELIVER
-        if (record.acked | record.delivered) & bit or not (record.expected == -1 or record.expected & bit):
-            # Acked, already handed out, or a sibling that is not due: pending later, or still held by the
-            # application (which will ack or nack it itself).
-            topic, ledger_id, entry_id = key
-            if self.index.due_of(ledger_id, entry_id, bit.bit_length() - 1, topic) is not None:
-                self._held_back += 1
-                return Verdict.HOLD
+        bit = 1 << batch_index
+        if record.batch.acked & bit:
             self._dropped += 1
             return Verdict.DROP
-        record.delivered |= bit
-        self._delivered(record)
+        if (record.expected == -1 or record.expected & bit) and not record.delivered & bit:
+            record.delivered |= bit
+            self._delivered(record, bit)
+            return Verdict.DELIVER
+        topic, ledger_id, entry_id = key
+        if self.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
+            self._held_back += 1  # a sibling whose own nack is due later
+            return Verdict.HOLD
+        if batch_index <= record.batch.seen:
+            self._dropped += 1  # the application has it already (acked, held, or handed out again)
+            return Verdict.DROP
+        record.batch.seen = batch_index  # a sibling the application has not seen yet: its first delivery
         return Verdict.DELIVER
 
-    def _delivered(self, record: _Forwarded) -> None:
+    def _delivered(self, record: _Forwarded, bit: int) -> None:
         self._redelivered += 1
-        self._lateness.append(self._clock() - record.target)
+        self._lateness.append(self._clock() - record.target_of(bit))
 
     def on_ack(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> None:
         """Remember acked batch messages of entries that will come back, so they are not handed out again."""
@@ -284,13 +353,16 @@ class NackTracker:
             return
         key = (topic, ledger_id, entry_id)
         with self._lock:
-            record = self._inflight.get(key)
-            if record is not None:
-                record.acked |= 1 << batch_index
-                return
-        if self.index.due_of(ledger_id, entry_id, -1, topic) is not None:
-            with self._lock:
-                self._acked_pending[key] = self._acked_pending.get(key, 0) | 1 << batch_index
+            batch = self._batches.get(key)
+            if batch is None:
+                record = self._inflight.get(key)
+                if record is not None:
+                    batch = record.batch
+                elif self.index.due_of(ledger_id, entry_id, -1, topic) is not None:
+                    batch = self._batch(key, batch_index)
+                else:
+                    return  # nothing of this entry will come back
+            batch.acked |= 1 << batch_index
 
     # -- lifecycle and stats --------------------------------------------------------------------------
 

@@ -1,0 +1,184 @@
+"""``pulsar-nack demo``: the wrapper at work against a real broker, with a live progress line.
+
+Starts the embedded broker (pulsar-lite on loopback) unless ``--service-url`` is given, produces messages
+(batched), and consumes them with a wrapped consumer that nacks a share of them: some with per-call
+delays, the rest with a backoff by redelivery count, each message failing at most ``--max-failures``
+times. The progress line shows received, nacked, pending, buckets, tracker bytes and redelivery lateness;
+the summary compares the tracker's memory per pending nack with the native client's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+import time
+import uuid
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: The native client's memory per pending nack, measured on this machine kind (bench/nack_lateness.py).
+NATIVE_BYTES_PER_NACK = 448
+
+
+@dataclass
+class _Progress:
+    received: int = 0
+    acked: int = 0
+    nacked: int = 0
+    lateness_ms: list[float] = field(default_factory=list)
+    peak_pending: int = 0
+    peak_bytes: int = 0
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "demo", help="nack messages through an embedded broker and watch the tracker"
+    )
+    parser.add_argument("--service-url", help="use this broker instead of starting pulsar-lite")
+    parser.add_argument(
+        "--messages", type=_positive, default=20_000, help="messages to produce (default 20000)"
+    )
+    parser.add_argument(
+        "--nack-share", type=_share, default=0.3, help="share of deliveries nacked (default 0.3)"
+    )
+    parser.add_argument(
+        "--max-delay-ms", type=_positive, default=10_000, help="largest nack delay (ms, default 10000)"
+    )
+    parser.add_argument("--max-failures", type=_positive, default=2, help="nacks per message at most")
+    parser.add_argument("--precision-bits", type=int, default=8, help="k: buckets of 2^k ms (default 8)")
+    parser.add_argument("--timeout-s", type=_positive, default=120, help="give up after this long")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.set_defaults(run=run)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.broker import PulsarLite
+
+    rng = random.Random(args.seed)
+    with ExitStack() as stack:
+        service_url = args.service_url
+        if service_url is None:
+            print("starting the embedded broker (pulsar-lite, loopback) ...", file=sys.stderr)
+            service_url = stack.enter_context(PulsarLite()).service_url
+        client = pulsar_nack.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        stack.callback(client.close)
+        topic = f"persistent://public/default/demo-{uuid.uuid4().hex[:8]}"
+        consumer = client.subscribe(
+            topic,
+            "demo",
+            consumer_type=pulsar.ConsumerType.Shared,
+            negative_ack_precision_bits=args.precision_bits,
+            negative_ack_backoff=pulsar_nack.MultiplierRedeliveryBackoff(200, args.max_delay_ms),
+        )
+        # Small batches: a nack brings its whole entry back, and every sibling passes the tracker again.
+        producer = client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=10, block_if_queue_full=True
+        )
+        for i in range(args.messages):
+            producer.send_async(f"order-{i}".encode(), None)
+        producer.flush()
+        progress = _consume(consumer, args, rng)
+        stats = consumer.nack_stats()
+        consumer.close()
+    _summary(progress, stats, args)
+    return 0 if progress.acked == args.messages else 1
+
+
+def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Progress:
+    import pulsar
+
+    progress = _Progress()
+    due_at: dict[bytes, float] = {}  # message → when its nack asked for it back
+    stop = threading.Event()
+    printer = threading.Thread(target=_print_progress, args=(consumer, progress, stop), daemon=True)
+    printer.start()
+    deadline = time.monotonic() + args.timeout_s
+    try:
+        while progress.acked < args.messages and time.monotonic() < deadline:
+            try:
+                message = consumer.receive(200)
+            except pulsar.Timeout:
+                continue
+            now = time.monotonic()
+            progress.received += 1
+            key = message.data()
+            if key in due_at:
+                progress.lateness_ms.append((now - due_at.pop(key)) * 1000)
+            if message.redelivery_count() < args.max_failures and rng.random() < args.nack_share:
+                if rng.random() < 0.5:  # a per-call delay, e.g. "retry when the payment window closes"
+                    delay = rng.randint(100, args.max_delay_ms)
+                    consumer.negative_acknowledge(message, delay_ms=delay)
+                else:  # the backoff by redelivery count
+                    delay = consumer.nack_options.delay_for(None, message.redelivery_count())
+                    consumer.negative_acknowledge(message)
+                due_at[key] = now + delay / 1000
+                progress.nacked += 1
+            else:
+                consumer.acknowledge(message)
+                progress.acked += 1
+    finally:
+        stop.set()
+        printer.join(2)
+        print(file=sys.stderr)
+    return progress
+
+
+def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        stats = consumer.nack_stats()
+        if stats.pending > progress.peak_pending:
+            progress.peak_pending, progress.peak_bytes = stats.pending, stats.memory_bytes
+        late = np.percentile(progress.lateness_ms, [50, 99]) if progress.lateness_ms else (float("nan"),) * 2
+        print(
+            f"\rreceived {progress.received:>7}  nacked {progress.nacked:>6}  pending {stats.pending:>6}  "
+            f"buckets {stats.buckets:>4}  tracker {stats.memory_bytes / 1024:8.1f} KiB  "
+            f"lateness p50 {late[0]:6.0f} ms  p99 {late[1]:6.0f} ms",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _summary(progress: _Progress, stats: Any, args: argparse.Namespace) -> None:
+    late = np.percentile(progress.lateness_ms, [0, 50, 99, 100]) if progress.lateness_ms else None
+    print(
+        f"messages {args.messages}, acked {progress.acked}, received {progress.received}, "
+        f"nacked {progress.nacked}, redelivered {stats.redelivered}, held back {stats.held_back}, "
+        f"dropped {stats.dropped}"
+    )
+    if late is not None:
+        print(
+            f"lateness (arrival − due, ms): min {late[0]:.0f}, p50 {late[1]:.0f}, p99 {late[2]:.0f}, "
+            f"max {late[3]:.0f}  (k = {args.precision_bits}: up to {2**args.precision_bits} ms early "
+            "by design)"
+        )
+    if progress.peak_pending:
+        per_nack = progress.peak_bytes / progress.peak_pending
+        native = progress.peak_pending * NATIVE_BYTES_PER_NACK
+        print(
+            f"tracker memory at the peak of {progress.peak_pending:,} pending nacks: "
+            f"{progress.peak_bytes:,} B ({per_nack:.1f} B per nack); the native client: {native:,} B "
+            f"({NATIVE_BYTES_PER_NACK} B per nack, {native / max(progress.peak_bytes, 1):.1f}× as much)"
+        )
