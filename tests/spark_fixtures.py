@@ -1,0 +1,48 @@
+"""Helpers of the sweep tests: the session's one SparkSession and a comparison of measured rows.
+
+Import the fixture into a test module (``from spark_fixtures import spark_fixture``) and ask for
+``spark``; being session-scoped, it starts one JVM for the whole test session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from pulsar_nack.analysis import MEMORY_COLUMNS, TIMING_COLUMNS
+
+#: How far two measurements of the same memory may differ (see MEMORY_COLUMNS): the index's walk by
+#: allocator rounding (tens of bytes), a heap delta also by what else the process allocated meanwhile.
+WALK_TOLERANCE = (1024, 0.02)
+HEAP_DELTA_TOLERANCE = (8192, 0.05)
+
+
+@pytest.fixture(scope="session", name="spark")
+def spark_fixture() -> Iterator[Any]:
+    """A light local[2] SparkSession for the whole test session (started on first use)."""
+    from pulsar_nack.sweep import spark_session
+
+    with spark_session("local[2]") as session:
+        yield session
+
+
+def assert_rows_agree(got: Sequence[dict[str, Any]], want: Sequence[dict[str, Any]]) -> None:
+    """Rows of the same points agree: every column exactly, except timings (ignored) and memory (within
+    the tolerances above; ``bytes_per_id`` follows ``retained_bytes``)."""
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        assert list(a) == list(b)
+        exact = {name for name in a if name not in MEMORY_COLUMNS | TIMING_COLUMNS}
+        assert {name: a[name] for name in exact} == {name: b[name] for name in exact}
+        for name in MEMORY_COLUMNS - {"bytes_per_id"}:
+            if a[name] is None or b[name] is None:
+                assert a[name] is b[name], name
+                continue
+            from_heap = name == "heap_delta_bytes" or (
+                name == "retained_bytes" and a["memory_method"] != "memory_usage"
+            )
+            absolute, share = HEAP_DELTA_TOLERANCE if from_heap else WALK_TOLERANCE
+            allowed = max(absolute, share * abs(b[name]))
+            assert abs(a[name] - b[name]) <= allowed, (a["contender"], a["x"], a["k"], name, a[name], b[name])

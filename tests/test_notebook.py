@@ -1,0 +1,54 @@
+"""spark/memory_sweep.ipynb: committed without outputs, and it runs headless, drawing its plots and table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pyarrow.parquet as pq
+
+from pulsar_nack.analysis import load_grid
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "spark" / "memory_sweep.ipynb"
+
+
+def test_notebook_is_committed_clean() -> None:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(notebook)
+    code = [cell for cell in notebook.cells if cell.cell_type == "code"]
+    assert all(cell.outputs == [] and cell.execution_count is None for cell in code)
+    assert "parameters" in code[0].metadata.get("tags", []), "papermill's parameters cell comes first"
+
+
+def test_notebook_runs_headless_and_draws_its_plots_and_table(tmp_path: Path) -> None:
+    import papermill
+
+    out = tmp_path / "sweep"
+    executed = tmp_path / "executed.ipynb"
+    papermill.execute_notebook(
+        str(NOTEBOOK),
+        str(executed),
+        parameters={"grid": "small", "master": "local[2]", "out_dir": str(out)},
+        kernel_name="python3",
+        cwd=str(tmp_path),
+        progress_bar=False,
+    )
+    outputs = [
+        output for cell in nbformat.read(executed, as_version=4).cells for output in cell.get("outputs", [])
+    ]
+    assert not [output for output in outputs if output.output_type == "error"]
+    images = [output for output in outputs if "image/png" in output.get("data", {})]
+    assert len(images) == 4
+    tables = [
+        output.data["text/html"]
+        for output in outputs
+        if "<table" in output.get("data", {}).get("text/html", "")
+    ]
+    points = load_grid("small")
+    assert len(tables) == 1 and tables[0].count("<tr") == len(points) + 1
+    assert "index x=8 k=10 batch 4" in tables[0]
+    notes = [output.data["text/markdown"] for output in outputs if "text/markdown" in output.get("data", {})]
+    assert len(notes) == 1 and "B/id" in notes[0]
+    # The same run wrote the job's files.
+    assert pq.read_table(out / "sweep.parquet").num_rows == len(points)
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
