@@ -423,3 +423,46 @@ def test_producer_rejects_delivery_delays_beyond_the_limit_before_sending(
     nothing_more(consumer, 500)
     producer.close()
     consumer.close()
+
+
+def test_random_nacks_in_batches_lose_nothing_and_duplicate_nothing(
+    client: Client, unique_topic: str
+) -> None:
+    """Batches of 50, 30 % of deliveries nacked with random per-call delays (each message at most twice):
+    every message is handed out exactly 1 + (its nacks) times and finally acked — no sibling lost while
+    its first copy was still queued, none handed out twice by overlapping redeliveries of its entry."""
+    import collections
+    import random
+
+    rng = random.Random(7)
+    count = 300
+    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=500)
+    producer = client.create_producer(
+        unique_topic, batching_enabled=True, batching_max_messages=50, block_if_queue_full=True
+    )
+    for i in range(count):
+        producer.send_async(f"m{i}".encode(), None)
+    producer.flush()
+    deliveries: collections.Counter[bytes] = collections.Counter()
+    nacks: collections.Counter[bytes] = collections.Counter()
+    acked: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    while len(acked) < count and time.monotonic() < deadline:
+        try:
+            message = consumer.receive(500)
+        except pulsar.Timeout:
+            continue
+        key = message.data()
+        deliveries[key] += 1
+        if nacks[key] < 2 and rng.random() < 0.3:
+            nacks[key] += 1
+            consumer.negative_acknowledge(message, delay_ms=rng.randint(100, 1500))
+        else:
+            consumer.acknowledge(message)
+            acked.add(key)
+    assert len(acked) == count, f"lost: {sorted(set(f'm{i}'.encode() for i in range(count)) - acked)[:10]}"
+    assert {k: deliveries[k] for k in deliveries if deliveries[k] != 1 + nacks[k]} == {}
+    nothing_more(consumer)
+    stats = consumer.nack_stats()
+    assert stats.redelivered == stats.nacked == sum(nacks.values())
+    consumer.close()
