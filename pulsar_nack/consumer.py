@@ -162,10 +162,17 @@ class NackBridge:
                 f"got {type(message).__name__}"
             )
         message_id, inner = target
-        redelivery_count = inner.redelivery_count() if inner is not None else 0
-        delay = self.options.delay_for(delay_ms, redelivery_count)
+        options = self.options
+        if delay_ms is None and options.backoff is None and not options.max_redelivery_delay_ms:
+            delay = float(options.redelivery_delay_ms)  # the common case, without the general path
+        else:
+            counts = delay_ms is None and options.backoff is not None and inner is not None
+            delay = options.delay_for(delay_ms, inner.redelivery_count() if counts else 0)
         ledger_id = message_id.ledger_id()
-        topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
+        # Delivered messages taught us their ledger's topic: cheaper than asking the message for it.
+        topic = self._ledger_topics.get(ledger_id)
+        if topic is None:
+            topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
         tracker = self.tracker
         tracker.schedule(
             tracker._clock() + delay, ledger_id, message_id.entry_id(), message_id.batch_index(), topic
