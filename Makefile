@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench lint
+.PHONY: run test bench-index bench-broker
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +15,17 @@ $(VENV)/.installed-%: setup.cfg pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e ".[$*]"
 	touch $@
 
-run: $(VENV)/.installed-bench
-	$(BIN)/python bench/index_memory.py
+run: $(VENV)/.installed-broker
+	$(BIN)/pulsar-nack demo
 
 test: $(VENV)/.installed-test,dev
-	$(BIN)/ruff check pulsar_nack tests bench
+	$(BIN)/ruff check pulsar_nack tests bench examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
-bench: run
+# Benchmarks (they write docs/performance.md)
+bench-index: $(VENV)/.installed-bench
+	$(BIN)/python bench/index_memory.py
+
+bench-broker: $(VENV)/.installed-bench
+	$(BIN)/python bench/nack_lateness.py

@@ -77,9 +77,7 @@ def build() -> Path:
     )
     if proc.returncode != 0 or not JAR.is_file():
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-        raise RuntimeError(
-            f"java reference: `mvn -q package` failed (exit {proc.returncode}):\n{tail}"
-        )
+        raise RuntimeError(f"java reference: `mvn -q package` failed (exit {proc.returncode}):\n{tail}")
     # Touch the jar: a build that changed nothing (Maven keeps the old jar) still makes it current.
     os.utime(JAR)
     return JAR
@@ -149,10 +147,7 @@ def python_checksum(
         weighted = int(np.sum(weights * entries.astype(u64), dtype=u64))
 
     def triples(sl: slice) -> list[list[int]]:
-        return [
-            [int(a), int(b), int(c)]
-            for a, b, c in zip(ledgers[sl], entries[sl], due[sl], strict=True)
-        ]
+        return [[int(a), int(b), int(c)] for a, b, c in zip(ledgers[sl], entries[sl], due[sl], strict=True)]
 
     threshold = "dense" if nack_share >= 1.0 else str(min(int(nack_share * 2.0**64), 2**64 - 1))
     return {
@@ -184,9 +179,7 @@ def self_check(
         java = run_case(x, 10, n, epl, share)["checksum"]
         python = python_checksum(x, n, epl, share)
         if java != python:
-            raise AssertionError(
-                f"java/python ids differ for {(x, n, epl, share)}:\n{java}\n{python}"
-            )
+            raise AssertionError(f"java/python ids differ for {(x, n, epl, share)}:\n{java}\n{python}")
 
 
 def _row(r: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ Each subcommand is one ``_register_<name>`` function (adds its parser, sets ``ru
 ``_<name>(args)`` function (does the work, returns the exit status); :data:`_SUBCOMMANDS` lists the
 registrations. Heavy imports (pyspark, matplotlib) happen inside the subcommand that needs them.
 
+    pulsar-nack demo [--service-url URL] [--messages N] ...   (pulsar_nack.demo)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
 """
 
@@ -13,6 +14,8 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from pulsar_nack.demo import register as _register_demo
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -83,6 +86,7 @@ def _sweep(args: argparse.Namespace) -> int:
 # -- the command ---------------------------------------------------------------------------------------
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
+    _register_demo,
     _register_sweep,
 )
 

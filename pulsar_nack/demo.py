@@ -35,8 +35,9 @@ class _Progress:
     peak_bytes: int = 0
 
 
-def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+def register(subcommands: Any) -> None:
+    """Add the ``demo`` subcommand to the ``pulsar-nack`` parser."""
+    parser = subcommands.add_parser(
         "demo", help="nack messages through an embedded broker and watch the tracker"
     )
     parser.add_argument("--service-url", help="use this broker instead of starting pulsar-lite")
