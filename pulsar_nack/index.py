@@ -376,7 +376,8 @@ class TimeBucketIndex:
                     else:
                         parts.append((entries, masks))
                     self._count -= len(entries)
-                    self._unlink(key, bucket)
+            for key, parts in merged.items():  # the popped buckets are each ledger's earliest ones
+                self._unlink_first(key, len(parts))
             return [_due_ids(key, parts) for key, parts in merged.items()]
 
     def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
@@ -667,6 +668,22 @@ class TimeBucketIndex:
         record.stale = True  # lo/hi still bound the rest, loosely
         if i == 0 and record.mins:
             del record.mins[0]  # dropping the first of ordered ranges keeps them ordered
+        else:
+            record.mins = None
+        if len(record.buckets) == 1:
+            self._ledgers[key] = record.buckets[0]
+
+    def _unlink_first(self, key: LedgerKey, count: int) -> None:
+        """Forget the ledger's ``count`` earliest slots in one go: O(remaining buckets of the ledger)."""
+        record = self._ledgers[key]
+        if not isinstance(record, _Ledger) or count >= len(record.buckets):
+            del self._ledgers[key]
+            return
+        del record.buckets[:count]
+        del record.entries[:count]
+        record.stale = True  # lo/hi still bound the rest, loosely
+        if record.mins:
+            del record.mins[:count]  # dropping the first of ordered ranges keeps them ordered
         else:
             record.mins = None
         if len(record.buckets) == 1:
