@@ -42,7 +42,6 @@ from typing import Any, Final, Literal, TypeAlias, get_args
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
 
 from pulsar_nack.baselines import HashMapTracker, TripleLongHeap
 from pulsar_nack.index import MAX_ENTRY_ID, MAX_PRECISION_BITS, TimeBucketIndex
@@ -299,7 +298,7 @@ def measure(point: GridPoint) -> Row:
         if point.compact:
             tracker.compact()
         usage = tracker.memory_usage()
-        row |= _structure(tracker)
+        row |= tracker.structure()
         row |= {
             "python_bytes": usage.python_bytes,
             "roaring_bytes": usage.roaring_bytes,
@@ -348,28 +347,6 @@ def _build(
         tracker = TripleLongHeap()
     tracker.add_many(due, ledgers, entries, batches)
     return tracker
-
-
-def _structure(index: TimeBucketIndex) -> dict[str, int]:
-    """Buckets, (bucket, ledger) slots and the Roaring container mix of ``index``. O(slots).
-
-    Reads the index's schedule the way :func:`pulsar_nack.memory.index_memory` does: a slot holds a
-    ``BitMap`` or, after compaction, a single run packed into an int.
-    """
-    counts = dict.fromkeys(("slots", "bitmaps", "packed_runs"), 0)
-    counts |= dict.fromkeys(("array_containers", "bitset_containers", "run_containers"), 0)
-    for slots in index._schedule.values():
-        for entries in slots.values():
-            counts["slots"] += 1
-            if isinstance(entries, BitMap):
-                stats = entries.get_statistics()
-                counts["bitmaps"] += 1
-                counts["array_containers"] += stats["n_array_containers"]
-                counts["bitset_containers"] += stats["n_bitset_containers"]
-                counts["run_containers"] += stats["n_run_containers"]
-            else:
-                counts["packed_runs"] += 1
-    return {"buckets": index.bucket_count, **counts}
 
 
 # -- grids -------------------------------------------------------------------------------------------

@@ -473,6 +473,26 @@ class TimeBucketIndex:
             topic, ledger_id = _split_key(key)
             yield bucket, topic, ledger_id, entry_ids
 
+    def structure(self) -> dict[str, int]:
+        """Buckets, (bucket, ledger) slots and the Roaring container mix: ``slots``, ``bitmaps``,
+        ``packed_runs`` (slots compacted to one run), ``array_containers``, ``bitset_containers``,
+        ``run_containers``. O(slots)."""
+        counts = dict.fromkeys(("buckets", "slots", "bitmaps", "packed_runs"), 0)
+        counts |= dict.fromkeys(("array_containers", "bitset_containers", "run_containers"), 0)
+        with self._lock:
+            counts["buckets"] = len(self._schedule)
+            for slots in self._schedule.values():
+                for entries in slots.values():
+                    counts["slots"] += 1
+                    if isinstance(entries, _Run):
+                        counts["packed_runs"] += 1
+                        continue
+                    stats = entries.get_statistics()
+                    counts["bitmaps"] += 1
+                    for kind in ("array", "bitset", "run"):
+                        counts[f"{kind}_containers"] += stats[f"n_{kind}_containers"]
+        return counts
+
     def memory_usage(self) -> Any:
         """Bytes held by the index: see :func:`pulsar_nack.memory.index_memory`. O(objects)."""
         from pulsar_nack.memory import index_memory

@@ -42,8 +42,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
-import pyarrow as pa  # type: ignore[import-untyped]
-import pyarrow.parquet as pq  # type: ignore[import-untyped]
+import pyarrow as pa
+import pyarrow.parquet as pq
 from matplotlib.figure import Figure
 from pyspark import RDD, SparkContext
 from pyspark.sql import SparkSession
