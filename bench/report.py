@@ -91,13 +91,17 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 
 def run_probe(script: Path, payload: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    """Run ``script --probe JSON`` in a fresh interpreter; it prints one JSON object as its last line."""
+    """Run ``script --probe JSON`` in a fresh interpreter set up for heap measurement
+    (``pulsar_nack.memory.MEASURING_ENV``); it prints one JSON object as its last line."""
+    from pulsar_nack.memory import MEASURING_ENV
+
     out = subprocess.run(
         [sys.executable, str(script), "--probe", json.dumps(payload)],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
+        env={**os.environ, **MEASURING_ENV},
     )
     if out.returncode != 0:
         raise RuntimeError(f"probe {payload} failed:\n{out.stderr[-3000:]}")

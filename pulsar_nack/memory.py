@@ -10,7 +10,9 @@ Two views that must agree (the benchmark checks they do, within a few per cent):
 * **From outside** — :func:`heap_in_use` is what the process holds right now: pymalloc's allocated
   blocks plus glibc's in-use chunks (``mallinfo2``). The two are disjoint (pymalloc arenas are mmap-ed,
   not malloc-ed), so a delta of ``heap_in_use()`` around building a structure in a fresh process is its
-  retained size. RSS would hide memory that glibc keeps after ``run_optimize`` frees it.
+  retained size — if that process runs with :data:`MEASURING_ENV`, which turns glibc's per-thread cache
+  off: chunks freed into it still count as in use (10–20 KB after building anything). RSS would hide
+  memory that glibc keeps after ``run_optimize`` frees it.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ from pyroaring import BitMap
 if TYPE_CHECKING:
     from pulsar_nack.index import TimeBucketIndex
 
-__all__ = ["MemoryUsage", "bitmap_heap_bytes", "heap_in_use", "index_memory", "python_bytes"]
+__all__ = ["MEASURING_ENV", "MemoryUsage", "bitmap_heap_bytes", "heap_in_use", "index_memory", "python_bytes"]
+
+#: Environment for a process that measures with :func:`heap_in_use`: no glibc tcache, whose freed
+#: chunks mallinfo2 would count as in use.
+MEASURING_ENV = {"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0"}
 
 
 @dataclass(frozen=True)
@@ -265,7 +271,8 @@ _ALLOCATED_BLOCKS = re.compile(rb"# bytes in allocated blocks\s*=\s*([\d,]+)")
 def heap_in_use() -> int:
     """Bytes this process holds in pymalloc blocks plus glibc in-use chunks. O(heap metadata).
 
-    Use deltas around building something in a fresh process (``gc.collect()`` first). Needs glibc.
+    Use deltas around building something in a fresh process started with :data:`MEASURING_ENV`
+    (``gc.collect()`` first). Needs glibc.
     """
     if _LIBC is None:
         raise RuntimeError("heap_in_use needs glibc (mallinfo2)")

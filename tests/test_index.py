@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ import pytest
 
 from pulsar_nack import TimeBucketIndex
 from pulsar_nack.index import MAX_ENTRY_ID
+from pulsar_nack.memory import MEASURING_ENV
 
 
 def drain(index: TimeBucketIndex, now: int) -> dict[tuple[str, int, int], tuple[int, ...] | None]:
@@ -272,6 +274,7 @@ def test_memory_usage_matches_what_a_fresh_process_retains(
     """memory_usage() (walked from inside) within ±20 % of the heap retained, measured from outside."""
     out = subprocess.run(
         [sys.executable, "-c", _FRESH_PROCESS, json.dumps([x, k, share, compact, n])],
+        env={**os.environ, **MEASURING_ENV},
         capture_output=True,
         text=True,
         check=True,
