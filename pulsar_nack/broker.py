@@ -317,6 +317,34 @@ def _resolve_classpath(project: Path, timeout: float) -> str:
 _LIVE: weakref.WeakSet[Broker] = weakref.WeakSet()
 
 
+_OWNER_FILE = ".pulsar-nack-owner.json"
+_TEMP_PREFIX = "pulsar-nack-"
+_swept = False
+
+
+def _sweep_stale_temp_dirs() -> None:
+    """Remove temp data dirs of brokers whose starter and broker processes are both gone.
+
+    A test run killed with SIGKILL/SIGTERM cannot clean up after itself; its broker dies with it
+    (``die_with_parent``) and the next run removes the directory here. Directories without an
+    owner file, kept on purpose (``keep_data_dir``) or with a live PID are left alone.
+    """
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    for kind in ("lite", "apache"):
+        for path in Path(tempfile.gettempdir()).glob(f"{_TEMP_PREFIX}{kind}-*"):
+            try:
+                owner = json.loads((path / _OWNER_FILE).read_text())
+                if owner.get("keep") or any(_pid_alive(int(p)) for p in owner["pids"]):
+                    continue
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            _log.info("removing stale broker data dir %s (its processes are gone)", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @atexit.register
 def _stop_all_at_exit() -> None:
     """Stop every broker this interpreter started and did not stop (normal interpreter exit)."""
@@ -425,13 +453,18 @@ class Broker(ABC):
             if self.running:
                 return self
             if self._data_dir is None:
-                self._data_dir = Path(tempfile.mkdtemp(prefix=f"pulsar-nack-{self.kind}-"))
+                _sweep_stale_temp_dirs()
+                self._data_dir = Path(tempfile.mkdtemp(prefix=f"{_TEMP_PREFIX}{self.kind}-"))
                 self._prepared = False
             self._data_dir.mkdir(parents=True, exist_ok=True)
             if not self._prepared:
                 self._prepare()
                 self._prepared = True
             self._launch()
+            if self._own_data_dir:
+                assert self._proc is not None
+                owner = {"pids": [os.getpid(), self._proc.pid], "keep": self.keep_data_dir}
+                (self._data_dir / _OWNER_FILE).write_text(json.dumps(owner))
             deadline = time.monotonic() + self.start_timeout
             try:
                 self._wait_ready(deadline)
@@ -750,6 +783,14 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+#: Setting names that look right but that Pulsar ignores silently -> the real name.
+_MISNAMED_SETTINGS = {
+    "delayedDeliveryMaxDeliveryDelayInMillis": "delayedDeliveryMaxDelayInMillis",  # PIP-315
+    "delayedDeliveryDeliverAtTimeStrict": "isDelayedDeliveryDeliverAtTimeStrict",
+    "maxDeliveryDelayInMillis": "delayedDeliveryMaxDelayInMillis",
+}
+
+
 class PulsarStandalone(Broker):
     """Apache Pulsar standalone: broker + bookie + RocksDB metadata store in one JVM.
 
@@ -759,8 +800,13 @@ class PulsarStandalone(Broker):
     store they otherwise make the bookie's registration flap after :meth:`kill` -- and then calls
     ``org.apache.pulsar.PulsarStandaloneStarter``), with a
     config written here: broker, web service and bookie on 127.0.0.1 free ports,
-    ``acknowledgmentAtBatchIndexLevelEnabled=true``, ``delayedDeliveryEnabled=true``,
-    single-bookie ledgers, plus the caller's ``settings`` (which win).
+    ``acknowledgmentAtBatchIndexLevelEnabled=true``, ``delayedDeliveryEnabled=true`` with strict
+    delivery times on a 100 ms tick, single-bookie ledgers, plus the caller's ``settings`` (which
+    win; a few look-alike names Pulsar would ignore silently are rejected).
+
+    PIP-315: the limit is ``delayedDeliveryMaxDelayInMillis``. With pulsar-client 3.13 a send whose
+    ``deliver_after`` exceeds it never completes (the broker drops the connection, the client
+    reconnects and resends), so keep test delays under the limit.
 
     The classpath comes from the Maven project ``broker/`` (``org.apache.pulsar:pulsar-broker``
     :data:`APACHE_PULSAR_VERSION`), resolved once into ``~/.m2`` and cached in
@@ -793,7 +839,7 @@ class PulsarStandalone(Broker):
 
         Args:
             settings: extra broker/bookie settings for the config file, e.g.
-                ``{"delayedDeliveryMaxDeliveryDelayInMillis": 60000}``; they override the
+                ``{"delayedDeliveryMaxDelayInMillis": 60000}``; they override the
                 harness defaults (but ports and bind addresses stay on loopback).
             heap_mb: -Xms/-Xmx of the JVM.
             direct_memory_mb: -XX:MaxDirectMemorySize (netty buffers, managed-ledger cache).
@@ -816,6 +862,12 @@ class PulsarStandalone(Broker):
             die_with_parent=die_with_parent,
         )
         self.settings = dict(settings or {})
+        for key in self.settings:
+            if key in _MISNAMED_SETTINGS:
+                raise ValueError(
+                    f"Pulsar {APACHE_PULSAR_VERSION} has no setting {key!r} (it would be ignored "
+                    f"silently): use {_MISNAMED_SETTINGS[key]!r}"
+                )
         self.heap_mb = heap_mb
         self.direct_memory_mb = direct_memory_mb
         self.c1_only = c1_only
@@ -905,6 +957,10 @@ class PulsarStandalone(Broker):
             # what this project's tests need
             "acknowledgmentAtBatchIndexLevelEnabled": True,
             "delayedDeliveryEnabled": True,
+            # deliver_after/deliver_at to ~0.1 s: by default a delay that ends within the next
+            # 1 s tick is delivered at once (non-strict), e.g. deliver_after=1s arrives at 0.03 s
+            "isDelayedDeliveryDeliverAtTimeStrict": True,
+            "delayedDeliveryTickTimeMillis": 100,
             "allowAutoTopicCreation": True,
             "allowAutoTopicCreationType": "non-partitioned",
             # one bookie

@@ -131,7 +131,7 @@ def apache_pulsar(require_apache: None) -> Iterator[PulsarStandalone]:
     Skipped (fails with PULSAR_NACK_REQUIRE_APACHE=1) if Java or Maven is missing; any other
     start failure is an error.
     """
-    broker = PulsarStandalone(settings={"delayedDeliveryMaxDeliveryDelayInMillis": 3_600_000})
+    broker = PulsarStandalone(settings={"delayedDeliveryMaxDelayInMillis": 3_600_000})
     try:
         broker.start()
         yield broker
