@@ -1,6 +1,7 @@
 """PIP-315's max delivery delay, enforced on the client before anything is sent.
 
-The broker (``delayedDeliveryMaxDeliveryDelayInMillis``) rejects a delayed message whose
+The broker (``delayedDeliveryMaxDelayInMillis`` in broker.conf; PIP-315 calls it
+``delayedDeliveryMaxDeliveryDelayInMillis``) rejects a delayed message whose
 ``deliver_at - publish_time`` exceeds the limit with "Exceeds max allowed delivery delay of N
 milliseconds". The same limit applies here to nack delays and backoff (``max_redelivery_delay_ms``) and
 to ``deliver_after``/``deliver_at`` of a :class:`DelayLimitedProducer` — same outcome for the user, but

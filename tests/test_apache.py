@@ -1,0 +1,263 @@
+"""The wrapper against Apache Pulsar where pulsar-lite cannot serve the semantics: partitioned topics,
+Key_Shared, Failover/Exclusive, batch-index acks, dead-letter policy, PIP-315 on the broker, and a broker
+restart while nacks are pending (that one also on pulsar-lite)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pulsar
+import pytest
+
+from pulsar_nack import Client, DelayLimitExceeded, NackConsumer
+from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone
+
+pytestmark = pytest.mark.apache
+
+MAX_DELIVERY_DELAY_MS = 3_600_000  # the apache_pulsar fixture's delayedDeliveryMaxDelayInMillis
+
+
+@pytest.fixture
+def client(apache_pulsar: PulsarStandalone) -> Iterator[Client]:
+    c = Client(
+        apache_pulsar.service_url,
+        operation_timeout_seconds=30,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+    )
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def produce(client: Any, topic: str, count: int, batching: bool = False, keys: int = 0) -> None:
+    producer = client.create_producer(
+        topic, batching_enabled=batching, batching_max_publish_delay_ms=20, block_if_queue_full=True
+    )
+    for i in range(count):
+        producer.send_async(f"m{i}".encode(), None, partition_key=f"k{i % keys}" if keys else None)
+    producer.flush()
+    producer.close()
+
+
+def receive_n(consumer: NackConsumer, count: int, timeout_s: float = 20.0) -> list[pulsar.Message]:
+    got: list[pulsar.Message] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        remaining = int((deadline - time.monotonic()) * 1000)
+        assert remaining > 0, f"timed out with {len(got)} of {count}: {[m.data() for m in got]}"
+        try:
+            got.append(consumer.receive(min(remaining, 1000)))
+        except pulsar.Timeout:
+            continue
+    return got
+
+
+def nothing_more(consumer: NackConsumer, wait_ms: int = 1000) -> None:
+    with pytest.raises(pulsar.Timeout):
+        extra = consumer.receive(wait_ms)
+        pytest.fail(f"unexpected extra message {extra.data()!r}")
+
+
+def test_partitioned_topic_redelivers_per_partition(
+    client: Client, apache_pulsar: PulsarStandalone, unique_topic: str
+) -> None:
+    apache_pulsar.create_partitioned_topic(unique_topic, 3)
+    consumer = client.subscribe(
+        unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=300
+    )
+    produce(client, unique_topic, 30)
+    first = receive_n(consumer, 30)
+    assert len({m.topic_name() for m in first}) == 3, "spread over the three partitions"
+    for i, message in enumerate(first):
+        consumer.negative_acknowledge(message if i % 2 else message.message_id())
+    again = receive_n(consumer, 30)
+    assert sorted((m.topic_name(), m.data()) for m in again) == sorted(
+        (m.topic_name(), m.data()) for m in first
+    )
+    for message in again:
+        assert message.redelivery_count() == 1
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_key_shared(client: Client, unique_topic: str) -> None:
+    consumer = client.subscribe(
+        unique_topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared, negative_ack_redelivery_delay_ms=300
+    )
+    produce(client, unique_topic, 20, keys=4)
+    for message in receive_n(consumer, 20):
+        consumer.negative_acknowledge(message)
+    again = receive_n(consumer, 20)
+    assert sorted(m.data() for m in again) == sorted(f"m{i}".encode() for i in range(20))
+    for message in again:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+@pytest.mark.parametrize(
+    "consumer_type",
+    [pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Failover],
+    ids=["exclusive", "failover"],
+)
+def test_exclusive_and_failover(client: Client, unique_topic: str, consumer_type: Any) -> None:
+    """The native client redelivers everything unacked on these subscriptions (the broker rewinds): the
+    nacked messages still come back once, at their time; acked ones never."""
+    consumer = client.subscribe(
+        unique_topic, "sub", consumer_type=consumer_type, negative_ack_redelivery_delay_ms=800
+    )
+    produce(client, unique_topic, 10)
+    nacked_at = time.monotonic()
+    for i, message in enumerate(receive_n(consumer, 10)):
+        if i in (2, 5, 7):
+            consumer.negative_acknowledge(message)
+        else:
+            consumer.acknowledge(message)
+    again = receive_n(consumer, 3)
+    assert sorted(m.data() for m in again) == [b"m2", b"m5", b"m7"]
+    assert time.monotonic() - nacked_at >= 0.8 - 0.256
+    for message in again:
+        consumer.acknowledge(message)
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_batch_index_ack_only_the_nacked_message_returns(client: Client, unique_topic: str) -> None:
+    consumer = client.subscribe(
+        unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=300,
+        batch_index_ack_enabled=True,
+    )  # fmt: skip
+    produce(client, unique_topic, 10, batching=True)
+    messages = receive_n(consumer, 10)
+    assert len({m.message_id().entry_id() for m in messages}) == 1, "one batch"
+    for message in messages:
+        if message.data() == b"m4":
+            consumer.negative_acknowledge(message)
+        else:
+            consumer.acknowledge(message)
+    again = receive_n(consumer, 1)
+    assert again[0].data() == b"m4"
+    consumer.acknowledge(again[0])
+    nothing_more(consumer)
+    consumer.close()
+
+
+def test_dead_letter_policy_driven_by_nacks(client: Client, unique_topic: str) -> None:
+    dlq = f"{unique_topic}-dlq"
+    dead_letters = client.subscribe(dlq, "dlq-reader", consumer_type=pulsar.ConsumerType.Shared)
+    consumer = client.subscribe(
+        unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=200,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2, dead_letter_topic=dlq),
+    )  # fmt: skip
+    produce(client, unique_topic, 1)
+    counts = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            message = consumer.receive(1000)
+        except pulsar.Timeout:
+            break
+        counts.append(message.redelivery_count())
+        consumer.negative_acknowledge(message)
+    assert counts == [0, 1, 2], "delivered max_redeliver_count + 1 times, then dead-lettered"
+    dead = dead_letters.receive(15_000)
+    assert dead.data() == b"m0"
+    dead_letters.acknowledge(dead)
+    consumer.close()
+    dead_letters.close()
+
+
+def test_pip315_broker_limit_and_client_limit_agree(
+    client: Client, apache_pulsar: PulsarStandalone, unique_topic: str
+) -> None:
+    """Above delayedDeliveryMaxDelayInMillis the broker refuses the message: it is never acknowledged nor
+    delivered (pulsar-client 3.13 then resends it until the producer closes — a plain ``send`` would
+    block for ever). The client-side producer refuses it before anything leaves, in the broker's words."""
+    too_late = datetime.timedelta(milliseconds=MAX_DELIVERY_DELAY_MS + 3_600_000)
+    consumer = client.subscribe(unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+    plain_client = pulsar.Client(
+        apache_pulsar.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
+    plain = plain_client.create_producer(unique_topic)
+    results: list[str] = []
+    plain.send_async(b"too late", lambda result, _id: results.append(str(result)), deliver_after=too_late)
+    plain.send_async(
+        b"on time",
+        lambda result, _id: results.append(str(result)),
+        deliver_after=datetime.timedelta(seconds=1),
+    )
+    time.sleep(3)
+    assert results == [], "no acknowledgement for either: the refusal drops the producer's connection"
+    plain_client.close()
+    assert set(results) == {"Result.AlreadyClosed"}
+
+    limited = client.create_producer(unique_topic, max_delivery_delay_ms=MAX_DELIVERY_DELAY_MS)
+    with pytest.raises(
+        DelayLimitExceeded,
+        match=f"Exceeds max allowed delivery delay of {MAX_DELIVERY_DELAY_MS} milliseconds",
+    ):
+        limited.send(b"too late", deliver_after=too_late)
+    sent = time.monotonic()
+    limited.send(b"limited on time", deliver_after=datetime.timedelta(seconds=1))
+    arrived: dict[bytes, float] = {}
+    while True:
+        try:
+            message = consumer.receive(3_000)
+        except pulsar.Timeout:
+            break
+        arrived[message.data()] = time.monotonic()
+        consumer.acknowledge(message)
+    assert b"plain too late" not in arrived, "refused by the broker"
+    assert arrived[b"limited on time"] - sent >= 0.9, "delayed delivery is honoured"
+    limited.close()
+    consumer.close()
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_broker_restart_with_pending_nacks(kind: str, request: pytest.FixtureRequest) -> None:
+    """Every message comes back once after a broker restart, and none before its due time: the broker
+    redelivers unacked messages as soon as the consumer reconnects; the wrapper holds them back."""
+    broker: Broker
+    if kind == "apache":
+        request.getfixturevalue("require_apache")
+        broker = PulsarStandalone()
+    else:
+        broker = PulsarLite()
+    delays_ms = [3_000, 6_000, 9_000, 25_000]
+    with broker:
+        client = Client(
+            broker.service_url,
+            operation_timeout_seconds=30,
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+        )
+        topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
+        consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+        produce(client, topic, len(delays_ms))
+        due: dict[bytes, float] = {}
+        for message, delay in zip(receive_n(consumer, len(delays_ms)), delays_ms, strict=True):
+            due[message.data()] = time.monotonic() + delay / 1000
+            consumer.negative_acknowledge(message, delay_ms=delay)
+        broker.restart()
+        arrivals: dict[bytes, float] = {}
+        deadline = time.monotonic() + max(delays_ms) / 1000 + 30
+        while len(arrivals) < len(delays_ms) and time.monotonic() < deadline:
+            try:
+                message = consumer.receive(1000)
+            except pulsar.Timeout:
+                continue
+            assert message.data() not in arrivals, f"{message.data()!r} twice"
+            arrivals[message.data()] = time.monotonic()
+            consumer.acknowledge(message)
+        assert set(arrivals) == set(due), f"missing {set(due) - set(arrivals)}"
+        for key, at in arrivals.items():
+            assert at >= due[key] - 0.256, f"{key!r} came back {due[key] - at:.2f} s early"
+        assert consumer.nack_stats().held_back >= 1, "the broker's early redeliveries were held back"
+        nothing_more(consumer)
+        consumer.close()
+        client.close()
