@@ -172,3 +172,21 @@ def pulsar_client(broker: Broker) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def nack_client(broker: Broker) -> Iterator[Any]:
+    """A ``pulsar_nack.Client`` on ``broker`` (client logs at WARN), closed after the test."""
+    import pulsar
+
+    import pulsar_nack
+
+    client = pulsar_nack.Client(
+        broker.service_url,
+        operation_timeout_seconds=30,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+    )
+    try:
+        yield client
+    finally:
+        client.close()

@@ -7,75 +7,33 @@ from __future__ import annotations
 import datetime
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pulsar
 import pytest
+from messaging import nothing_more, produce, receive_all
 
-from pulsar_nack import Client, DelayLimitExceeded, NackConsumer
+from pulsar_nack import Client, DelayLimitExceeded
 from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone
 
-pytestmark = pytest.mark.apache
+pytestmark = [pytest.mark.apache, pytest.mark.apache_only]  # nack_client runs on Apache Pulsar
 
 MAX_DELIVERY_DELAY_MS = 3_600_000  # the apache_pulsar fixture's delayedDeliveryMaxDelayInMillis
 
 
-@pytest.fixture
-def client(apache_pulsar: PulsarStandalone) -> Iterator[Client]:
-    c = Client(
-        apache_pulsar.service_url,
-        operation_timeout_seconds=30,
-        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
-    )
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def produce(client: Any, topic: str, count: int, batching: bool = False, keys: int = 0) -> None:
-    producer = client.create_producer(
-        topic, batching_enabled=batching, batching_max_publish_delay_ms=20, block_if_queue_full=True
-    )
-    for i in range(count):
-        producer.send_async(f"m{i}".encode(), None, partition_key=f"k{i % keys}" if keys else None)
-    producer.flush()
-    producer.close()
-
-
-def receive_n(consumer: NackConsumer, count: int, timeout_s: float = 20.0) -> list[pulsar.Message]:
-    got: list[pulsar.Message] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < count:
-        remaining = int((deadline - time.monotonic()) * 1000)
-        assert remaining > 0, f"timed out with {len(got)} of {count}: {[m.data() for m in got]}"
-        try:
-            got.append(consumer.receive(min(remaining, 1000)))
-        except pulsar.Timeout:
-            continue
-    return got
-
-
-def nothing_more(consumer: NackConsumer, wait_ms: int = 1000) -> None:
-    with pytest.raises(pulsar.Timeout):
-        extra = consumer.receive(wait_ms)
-        pytest.fail(f"unexpected extra message {extra.data()!r}")
-
-
 def test_partitioned_topic_redelivers_per_partition(
-    client: Client, apache_pulsar: PulsarStandalone, unique_topic: str
+    nack_client: Client, apache_pulsar: PulsarStandalone, unique_topic: str
 ) -> None:
     apache_pulsar.create_partitioned_topic(unique_topic, 3)
-    consumer = client.subscribe(
+    consumer = nack_client.subscribe(
         unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=300
     )
-    produce(client, unique_topic, 30)
-    first = receive_n(consumer, 30)
+    produce(nack_client, unique_topic, 30)
+    first = receive_all(consumer, 30)
     assert len({m.topic_name() for m in first}) == 3, "spread over the three partitions"
     for i, message in enumerate(first):
         consumer.negative_acknowledge(message if i % 2 else message.message_id())
-    again = receive_n(consumer, 30)
+    again = receive_all(consumer, 30)
     assert sorted((m.topic_name(), m.data()) for m in again) == sorted(
         (m.topic_name(), m.data()) for m in first
     )
@@ -86,14 +44,14 @@ def test_partitioned_topic_redelivers_per_partition(
     consumer.close()
 
 
-def test_key_shared(client: Client, unique_topic: str) -> None:
-    consumer = client.subscribe(
+def test_key_shared(nack_client: Client, unique_topic: str) -> None:
+    consumer = nack_client.subscribe(
         unique_topic, "sub", consumer_type=pulsar.ConsumerType.KeyShared, negative_ack_redelivery_delay_ms=300
     )
-    produce(client, unique_topic, 20, keys=4)
-    for message in receive_n(consumer, 20):
+    produce(nack_client, unique_topic, 20, keys=4)
+    for message in receive_all(consumer, 20):
         consumer.negative_acknowledge(message)
-    again = receive_n(consumer, 20)
+    again = receive_all(consumer, 20)
     assert sorted(m.data() for m in again) == sorted(f"m{i}".encode() for i in range(20))
     for message in again:
         consumer.acknowledge(message)
@@ -106,20 +64,20 @@ def test_key_shared(client: Client, unique_topic: str) -> None:
     [pulsar.ConsumerType.Exclusive, pulsar.ConsumerType.Failover],
     ids=["exclusive", "failover"],
 )
-def test_exclusive_and_failover(client: Client, unique_topic: str, consumer_type: Any) -> None:
+def test_exclusive_and_failover(nack_client: Client, unique_topic: str, consumer_type: Any) -> None:
     """The native client redelivers everything unacked on these subscriptions (the broker rewinds): the
     nacked messages still come back once, at their time; acked ones never."""
-    consumer = client.subscribe(
+    consumer = nack_client.subscribe(
         unique_topic, "sub", consumer_type=consumer_type, negative_ack_redelivery_delay_ms=800
     )
-    produce(client, unique_topic, 10)
+    produce(nack_client, unique_topic, 10)
     nacked_at = time.monotonic()
-    for i, message in enumerate(receive_n(consumer, 10)):
+    for i, message in enumerate(receive_all(consumer, 10)):
         if i in (2, 5, 7):
             consumer.negative_acknowledge(message)
         else:
             consumer.acknowledge(message)
-    again = receive_n(consumer, 3)
+    again = receive_all(consumer, 3)
     assert sorted(m.data() for m in again) == [b"m2", b"m5", b"m7"]
     assert time.monotonic() - nacked_at >= 0.8 - 0.256
     for message in again:
@@ -128,34 +86,34 @@ def test_exclusive_and_failover(client: Client, unique_topic: str, consumer_type
     consumer.close()
 
 
-def test_batch_index_ack_only_the_nacked_message_returns(client: Client, unique_topic: str) -> None:
-    consumer = client.subscribe(
+def test_batch_index_ack_only_the_nacked_message_returns(nack_client: Client, unique_topic: str) -> None:
+    consumer = nack_client.subscribe(
         unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=300,
         batch_index_ack_enabled=True,
     )  # fmt: skip
-    produce(client, unique_topic, 10, batching=True)
-    messages = receive_n(consumer, 10)
+    produce(nack_client, unique_topic, 10, batching=True)
+    messages = receive_all(consumer, 10)
     assert len({m.message_id().entry_id() for m in messages}) == 1, "one batch"
     for message in messages:
         if message.data() == b"m4":
             consumer.negative_acknowledge(message)
         else:
             consumer.acknowledge(message)
-    again = receive_n(consumer, 1)
+    again = receive_all(consumer, 1)
     assert again[0].data() == b"m4"
     consumer.acknowledge(again[0])
     nothing_more(consumer)
     consumer.close()
 
 
-def test_dead_letter_policy_driven_by_nacks(client: Client, unique_topic: str) -> None:
+def test_dead_letter_policy_driven_by_nacks(nack_client: Client, unique_topic: str) -> None:
     dlq = f"{unique_topic}-dlq"
-    dead_letters = client.subscribe(dlq, "dlq-reader", consumer_type=pulsar.ConsumerType.Shared)
-    consumer = client.subscribe(
+    dead_letters = nack_client.subscribe(dlq, "dlq-reader", consumer_type=pulsar.ConsumerType.Shared)
+    consumer = nack_client.subscribe(
         unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=200,
         dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2, dead_letter_topic=dlq),
     )  # fmt: skip
-    produce(client, unique_topic, 1)
+    produce(nack_client, unique_topic, 1)
     counts = []
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -174,13 +132,13 @@ def test_dead_letter_policy_driven_by_nacks(client: Client, unique_topic: str) -
 
 
 def test_pip315_broker_limit_and_client_limit_agree(
-    client: Client, apache_pulsar: PulsarStandalone, unique_topic: str
+    nack_client: Client, apache_pulsar: PulsarStandalone, unique_topic: str
 ) -> None:
     """Above delayedDeliveryMaxDelayInMillis the broker refuses the message: it is never acknowledged nor
     delivered (pulsar-client 3.13 then resends it until the producer closes — a plain ``send`` would
     block for ever). The client-side producer refuses it before anything leaves, in the broker's words."""
     too_late = datetime.timedelta(milliseconds=MAX_DELIVERY_DELAY_MS + 3_600_000)
-    consumer = client.subscribe(unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+    consumer = nack_client.subscribe(unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
     plain_client = pulsar.Client(
         apache_pulsar.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     )
@@ -197,7 +155,7 @@ def test_pip315_broker_limit_and_client_limit_agree(
     plain_client.close()
     assert set(results) == {"Result.AlreadyClosed"}
 
-    limited = client.create_producer(unique_topic, max_delivery_delay_ms=MAX_DELIVERY_DELAY_MS)
+    limited = nack_client.create_producer(unique_topic, max_delivery_delay_ms=MAX_DELIVERY_DELAY_MS)
     with pytest.raises(
         DelayLimitExceeded,
         match=f"Exceeds max allowed delivery delay of {MAX_DELIVERY_DELAY_MS} milliseconds",
@@ -231,16 +189,16 @@ def test_broker_restart_with_pending_nacks(kind: str, request: pytest.FixtureReq
         broker = PulsarLite()
     delays_ms = [3_000, 6_000, 9_000, 25_000]
     with broker:
-        client = Client(
+        nack_client = Client(
             broker.service_url,
             operation_timeout_seconds=30,
             logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
         )
         topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
-        consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
-        produce(client, topic, len(delays_ms))
+        consumer = nack_client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+        produce(nack_client, topic, len(delays_ms))
         due: dict[bytes, float] = {}
-        for message, delay in zip(receive_n(consumer, len(delays_ms)), delays_ms, strict=True):
+        for message, delay in zip(receive_all(consumer, len(delays_ms)), delays_ms, strict=True):
             due[message.data()] = time.monotonic() + delay / 1000
             consumer.negative_acknowledge(message, delay_ms=delay)
         broker.restart()
@@ -260,4 +218,4 @@ def test_broker_restart_with_pending_nacks(kind: str, request: pytest.FixtureReq
         assert consumer.nack_stats().held_back >= 1, "the broker's early redeliveries were held back"
         nothing_more(consumer)
         consumer.close()
-        client.close()
+        nack_client.close()

@@ -8,73 +8,31 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pulsar
 import pytest
+from messaging import nothing_more, produce, receive_all
 
 import pulsar_nack
 from pulsar_nack import Client, DelayLimitExceeded, MultiplierRedeliveryBackoff, NackConsumer
-from pulsar_nack.broker import Broker
 
 SHARED = pulsar.ConsumerType.Shared
 
 
-@pytest.fixture
-def client(broker: Broker) -> Iterator[Client]:
-    c = Client(
-        broker.service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
-    )
-    try:
-        yield c
-    finally:
-        c.close()
-
-
-def produce(client: Client, topic: str, count: int, batching: bool, prefix: str = "m") -> None:
-    producer = client.create_producer(
-        topic, batching_enabled=batching, batching_max_publish_delay_ms=20, block_if_queue_full=True
-    )
-    for i in range(count):
-        producer.send_async(f"{prefix}{i}".encode(), None)
-    producer.flush()
-    producer.close()
-
-
-def receive_all(consumer: NackConsumer, count: int, timeout_s: float = 15.0) -> list[pulsar.Message]:
-    """Receive exactly ``count`` messages (fails on timeout)."""
-    got: list[pulsar.Message] = []
-    deadline = time.monotonic() + timeout_s
-    while len(got) < count:
-        remaining = int((deadline - time.monotonic()) * 1000)
-        assert remaining > 0, f"timed out with {len(got)} of {count}: {[m.data() for m in got]}"
-        try:
-            got.append(consumer.receive(min(remaining, 1000)))
-        except pulsar.Timeout:
-            continue
-    return got
-
-
-def nothing_more(consumer: NackConsumer, wait_ms: int = 800) -> None:
-    with pytest.raises(pulsar.Timeout):
-        extra = consumer.receive(wait_ms)
-        pytest.fail(f"unexpected extra message {extra.data()!r}")
-
-
-def subscribe(client: Client, topic: str | list[str], **kwargs: Any) -> NackConsumer:
+def subscribe(nack_client: Client, topic: str | list[str], **kwargs: Any) -> NackConsumer:
     kwargs.setdefault("consumer_type", SHARED)
-    return client.subscribe(topic, "sub", **kwargs)
+    return nack_client.subscribe(topic, "sub", **kwargs)
 
 
 @pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
 @pytest.mark.parametrize("delay_ms", [100, 0])
 def test_nack_by_message_and_by_id_all_come_back_once(
-    client: Client, unique_topic: str, batching: bool, delay_ms: int
+    nack_client: Client, unique_topic: str, batching: bool, delay_ms: int
 ) -> None:
     """Java J1: 20 messages, 10 nacked by message and 10 by id; all 20 back as a set, then nothing."""
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=delay_ms)
-    produce(client, unique_topic, 20, batching)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=delay_ms)
+    produce(nack_client, unique_topic, 20, batching)
     first = receive_all(consumer, 20)
     for i, message in enumerate(first):
         consumer.negative_acknowledge(message if i % 2 else message.message_id())
@@ -88,10 +46,10 @@ def test_nack_by_message_and_by_id_all_come_back_once(
     consumer.close()
 
 
-def test_nacked_messages_come_back_in_order_then_nothing(client: Client, unique_topic: str) -> None:
+def test_nacked_messages_come_back_in_order_then_nothing(nack_client: Client, unique_topic: str) -> None:
     """C++/Python: 10 nacked messages come back in order."""
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=300)
-    produce(client, unique_topic, 10, batching=False)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=300)
+    produce(nack_client, unique_topic, 10, batching=False)
     for message in receive_all(consumer, 10):
         consumer.negative_acknowledge(message)
     again = receive_all(consumer, 10)
@@ -104,14 +62,14 @@ def test_nacked_messages_come_back_in_order_then_nothing(client: Client, unique_
 
 @pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
 def test_ack_even_nack_odd_brings_back_exactly_the_odd_ones(
-    client: Client, unique_topic: str, batching: bool
+    nack_client: Client, unique_topic: str, batching: bool
 ) -> None:
     """Go: 100 messages, nack the odd ones, ack the even ones -> exactly the odd ones, in order.
 
     With batching, a redelivered batch must not hand out its acked (even) siblings again.
     """
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=300)
-    produce(client, unique_topic, 100, batching)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=300)
+    produce(nack_client, unique_topic, 100, batching)
     for i, message in enumerate(receive_all(consumer, 100)):
         assert message.data() == f"m{i}".encode()
         if i % 2:
@@ -127,12 +85,12 @@ def test_ack_even_nack_odd_brings_back_exactly_the_odd_ones(
 
 
 def test_batch_siblings_with_different_due_times_come_back_separately(
-    client: Client, unique_topic: str
+    nack_client: Client, unique_topic: str
 ) -> None:
     """Java J4, the PIP-393 headline case: nack msg0 at 0 and msg1 at 2 s, delay 3 s -> msg0 at ~3 s,
     msg1 at ~5 s, each exactly once (the native client brings both back twice, or both at 5 s)."""
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=3000)
-    produce(client, unique_topic, 2, batching=True)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=3000)
+    produce(nack_client, unique_topic, 2, batching=True)
     m0, m1 = receive_all(consumer, 2)
     assert m0.message_id().entry_id() == m1.message_id().entry_id(), "both in one batch"
     start = time.monotonic()
@@ -154,7 +112,7 @@ def test_batch_siblings_with_different_due_times_come_back_separately(
     consumer.close()
 
 
-def test_precision_bounds_for_k_1_to_12(client: Client, unique_topic: str) -> None:
+def test_precision_bounds_for_k_1_to_12(nack_client: Client, unique_topic: str) -> None:
     """Java J6 / Go: with precision k and delay 2000 ms, redelivery is at most 2^k ms early and (generous
     bound) not more than 500 ms late. All k run at once, one consumer each."""
     delay = 2000
@@ -162,9 +120,9 @@ def test_precision_bounds_for_k_1_to_12(client: Client, unique_topic: str) -> No
     for k in range(1, 13):
         topic = f"{unique_topic}-k{k}"
         consumers[k] = subscribe(
-            client, topic, negative_ack_redelivery_delay_ms=delay, negative_ack_precision_bits=k
+            nack_client, topic, negative_ack_redelivery_delay_ms=delay, negative_ack_precision_bits=k
         )
-        produce(client, topic, 2, batching=False)
+        produce(nack_client, topic, 2, batching=False)
     nacked_at: dict[tuple[int, bytes], float] = {}
     for k, consumer in consumers.items():
         for message in receive_all(consumer, 2):
@@ -179,12 +137,14 @@ def test_precision_bounds_for_k_1_to_12(client: Client, unique_topic: str) -> No
         consumer.close()
 
 
-def test_backoff_grows_with_redelivery_count(client: Client, unique_topic: str) -> None:
+def test_backoff_grows_with_redelivery_count(nack_client: Client, unique_topic: str) -> None:
     """Java J2: Multiplier(min 100, max 1000), 10 messages, 5 rounds of nacks: elapsed >= sum of
     next(0..4) = 2500 ms (ceil rounding: never early); the same set every round; nothing extra."""
     backoff = MultiplierRedeliveryBackoff(100, 1000)
-    consumer = subscribe(client, unique_topic, negative_ack_backoff=backoff, negative_ack_rounding="ceil")
-    produce(client, unique_topic, 10, batching=False)
+    consumer = subscribe(
+        nack_client, unique_topic, negative_ack_backoff=backoff, negative_ack_rounding="ceil"
+    )
+    produce(nack_client, unique_topic, 10, batching=False)
     messages = receive_all(consumer, 10)
     start = time.monotonic()
     for round_ in range(5):
@@ -201,10 +161,10 @@ def test_backoff_grows_with_redelivery_count(client: Client, unique_topic: str) 
     consumer.close()
 
 
-def test_redelivery_count_after_nacks_by_message_and_by_id(client: Client, unique_topic: str) -> None:
+def test_redelivery_count_after_nacks_by_message_and_by_id(nack_client: Client, unique_topic: str) -> None:
     """C++/Python: nack 4 times, alternating the message and its id: the last copy has count 3."""
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=100)
-    produce(client, unique_topic, 1, batching=False)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=100)
+    produce(nack_client, unique_topic, 1, batching=False)
     message = receive_all(consumer, 1)[0]
     for i in range(3):
         consumer.negative_acknowledge(message if i % 2 else message.message_id())
@@ -214,14 +174,14 @@ def test_redelivery_count_after_nacks_by_message_and_by_id(client: Client, uniqu
     consumer.close()
 
 
-def test_per_call_delay_overrides_default_and_backoff(client: Client, unique_topic: str) -> None:
+def test_per_call_delay_overrides_default_and_backoff(nack_client: Client, unique_topic: str) -> None:
     consumer = subscribe(
-        client,
+        nack_client,
         unique_topic,
         negative_ack_redelivery_delay_ms=60_000,
         negative_ack_backoff=MultiplierRedeliveryBackoff(30_000, 60_000),
     )
-    produce(client, unique_topic, 3, batching=False)
+    produce(nack_client, unique_topic, 3, batching=False)
     nacked = time.monotonic()
     for i, message in enumerate(receive_all(consumer, 3)):
         consumer.negative_acknowledge(message, delay_ms=300 * (3 - i))  # m2 first, m0 last
@@ -233,11 +193,11 @@ def test_per_call_delay_overrides_default_and_backoff(client: Client, unique_top
     consumer.close()
 
 
-def test_multi_topic_consumer_redelivers_with_topics(client: Client, unique_topic: str) -> None:
+def test_multi_topic_consumer_redelivers_with_topics(nack_client: Client, unique_topic: str) -> None:
     topics = [f"{unique_topic}-a", f"{unique_topic}-b", f"{unique_topic}-c"]
-    consumer = subscribe(client, topics, negative_ack_redelivery_delay_ms=200)
+    consumer = subscribe(nack_client, topics, negative_ack_redelivery_delay_ms=200)
     for topic in topics:
-        produce(client, topic, 4, batching=False, prefix=topic[-1])
+        produce(nack_client, topic, 4, batching=False, prefix=topic[-1])
     first = receive_all(consumer, 12)
     for i, message in enumerate(first):  # by message and by id (the id's topic is known from delivery)
         consumer.negative_acknowledge(message if i % 2 else message.message_id())
@@ -251,7 +211,7 @@ def test_multi_topic_consumer_redelivers_with_topics(client: Client, unique_topi
     consumer.close()
 
 
-def test_message_listener_gets_the_nack_consumer(client: Client, unique_topic: str) -> None:
+def test_message_listener_gets_the_nack_consumer(nack_client: Client, unique_topic: str) -> None:
     seen: list[tuple[bytes, int]] = []
     done = threading.Event()
 
@@ -265,19 +225,19 @@ def test_message_listener_gets_the_nack_consumer(client: Client, unique_topic: s
             if len(seen) == 6:
                 done.set()
 
-    consumer = subscribe(client, unique_topic, message_listener=listener)
-    produce(client, unique_topic, 3, batching=False)
+    consumer = subscribe(nack_client, unique_topic, message_listener=listener)
+    produce(nack_client, unique_topic, 3, batching=False)
     assert done.wait(15)
     assert sorted(seen) == sorted([(f"m{i}".encode(), c) for i in range(3) for c in (0, 1)])
     assert consumer.nack_stats().redelivered == 3
     consumer.close()
 
 
-def test_early_redelivery_is_held_back_until_due(client: Client, unique_topic: str) -> None:
+def test_early_redelivery_is_held_back_until_due(nack_client: Client, unique_topic: str) -> None:
     """The broker redelivering everything unacked (as after a reconnect) must not bring a pending nack
     back early: it comes back when due, once."""
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=2500)
-    produce(client, unique_topic, 3, batching=False)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=2500)
+    produce(nack_client, unique_topic, 3, batching=False)
     messages = receive_all(consumer, 3)
     nacked = time.monotonic()
     consumer.negative_acknowledge(messages[0])
@@ -295,9 +255,9 @@ def test_early_redelivery_is_held_back_until_due(client: Client, unique_topic: s
     consumer.close()
 
 
-def test_wrap_an_existing_consumer(client: Client, unique_topic: str) -> None:
+def test_wrap_an_existing_consumer(nack_client: Client, unique_topic: str) -> None:
     native = pulsar.Client.subscribe(
-        client,
+        nack_client,
         unique_topic,
         "sub",
         consumer_type=SHARED,
@@ -307,7 +267,7 @@ def test_wrap_an_existing_consumer(client: Client, unique_topic: str) -> None:
         native, negative_ack_redelivery_delay_ms=300, native_delay_ms=pulsar_nack.NATIVE_DELAY_MS
     )
     assert isinstance(consumer, pulsar.Consumer)
-    produce(client, unique_topic, 2, batching=False)
+    produce(nack_client, unique_topic, 2, batching=False)
     for message in receive_all(consumer, 2):
         consumer.negative_acknowledge(message)
     again = receive_all(consumer, 2)
@@ -319,7 +279,7 @@ def test_wrap_an_existing_consumer(client: Client, unique_topic: str) -> None:
         pulsar_nack.wrap("not a consumer")  # type: ignore[arg-type]
 
 
-def test_close_during_a_blocked_flush_does_not_deadlock(client: Client, unique_topic: str) -> None:
+def test_close_during_a_blocked_flush_does_not_deadlock(nack_client: Client, unique_topic: str) -> None:
     """apache/pulsar #23650 and the C++ hook test: the redelivery hook blocks 500 ms holding a lock the
     application needs to nack; nacking and closing meanwhile must not deadlock or hang."""
     app_lock = threading.Lock()
@@ -330,8 +290,8 @@ def test_close_during_a_blocked_flush_does_not_deadlock(client: Client, unique_t
             in_hook.set()
             time.sleep(0.5)
 
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=0, on_redelivery=hook)
-    produce(client, unique_topic, 2, batching=False)
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=0, on_redelivery=hook)
+    produce(nack_client, unique_topic, 2, batching=False)
     first, second = receive_all(consumer, 2)
     consumer.negative_acknowledge(first)
     assert in_hook.wait(5)
@@ -344,15 +304,17 @@ def test_close_during_a_blocked_flush_does_not_deadlock(client: Client, unique_t
 
 
 @pytest.mark.parametrize("on_close", ["drop", "flush"])
-def test_close_with_pending_nacks(client: Client, unique_topic: str, on_close: str) -> None:
+def test_close_with_pending_nacks(nack_client: Client, unique_topic: str, on_close: str) -> None:
     """Either way the messages come back to the subscription (the broker redelivers what was unacked)."""
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=60_000, on_close=on_close)
-    produce(client, unique_topic, 3, batching=False)
+    consumer = subscribe(
+        nack_client, unique_topic, negative_ack_redelivery_delay_ms=60_000, on_close=on_close
+    )
+    produce(nack_client, unique_topic, 3, batching=False)
     for message in receive_all(consumer, 3):
         consumer.negative_acknowledge(message)
     assert consumer.nack_stats().pending == 3
     consumer.close()
-    other = subscribe(client, unique_topic)
+    other = subscribe(nack_client, unique_topic)
     again = receive_all(other, 3)
     assert sorted(m.data() for m in again) == [b"m0", b"m1", b"m2"]
     for message in again:
@@ -360,11 +322,11 @@ def test_close_with_pending_nacks(client: Client, unique_topic: str, on_close: s
     other.close()
 
 
-def test_bad_inputs_name_the_problem_and_change_nothing(client: Client, unique_topic: str) -> None:
+def test_bad_inputs_name_the_problem_and_change_nothing(nack_client: Client, unique_topic: str) -> None:
     consumer = subscribe(
-        client, unique_topic, max_redelivery_delay_ms=10_000, negative_ack_redelivery_delay_ms=1000
+        nack_client, unique_topic, max_redelivery_delay_ms=10_000, negative_ack_redelivery_delay_ms=1000
     )
-    produce(client, unique_topic, 1, batching=False)
+    produce(nack_client, unique_topic, 1, batching=False)
     message = receive_all(consumer, 1)[0]
     with pytest.raises(TypeError, match=r"pulsar\.Message"):
         consumer.negative_acknowledge("m0")
@@ -393,12 +355,12 @@ def test_bad_inputs_name_the_problem_and_change_nothing(client: Client, unique_t
         ({"no_such_option": 1}, TypeError, "no_such_option"),
     ]:
         with pytest.raises(error, match=text):
-            subscribe(client, unique_topic, **kwargs)
+            subscribe(nack_client, unique_topic, **kwargs)
 
 
-def test_clamp_mode_caps_delays(client: Client, unique_topic: str) -> None:
-    consumer = subscribe(client, unique_topic, max_redelivery_delay_ms=300, on_delay_limit="clamp")
-    produce(client, unique_topic, 1, batching=False)
+def test_clamp_mode_caps_delays(nack_client: Client, unique_topic: str) -> None:
+    consumer = subscribe(nack_client, unique_topic, max_redelivery_delay_ms=300, on_delay_limit="clamp")
+    produce(nack_client, unique_topic, 1, batching=False)
     nacked = time.monotonic()
     consumer.negative_acknowledge(receive_all(consumer, 1)[0], delay_ms=3_600_000)
     consumer.acknowledge(receive_all(consumer, 1)[0])
@@ -407,13 +369,13 @@ def test_clamp_mode_caps_delays(client: Client, unique_topic: str) -> None:
 
 
 def test_producer_rejects_delivery_delays_beyond_the_limit_before_sending(
-    client: Client, unique_topic: str
+    nack_client: Client, unique_topic: str
 ) -> None:
     import datetime
 
-    producer = client.create_producer(unique_topic, max_delivery_delay_ms=60_000)
+    producer = nack_client.create_producer(unique_topic, max_delivery_delay_ms=60_000)
     assert isinstance(producer, pulsar_nack.DelayLimitedProducer)
-    consumer = subscribe(client, unique_topic)
+    consumer = subscribe(nack_client, unique_topic)
     with pytest.raises(DelayLimitExceeded, match="Exceeds max allowed delivery delay of 60000 milliseconds"):
         producer.send(b"late", deliver_after=datetime.timedelta(hours=1))
     with pytest.raises(DelayLimitExceeded):
@@ -426,7 +388,7 @@ def test_producer_rejects_delivery_delays_beyond_the_limit_before_sending(
 
 
 def test_random_nacks_in_batches_lose_nothing_and_duplicate_nothing(
-    client: Client, unique_topic: str
+    nack_client: Client, unique_topic: str
 ) -> None:
     """Batches of 50, 30 % of deliveries nacked with random per-call delays (each message at most twice):
     every message is handed out exactly 1 + (its nacks) times and finally acked — no sibling lost while
@@ -436,8 +398,8 @@ def test_random_nacks_in_batches_lose_nothing_and_duplicate_nothing(
 
     rng = random.Random(7)
     count = 300
-    consumer = subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=500)
-    producer = client.create_producer(
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=500)
+    producer = nack_client.create_producer(
         unique_topic, batching_enabled=True, batching_max_messages=50, block_if_queue_full=True
     )
     for i in range(count):
