@@ -234,7 +234,8 @@ def render(results: dict[str, Any]) -> str:
         index, hashmap, heap, java = (case.get(c, {}) for c in ("index", "hashmap", "heap", "java"))
         ours = index.get("retained_compacted")
         java_opt = java.get("retained_bytes_run_optimized")
-        goal = JAVA_GOALS_MB.get(tuple(int(v) for v in key.split()[0].split(",")))  # type: ignore[arg-type]
+        dense = "sparse" not in key  # memory.md has Java figures for the dense cases only
+        goal = JAVA_GOALS_MB.get(tuple(int(v) for v in key.split(",")[:2])) if dense else None  # type: ignore[arg-type]
         target = java_opt if java_opt is not None else (goal * 1e6 if goal and n == 10_000_000 else None)
         verdict = "–" if ours is None or target is None else ("✓" if ours <= target else "✗")
         memory_rows.append(
@@ -364,9 +365,35 @@ def render(results: dict[str, Any]) -> str:
         "",
         report.table(["x,k", "pending", "buckets", "pending id", "id never nacked"], due_rows),
     ]
-    if verdicts:
-        parts += ["", f"**Above the Java structure:** {', '.join(verdicts)} — see the notes below."]
+    parts += ["", "### Notes", "", *_notes(results, verdicts)]
     return "\n".join(parts)
+
+
+def _notes(results: dict[str, Any], verdicts: list[str]) -> list[str]:
+    """Where a figure misses its goal, and why — derived from the figures themselves."""
+    notes = []
+    if verdicts:
+        notes.append(f"- Above the Java structure: {', '.join(verdicts)}.")
+    slow_pops = [
+        (key, case["index"]["drain_per_bucket_ns"], case["index"]["ids"] / case["index"]["buckets"])
+        for key, case in results["cases"].items()
+        if case.get("index", {}).get("drain_per_bucket_ns", 0) > 10
+    ]
+    for key, ns, per_bucket in slow_pops:
+        notes.append(
+            f"- Per-bucket drain at {key}: {ns:.0f} ns/id. One `pop_due` call costs a few µs of Python "
+            f"(lock, sorted-map pop, one `DueIds`), spread here over only {per_bucket:.0f} ids per bucket; "
+            "draining in one call stays within the goal. The timer pops one bucket per 2^k ms, so this is "
+            "microseconds per flush, not a throughput limit."
+        )
+    scalar = [case["index"]["scalar_ns"] for case in results["cases"].values() if "index" in case]
+    if scalar:
+        notes.append(
+            f"- Scalar `add` costs {min(scalar):.0f}–{max(scalar):.0f} ns per id (incl. the Python call "
+            "and the index's lock); the whole wrapped `negative_acknowledge` is measured against the native one in "
+            "the broker section."
+        )
+    return notes or ["- Every figure meets its goal."]
 
 
 if __name__ == "__main__":
