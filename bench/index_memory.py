@@ -390,8 +390,8 @@ def _notes(results: dict[str, Any], verdicts: list[str]) -> list[str]:
     if scalar:
         notes.append(
             f"- Scalar `add` costs {min(scalar):.0f}–{max(scalar):.0f} ns per id (incl. the Python call "
-            "and the index's lock); the whole wrapped `negative_acknowledge` is measured against the native one in "
-            "the broker section."
+            "and the index's lock); the whole wrapped `negative_acknowledge` is measured against the "
+            "native one in the broker section."
         )
     return notes or ["- Every figure meets its goal."]
 
