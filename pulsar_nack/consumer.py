@@ -41,6 +41,8 @@ __all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 _log = logging.getLogger(__name__)
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _MAX_LEDGER_TOPICS = 65_536
+#: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic).
+_ADMITTED_IDS = "_pulsar_nack_ids"
 
 OnClose = Literal["drop", "flush"]
 
@@ -155,28 +157,32 @@ class NackBridge:
         ``delay_ms``, :class:`~pulsar_nack.DelayLimitExceeded` above the limit, ``RuntimeError`` once closed;
         nothing is filed then.
         """
-        target = message_id_of(message)
-        if target is None:
-            raise TypeError(
-                "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
-                f"got {type(message).__name__}"
-            )
-        message_id, inner = target
+        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        if known is not None:  # a message we handed out: its ids are known, no calls into the client
+            ledger_id, entry_id, batch_index, topic = known
+            inner = message._message
+        else:
+            target = message_id_of(message)
+            if target is None:
+                raise TypeError(
+                    "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
+                    f"got {type(message).__name__}"
+                )
+            message_id, inner = target
+            ledger_id, entry_id = message_id.ledger_id(), message_id.entry_id()
+            batch_index = message_id.batch_index()
+            # Delivered messages taught us their ledger's topic: cheaper than asking the message for it.
+            topic = self._ledger_topics.get(ledger_id)
+            if topic is None:
+                topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
         options = self.options
         if delay_ms is None and options.backoff is None and not options.max_redelivery_delay_ms:
             delay = float(options.redelivery_delay_ms)  # the common case, without the general path
         else:
             counts = delay_ms is None and options.backoff is not None and inner is not None
             delay = options.delay_for(delay_ms, inner.redelivery_count() if counts else 0)
-        ledger_id = message_id.ledger_id()
-        # Delivered messages taught us their ledger's topic: cheaper than asking the message for it.
-        topic = self._ledger_topics.get(ledger_id)
-        if topic is None:
-            topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
         tracker = self.tracker
-        tracker.schedule(
-            tracker._clock() + delay, ledger_id, message_id.entry_id(), message_id.batch_index(), topic
-        )
+        tracker.schedule(tracker._clock() + delay, ledger_id, entry_id, batch_index, topic)
 
     def _topic_of(self, ledger_id: int) -> str:
         """The topic of a bare id: ledger ids are unique in a cluster, and we saw the ledger's messages."""
@@ -215,11 +221,20 @@ class NackBridge:
             if len(ledger_topics) >= _MAX_LEDGER_TOPICS:
                 ledger_topics.pop(next(iter(ledger_topics)), None)
             ledger_topics[ledger_id] = topic
-        verdict = self.tracker.on_arrival(ledger_id, message_id.entry_id(), message_id.batch_index(), topic)
+        entry_id, batch_index = message_id.entry_id(), message_id.batch_index()
+        # Remembered on the message, so nacking or acking it later needs no calls into the client.
+        message.__dict__[_ADMITTED_IDS] = (ledger_id, entry_id, batch_index, topic)
+        verdict = self.tracker.on_arrival(ledger_id, entry_id, batch_index, topic)
         return verdict is Verdict.DELIVER
 
     def note_ack(self, message: Any) -> None:
         """Tell the tracker about an acked batch message (anything else needs no note)."""
+        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        if known is not None:
+            ledger_id, entry_id, batch_index, topic = known
+            if batch_index >= 0:
+                self.tracker.on_ack(ledger_id, entry_id, batch_index, topic)
+            return
         target = message_id_of(message)
         if target is None:
             return  # the official client reports bad arguments
