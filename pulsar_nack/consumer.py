@@ -41,6 +41,7 @@ __all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 _log = logging.getLogger(__name__)
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _MAX_LEDGER_TOPICS = 65_536
+_MAX_HELD_COPIES = 65_536
 #: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic).
 _ADMITTED_IDS = "_pulsar_nack_ids"
 
@@ -143,6 +144,8 @@ class NackBridge:
         self._native = native
         self._topic = topic
         self._ledger_topics: dict[int, str] = {}
+        # Copies of batch messages the application holds another copy of, acked along with it.
+        self._copies: dict[tuple[str, int, int, int], list[Any]] = {}
         self.tracker = NackTracker(
             self._forward,
             precision_bits=options.precision_bits,
@@ -225,6 +228,13 @@ class NackBridge:
         # Remembered on the message, so nacking or acking it later needs no calls into the client.
         message.__dict__[_ADMITTED_IDS] = (ledger_id, entry_id, batch_index, topic)
         verdict = self.tracker.on_arrival(ledger_id, entry_id, batch_index, topic)
+        if verdict is Verdict.ACKED:  # a copy of a message the application acked: ack it too
+            self._native.acknowledge(inner)
+        elif verdict is Verdict.DUPLICATE:  # the application holds another copy: ack this one with it
+            copies = self._copies.setdefault((topic, ledger_id, entry_id, batch_index), [])
+            copies.append(inner)
+            if len(self._copies) > _MAX_HELD_COPIES:
+                self._copies.pop(next(iter(self._copies)))
         return verdict is Verdict.DELIVER
 
     def note_ack(self, message: Any) -> None:
@@ -233,7 +243,7 @@ class NackBridge:
         if known is not None:
             ledger_id, entry_id, batch_index, topic = known
             if batch_index >= 0:
-                self.tracker.on_ack(ledger_id, entry_id, batch_index, topic)
+                self._acked(ledger_id, entry_id, batch_index, topic)
             return
         target = message_id_of(message)
         if target is None:
@@ -243,7 +253,13 @@ class NackBridge:
         if batch_index >= 0:
             ledger_id = message_id.ledger_id()
             topic = inner.topic_name() if inner is not None else self._ledger_topics.get(ledger_id, "")
-            self.tracker.on_ack(ledger_id, message_id.entry_id(), batch_index, topic)
+            self._acked(ledger_id, message_id.entry_id(), batch_index, topic)
+
+    def _acked(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
+        """The application acked a batch message: tell the tracker, and ack the copies it did not get."""
+        self.tracker.on_ack(ledger_id, entry_id, batch_index, topic)
+        for copy in self._copies.pop((topic, ledger_id, entry_id, batch_index), ()):
+            self._native.acknowledge(copy)
 
     def close(self) -> float:
         """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.

@@ -14,6 +14,11 @@ application sees it: batch messages it acked or still holds, or whose own nack i
 not handed out again — but siblings it has not seen yet are (their first copies may still be queued in
 the native client). Neither is a message the broker redelivers early (e.g. after a reconnect) while its
 nack is pending: it comes back when due.
+
+Without batch-index acks the broker acks a batch entry only once every message of *one delivered copy*
+of it is acked. So copies of messages the application already acked are acked for it (``ACKED``), and
+copies of messages it still holds are acked when it acks its own copy (``DUPLICATE``): the last copy of
+every entry completes, and the broker forgets the entry.
 """
 
 from __future__ import annotations
@@ -89,7 +94,8 @@ class Verdict(enum.Enum):
 
     DELIVER = "deliver"  # hand it to the application
     HOLD = "hold"  # its nack is pending: it comes back when due
-    DROP = "drop"  # already acked, already delivered, or not part of this redelivery
+    ACKED = "acked"  # the application acked this message: ack this copy too, don't hand it out
+    DUPLICATE = "duplicate"  # the application holds another copy: ack this one when it acks that
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ class NackStats:
     forwarded: int  # entries handed to the native client for redelivery
     redelivered: int  # messages handed to the application again after a forward
     held_back: int  # arrivals not handed out because their nack is still pending
-    dropped: int  # arrivals not handed out because they were acked or not part of the redelivery
+    dropped: int  # arrivals not handed out because the application acked them or holds another copy
     lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
     lateness_p99_ms: float | None
 
@@ -113,17 +119,23 @@ _ALL_SEEN = 2**31
 
 
 class _Batch:
-    """What the application has seen and acked of a batched entry while a nack of it is in play.
+    """What the application has seen and acked of a batched entry, while any of it is unacked.
 
     The native client queues a batch's messages together and hands them out in index order, so "seen"
-    is one number: the highest batch index taken from the queue.
+    is one number: the highest batch index taken from the queue. ``size`` is learned when the queue
+    moves on to another entry; with it, a fully acked batch is forgotten.
     """
 
-    __slots__ = ("acked", "seen")
+    __slots__ = ("acked", "seen", "size")
 
     def __init__(self, seen: int) -> None:
         self.seen = seen
         self.acked = 0  # bitmask of acked batch indexes
+        self.size: int | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.size is not None and self.acked == (1 << self.size) - 1
 
 
 class _Forwarded:
@@ -172,6 +184,7 @@ class NackTracker:
         clock: Callable[[], float] = monotonic_ms,
         wheel: TimerWheel | None = None,
         lateness_window: int = 4096,
+        max_open_batches: int = 100_000,
     ) -> None:
         self.index = TimeBucketIndex(precision_bits, rounding)
         self._forward = forward
@@ -186,7 +199,8 @@ class NackTracker:
         self._lock = threading.Lock()
         self._armed: dict[int, Timeout] = {}  # bucket time → its timeout
         self._inflight: dict[tuple[str, int, int], _Forwarded] = {}
-        self._batches: dict[tuple[str, int, int], _Batch] = {}  # batched entries with a nack in play
+        self._batches: dict[tuple[str, int, int], _Batch] = {}  # batched entries not fully acked yet
+        self.max_open_batches = max_open_batches
         self._cursor: dict[str, tuple[int, int, int]] = {}  # topic → last (ledger, entry, batch index) out
         self._last_forward = -float("inf")
         self._lateness: deque[float] = deque(maxlen=lateness_window)
@@ -204,25 +218,33 @@ class NackTracker:
         bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
         if batch_index >= 0:
             with self._lock:
-                self._batch((topic, ledger_id, entry_id), batch_index)
+                batch = self._batch((topic, ledger_id, entry_id), seen=_ALL_SEEN)
+                batch.seen = max(batch.seen, batch_index)
         if bucket not in self._armed:  # most nacks land in an armed bucket: no lock needed to see that
             with self._lock:
                 if bucket not in self._armed and not self._closed:
                     self._arm(bucket, bucket - self.lead_ms)
         return bucket
 
-    def _batch(self, key: tuple[str, int, int], batch_index: int) -> _Batch:
-        """The entry's batch state (lock held), seen at least up to ``batch_index``."""
-        topic, ledger_id, entry_id = key
-        cursor = self._cursor.get(topic)
-        # The queue's cursor still in this entry: later siblings are not out yet; moved on: all are out.
-        seen = cursor[2] if cursor is not None and cursor[:2] == (ledger_id, entry_id) else _ALL_SEEN
+    def _batch(self, key: tuple[str, int, int], seen: int) -> _Batch:
+        """The entry's batch state, made with ``seen`` if new (lock held). O(1)."""
         batch = self._batches.get(key)
         if batch is None:
-            batch = self._batches[key] = _Batch(max(seen, batch_index))
-        else:
-            batch.seen = max(batch.seen, seen, batch_index)
+            if len(self._batches) >= self.max_open_batches:
+                # An application that never acks: forget the oldest entry (its copies may go unacked).
+                self._batches.pop(next(iter(self._batches)))
+            batch = self._batches[key] = _Batch(seen)
         return batch
+
+    def _settle(self, key: tuple[str, int, int], batch: _Batch) -> None:
+        """Forget a fully acked batch with nothing pending or in flight (lock held)."""
+        topic, ledger_id, entry_id = key
+        if (
+            batch.settled
+            and key not in self._inflight
+            and self.index.due_of(ledger_id, entry_id, -1, topic) is None
+        ):
+            self._batches.pop(key, None)
 
     def _arm(self, bucket: int, at_ms: float) -> None:
         """One timeout per bucket (lock held); a new bucket also means an older one may have gone cold."""
@@ -290,34 +312,45 @@ class NackTracker:
                 record = self._inflight.get(key)
                 if record is not None and record.at == forwarded_at:
                     del self._inflight[key]
-                topic, ledger_id, entry_id = key
-                if key in self._batches and self.index.due_of(ledger_id, entry_id, -1, topic) is None:
-                    del self._batches[key]
+                batch = self._batches.get(key)
+                if batch is not None:
+                    self._settle(key, batch)
 
     # -- the receive path --------------------------------------------------------------------------
 
     def on_arrival(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> Verdict:
-        """Decide whether a message that just came out of the native queue goes to the application.
+        """Decide what happens to a message that just came out of the native queue.
 
-        O(1) typically (a dict lookup, plus the index's ``due_of`` for ids of ledgers with pending nacks).
+        O(1) typically (dict lookups, plus the index's ``due_of`` for ids of ledgers with pending nacks).
         """
         key = (topic, ledger_id, entry_id)
         with self._lock:
-            if batch_index >= 0:
-                self._cursor[topic] = (ledger_id, entry_id, batch_index)
+            batch = self._arrived_in_batch(key, batch_index) if batch_index >= 0 else None
             record = self._inflight.get(key)
             if record is not None:
                 return self._redelivery(key, record, batch_index)
-            batch = self._batches.get(key) if batch_index >= 0 else None
             if batch is not None:
                 if batch.acked >> batch_index & 1:
                     self._dropped += 1
-                    return Verdict.DROP
+                    return Verdict.ACKED
                 batch.seen = max(batch.seen, batch_index)
             if self.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
                 self._held_back += 1
                 return Verdict.HOLD
         return Verdict.DELIVER
+
+    def _arrived_in_batch(self, key: tuple[str, int, int], batch_index: int) -> _Batch:
+        """Follow the native queue's position (lock held): leaving an entry tells its batch size."""
+        topic, ledger_id, entry_id = key
+        previous = self._cursor.get(topic)
+        if previous is not None and previous[:2] != (ledger_id, entry_id):
+            left_key = (topic, previous[0], previous[1])
+            left = self._batches.get(left_key)
+            if left is not None and left.size is None:
+                left.size = previous[2] + 1
+                self._settle(left_key, left)
+        self._cursor[topic] = (ledger_id, entry_id, batch_index)
+        return self._batch(key, seen=-1)
 
     def _redelivery(self, key: tuple[str, int, int], record: _Forwarded, batch_index: int) -> Verdict:
         """A message of an entry we forwarded (lock held)."""
@@ -328,7 +361,7 @@ class NackTracker:
         bit = 1 << batch_index
         if record.batch.acked & bit:
             self._dropped += 1
-            return Verdict.DROP
+            return Verdict.ACKED
         if (record.expected == -1 or record.expected & bit) and not record.delivered & bit:
             record.delivered |= bit
             self._delivered(record, bit)
@@ -338,8 +371,8 @@ class NackTracker:
             self._held_back += 1  # a sibling whose own nack is due later
             return Verdict.HOLD
         if batch_index <= record.batch.seen:
-            self._dropped += 1  # the application has it already (acked, held, or handed out again)
-            return Verdict.DROP
+            self._dropped += 1  # the application holds (or was handed again) a copy of it
+            return Verdict.DUPLICATE
         record.batch.seen = batch_index  # a sibling the application has not seen yet: its first delivery
         return Verdict.DELIVER
 
@@ -348,21 +381,14 @@ class NackTracker:
         self._lateness.append(self._clock() - record.target_of(bit))
 
     def on_ack(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> None:
-        """Remember acked batch messages of entries that will come back, so they are not handed out again."""
+        """Record an acked batch message, so copies of it are acked rather than handed out again. O(1)."""
         if batch_index < 0:
             return
         key = (topic, ledger_id, entry_id)
         with self._lock:
-            batch = self._batches.get(key)
-            if batch is None:
-                record = self._inflight.get(key)
-                if record is not None:
-                    batch = record.batch
-                elif self.index.due_of(ledger_id, entry_id, -1, topic) is not None:
-                    batch = self._batch(key, batch_index)
-                else:
-                    return  # nothing of this entry will come back
+            batch = self._batch(key, seen=_ALL_SEEN)
             batch.acked |= 1 << batch_index
+            self._settle(key, batch)
 
     # -- lifecycle and stats --------------------------------------------------------------------------
 

@@ -118,7 +118,8 @@ def test_flush_everything_and_close() -> None:
 
 def test_arrival_verdicts_for_a_batch() -> None:
     """msg0 of entry (5, 9) is due first, msg1 later, msg2 was acked: when the entry comes back only msg0
-    is handed out; msg1 is held back until its own redelivery; msg2 and repeats are dropped."""
+    is handed out; msg1 is held back until its own redelivery; the copy of msg2 is acked for the
+    application (so this copy of the entry can complete), and a second copy of msg0 waits for its ack."""
     h = Harness(precision_bits=0)
     start = h.clock.now
     h.tracker.schedule(start + 1_000, 5, 9, batch_index=0)
@@ -128,15 +129,36 @@ def test_arrival_verdicts_for_a_batch() -> None:
     assert h.forwards[0][1] == [("", 5, 9, (0,))]
     assert h.tracker.on_arrival(5, 9, 0) is Verdict.DELIVER
     assert h.tracker.on_arrival(5, 9, 1) is Verdict.HOLD
-    assert h.tracker.on_arrival(5, 9, 2) is Verdict.DROP
-    assert h.tracker.on_arrival(5, 9, 0) is Verdict.DROP, "handed out once per redelivery"
+    assert h.tracker.on_arrival(5, 9, 2) is Verdict.ACKED
+    assert h.tracker.on_arrival(5, 9, 0) is Verdict.DUPLICATE, "handed out once per redelivery"
+    h.tracker.on_ack(5, 9, batch_index=0)
     h.run_until(start + 5_000)
     assert h.forwards[1][1] == [("", 5, 9, (1,))]
-    assert h.tracker.on_arrival(5, 9, 0) is Verdict.DROP
+    assert h.tracker.on_arrival(5, 9, 0) is Verdict.ACKED
     assert h.tracker.on_arrival(5, 9, 1) is Verdict.DELIVER
-    assert h.tracker.on_arrival(5, 9, 2) is Verdict.DROP
+    assert h.tracker.on_arrival(5, 9, 2) is Verdict.ACKED
     stats = h.tracker.stats()
-    assert (stats.redelivered, stats.held_back) == (2, 1)
+    assert (stats.redelivered, stats.held_back, stats.dropped) == (2, 1, 4)
+
+
+def test_unseen_siblings_are_delivered_and_settled_batches_forgotten() -> None:
+    """Siblings whose first copies were still queued when the entry came back are handed out (once);
+    a batch whose every message is acked is forgotten once the queue has moved past it."""
+    h = Harness(precision_bits=0)
+    start = h.clock.now
+    assert h.tracker.on_arrival(7, 1, 0) is Verdict.DELIVER  # msg0 out; msg1, msg2 still queued
+    h.tracker.schedule(start + 500, 7, 1, batch_index=0)
+    h.run_until(start + 500)
+    assert h.tracker.on_arrival(7, 1, 0) is Verdict.DELIVER  # the redelivered copy
+    assert h.tracker.on_arrival(7, 1, 1) is Verdict.DELIVER  # never seen: its first delivery
+    assert h.tracker.on_arrival(7, 1, 2) is Verdict.DELIVER
+    assert h.tracker.on_arrival(7, 1, 1) is Verdict.DUPLICATE  # the queued first copy, later
+    assert h.tracker.on_arrival(7, 1, 2) is Verdict.DUPLICATE
+    for batch_index in range(3):
+        h.tracker.on_ack(7, 1, batch_index)
+    assert h.tracker.on_arrival(8, 0, 0) is Verdict.DELIVER  # the queue moves on: entry 1 had 3 messages
+    h.run_until(start + 500 + h.tracker.inflight_ttl_ms + 1)
+    assert (topic_ledger_entry := ("", 7, 1)) not in h.tracker._batches, topic_ledger_entry
 
 
 def test_early_arrivals_are_held_and_new_messages_pass() -> None:
