@@ -158,12 +158,11 @@ def unique_topic() -> str:
     return f"persistent://public/default/t-{uuid.uuid4().hex}"
 
 
-@pytest.fixture
-def pulsar_client(broker: Broker) -> Iterator[Any]:
-    """A ``pulsar.Client`` on ``broker`` (client logs at WARN), closed after the test."""
+def _client_on(broker: Broker, client_type: Any) -> Iterator[Any]:
+    """A client of ``client_type`` on ``broker`` (client logs at WARN), closed afterwards."""
     import pulsar
 
-    client = pulsar.Client(
+    client = client_type(
         broker.service_url,
         operation_timeout_seconds=30,
         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
@@ -172,21 +171,19 @@ def pulsar_client(broker: Broker) -> Iterator[Any]:
         yield client
     finally:
         client.close()
+
+
+@pytest.fixture
+def pulsar_client(broker: Broker) -> Iterator[Any]:
+    """A ``pulsar.Client`` on ``broker``, closed after the test."""
+    import pulsar
+
+    yield from _client_on(broker, pulsar.Client)
 
 
 @pytest.fixture
 def nack_client(broker: Broker) -> Iterator[Any]:
-    """A ``pulsar_nack.Client`` on ``broker`` (client logs at WARN), closed after the test."""
-    import pulsar
-
+    """A ``pulsar_nack.Client`` on ``broker``, closed after the test."""
     import pulsar_nack
 
-    client = pulsar_nack.Client(
-        broker.service_url,
-        operation_timeout_seconds=30,
-        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
-    )
-    try:
-        yield client
-    finally:
-        client.close()
+    yield from _client_on(broker, pulsar_nack.Client)
