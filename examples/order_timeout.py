@@ -17,7 +17,6 @@ halfway through its timeout.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import threading
@@ -27,7 +26,7 @@ import uuid
 import pulsar
 
 import pulsar_nack
-from pulsar_nack.broker import PulsarLite
+from pulsar_nack.broker import broker_url
 
 
 def positive_int(text: str) -> int:
@@ -139,11 +138,7 @@ def run(service_url: str, args: argparse.Namespace) -> int:
 
 def main() -> int:
     args = parse_args()
-    with contextlib.ExitStack() as stack:
-        service_url = args.service_url
-        if service_url is None:
-            service_url = stack.enter_context(PulsarLite()).service_url
-            print(f"started an embedded pulsar-lite broker at {service_url}")
+    with broker_url(args.service_url) as service_url:
         return run(service_url, args)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import sys
 import time
 import uuid
@@ -25,7 +24,7 @@ import uuid
 import pulsar
 
 from pulsar_nack import MultiplierRedeliveryBackoff, aio
-from pulsar_nack.broker import PulsarLite
+from pulsar_nack.broker import broker_url
 
 
 def positive_int(text: str) -> int:
@@ -127,11 +126,7 @@ async def run(service_url: str, args: argparse.Namespace) -> int:
 
 def main() -> int:
     args = parse_args()
-    with contextlib.ExitStack() as stack:
-        service_url = args.service_url
-        if service_url is None:
-            service_url = stack.enter_context(PulsarLite()).service_url
-            print(f"started an embedded pulsar-lite broker at {service_url}")
+    with broker_url(args.service_url) as service_url:
         return asyncio.run(run(service_url, args))
 
 

@@ -49,7 +49,7 @@ import urllib.parse
 import urllib.request
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, ClassVar, Literal, Self
@@ -62,6 +62,7 @@ __all__ = [
     "PulsarStandalone",
     "SettingValue",
     "apache_pulsar_available",
+    "broker_url",
     "free_ports",
     "java_available",
     "maven_available",
@@ -1105,3 +1106,17 @@ def start_broker(kind: Literal["lite", "apache"] = "lite", **options: Any) -> Br
     else:
         raise ValueError(f"unknown broker kind {kind!r}: use 'lite' or 'apache'")
     return broker.start()
+
+
+@contextlib.contextmanager
+def broker_url(service_url: str | None = None) -> Iterator[str]:
+    """``service_url`` if given, else the URL of an embedded pulsar-lite started for the ``with`` block.
+
+    What the demo and the examples do with their ``--service-url`` option.
+    """
+    if service_url is not None:
+        yield service_url
+        return
+    with PulsarLite() as broker:
+        print(f"started an embedded pulsar-lite broker at {broker.service_url}", flush=True)
+        yield broker.service_url

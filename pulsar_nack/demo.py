@@ -75,14 +75,11 @@ def run(args: argparse.Namespace) -> int:
     import pulsar
 
     import pulsar_nack
-    from pulsar_nack.broker import PulsarLite
+    from pulsar_nack.broker import broker_url
 
     rng = random.Random(args.seed)
     with ExitStack() as stack:
-        service_url = args.service_url
-        if service_url is None:
-            print("starting the embedded broker (pulsar-lite, loopback) ...", file=sys.stderr)
-            service_url = stack.enter_context(PulsarLite()).service_url
+        service_url = stack.enter_context(broker_url(args.service_url))
         client = pulsar_nack.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
         stack.callback(client.close)
         topic = f"persistent://public/default/demo-{uuid.uuid4().hex[:8]}"
