@@ -96,10 +96,6 @@ class TripleLongHeap:
     def __len__(self) -> int:
         return self._size
 
-    @property
-    def capacity_bytes(self) -> int:
-        return int(self._data.nbytes)
-
     def add(self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> None:
         """O(log n) sift-up (one comparison when ids arrive in due order)."""
         with self._lock:

@@ -590,7 +590,8 @@ class TimeBucketIndex:
             # The pending id at `other` is later than (or covered by) this one: move it here.
             self._discard(other, key, other_entries, entry_id)
         # _discard may have emptied and dropped the cached slot; re-select it.
-        entries = self._select(bucket, *_split_key_ledger_first(key))
+        topic, ledger_id = _split_key(key)
+        entries = self._select(bucket, ledger_id, topic)
         if entry_id in entries:
             masks = self._slot_members
             if masks is None or entry_id not in masks:
@@ -777,11 +778,6 @@ def _key(ledger_id: int, topic: str) -> LedgerKey:
 
 def _split_key(key: LedgerKey) -> tuple[str, int]:
     return key if isinstance(key, tuple) else ("", key)
-
-
-def _split_key_ledger_first(key: LedgerKey) -> tuple[int, str]:
-    topic, ledger_id = _split_key(key)
-    return ledger_id, topic
 
 
 def _check_due(value: Any, name: str = "due_ms") -> int:

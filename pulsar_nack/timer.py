@@ -184,11 +184,6 @@ class TimerWheel:
             _fire(timeout)
         return len(due)
 
-    def wakeup(self) -> None:
-        """Make the thread re-read the clock (after a fake clock moved)."""
-        with self._cond:
-            self._cond.notify()
-
     @property
     def closed(self) -> bool:
         return self._closed
