@@ -131,6 +131,16 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._nacks.note_ack(message)
         await super().acknowledge(message)
 
+    async def seek(self, messageid: Any) -> None:
+        """Like ``pulsar.asyncio.Consumer.seek``; pending nacks and the filter's state are dropped."""
+        await super().seek(messageid)
+        self._nacks.reset()
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Like the official call: unacked messages are handed out again; pending nacks stay held."""
+        self._nacks.forget_holdings()
+        super().redeliver_unacknowledged_messages()
+
     # -- lifecycle and stats ------------------------------------------------------------------------
 
     async def close(self) -> None:

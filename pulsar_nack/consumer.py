@@ -16,16 +16,15 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import _pulsar
 import pulsar
 
+from pulsar_nack.arrivals import Verdict
 from pulsar_nack.backoff import RedeliveryBackoff
 from pulsar_nack.delay_limit import (
     DelayLimitedProducer,
@@ -34,14 +33,13 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming, Verdict
+from pulsar_nack.native import batch_size, forward, ids_of, message_id_of
+from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
-_PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _MAX_LEDGER_TOPICS = 65_536
-_MAX_HELD_COPIES = 65_536
 #: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic).
 _ADMITTED_IDS = "_pulsar_nack_ids"
 
@@ -110,29 +108,15 @@ class NackOptions:
         return delay
 
 
-def message_id_of(message: Any) -> tuple[Any, Any] | None:
-    """``(_pulsar.MessageId, _pulsar.Message or None)`` of what the official consumers accept for (n)acks:
-    a ``pulsar.Message``, ``_pulsar.Message``, ``pulsar.MessageId`` or ``_pulsar.MessageId``; None for
-    anything else. O(1)."""
-    if isinstance(message, pulsar.Message):
-        message = message._message
-    if isinstance(message, _pulsar.Message):
-        return message.message_id(), message
-    if isinstance(message, pulsar.MessageId):
-        return message._msg_id, None
-    if isinstance(message, _pulsar.MessageId):
-        return message, None
-    return None
-
-
 class NackBridge:
     """Joins one native consumer (the C++ ``_pulsar.Consumer`` behind either client) to its
     :class:`~pulsar_nack.tracker.NackTracker`: the part of a wrapped consumer that does not depend on
     whether it is called synchronously or with ``await``.
 
     * :meth:`nack`: a message or id and a delay → ``tracker.schedule`` (O(1) typically);
-    * :meth:`admit`: each arrival → ``tracker.on_arrival`` → whether the application gets it (O(1));
-    * :meth:`note_ack`: acked batch messages, so a redelivered batch does not hand them out again (O(1));
+    * :meth:`admit`: each arrival → the tracker's arrival filter → whether the application gets it (O(1));
+      copies it must not get are acked now or along with the application's own copy;
+    * :meth:`note_ack`: acks, so that copies of acked messages are not handed out again (O(1));
     * forwarding (timer thread): due entries → one native ``negative_acknowledge`` each (O(due entries)).
 
     Thread-safe: the native consumer's ``negative_acknowledge`` is, and the tracker is.
@@ -144,8 +128,6 @@ class NackBridge:
         self._native = native
         self._topic = topic
         self._ledger_topics: dict[int, str] = {}
-        # Copies of batch messages the application holds another copy of, acked along with it.
-        self._copies: dict[tuple[str, int, int, int], list[Any]] = {}
         self.tracker = NackTracker(
             self._forward,
             precision_bits=options.precision_bits,
@@ -200,66 +182,60 @@ class NackBridge:
         return self._topic
 
     def _forward(self, due: Sequence[DueIds]) -> None:
-        """Timer thread: hand due entries to the native tracker (one id per entry, topic set)."""
-        nack = self._native.negative_acknowledge
-        for ids in due:
-            match = _PARTITION_SUFFIX.search(ids.topic)
-            partition = int(match.group(1)) if match else -1
-            for entry_id in ids.entry_ids.tolist():
-                message_id = _pulsar.MessageId(partition, ids.ledger_id, entry_id, -1)
-                if ids.topic:
-                    message_id.topic_name(ids.topic)
-                nack(message_id)
+        """Timer thread: hand due entries to the native tracker, then call the redelivery hook."""
+        forward(self._native, due)
         if self.options.on_redelivery is not None:
             self.options.on_redelivery(due)
 
     def admit(self, message: pulsar.Message) -> bool:
-        """Record the message's ledger → topic and ask the tracker whether the application gets it."""
+        """Whether the application gets this arrival; copies it does not get are acked now (it acked the
+        message) or parked to be acked with its own copy. Remembers the message's ids on it."""
         inner = message._message
-        message_id = inner.message_id()
-        topic = inner.topic_name()
-        ledger_id = message_id.ledger_id()
+        message_id, ledger_id, entry_id, batch_index, topic = ids_of(inner)
         ledger_topics = self._ledger_topics
         if ledger_id not in ledger_topics:
-            if len(ledger_topics) >= _MAX_LEDGER_TOPICS:
+            if len(ledger_topics) >= _MAX_LEDGER_TOPICS:  # a cache: the oldest ledgers are done with
                 ledger_topics.pop(next(iter(ledger_topics)), None)
             ledger_topics[ledger_id] = topic
-        entry_id, batch_index = message_id.entry_id(), message_id.batch_index()
         # Remembered on the message, so nacking or acking it later needs no calls into the client.
         message.__dict__[_ADMITTED_IDS] = (ledger_id, entry_id, batch_index, topic)
-        verdict = self.tracker.on_arrival(ledger_id, entry_id, batch_index, topic)
-        if verdict is Verdict.ACKED:  # a copy of a message the application acked: ack it too
+        arrivals = self.tracker.arrivals
+        if batch_index < 0 and arrivals.idle:
+            return True  # nothing pending or in flight: a non-batched message is new
+        verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, lambda: batch_size(message_id))
+        if verdict is Verdict.DELIVER:
+            return True
+        if verdict is Verdict.ACKED or (
+            verdict is Verdict.DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
+        ):
             self._native.acknowledge(inner)
-        elif verdict is Verdict.DUPLICATE:  # the application holds another copy: ack this one with it
-            copies = self._copies.setdefault((topic, ledger_id, entry_id, batch_index), [])
-            copies.append(inner)
-            if len(self._copies) > _MAX_HELD_COPIES:
-                self._copies.pop(next(iter(self._copies)))
-        return verdict is Verdict.DELIVER
+        return False
 
     def note_ack(self, message: Any) -> None:
-        """Tell the tracker about an acked batch message (anything else needs no note)."""
+        """Tell the tracker about an ack (before it goes to the native client); ack parked copies with it."""
         known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
         if known is not None:
             ledger_id, entry_id, batch_index, topic = known
-            if batch_index >= 0:
-                self._acked(ledger_id, entry_id, batch_index, topic)
+        else:
+            target = message_id_of(message)
+            if target is None:
+                return  # the official client reports bad arguments
+            message_id, inner = target
+            ledger_id, entry_id = message_id.ledger_id(), message_id.entry_id()
+            batch_index = message_id.batch_index()
+            topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
+        if batch_index < 0 and self.tracker.arrivals.idle:
             return
-        target = message_id_of(message)
-        if target is None:
-            return  # the official client reports bad arguments
-        message_id, inner = target
-        batch_index = message_id.batch_index()
-        if batch_index >= 0:
-            ledger_id = message_id.ledger_id()
-            topic = inner.topic_name() if inner is not None else self._ledger_topics.get(ledger_id, "")
-            self._acked(ledger_id, message_id.entry_id(), batch_index, topic)
-
-    def _acked(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
-        """The application acked a batch message: tell the tracker, and ack the copies it did not get."""
-        self.tracker.on_ack(ledger_id, entry_id, batch_index, topic)
-        for copy in self._copies.pop((topic, ledger_id, entry_id, batch_index), ()):
+        for copy in self.tracker.acked(ledger_id, entry_id, batch_index, topic):
             self._native.acknowledge(copy)
+
+    def reset(self) -> None:
+        """After a seek: pending nacks and what the filter knows are void (the broker starts over)."""
+        self.tracker.clear()
+
+    def forget_holdings(self) -> None:
+        """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again."""
+        self.tracker.arrivals.forget_holdings()
 
     def close(self) -> float:
         """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.
@@ -334,6 +310,22 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     def acknowledge(self, message: Any) -> None:
         self._nacks.note_ack(message)
         super().acknowledge(message)
+
+    def seek(self, messageid: Any) -> None:
+        """Like ``pulsar.Consumer.seek``; pending nacks and the filter's state are dropped (the broker
+        delivers from the new position, and the application receives those messages again)."""
+        super().seek(messageid)
+        self._nacks.reset()
+
+    def redeliver_unacknowledged_messages(self) -> None:
+        """Like the official call: unacked messages are delivered (and handed out) again. Messages with a
+        pending nack stay held until due."""
+        self._nacks.forget_holdings()
+        super().redeliver_unacknowledged_messages()
+
+    def unsubscribe(self) -> None:
+        super().unsubscribe()
+        self._nacks.close()
 
     def close(self) -> None:
         """Stop the tracker (dropping or flushing pending nacks, per ``on_close``), then close the consumer.
@@ -432,7 +424,8 @@ def _admitting_listener(
     consumer._ready = threading.Event()
 
     def admit_then_call(_native: Any, message: pulsar.Message) -> None:
-        if not consumer._ready.wait(30):  # messages may arrive before subscribe() has returned
+        # Messages may arrive before subscribe() has returned (is_set: no wait on every call).
+        if not consumer._ready.is_set() and not consumer._ready.wait(30):
             _log.error("message listener called before the consumer was ready; message left unacked")
             return
         if consumer._nacks.admit(message):

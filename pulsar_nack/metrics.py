@@ -54,6 +54,8 @@ _COUNTERS = (
     ("redelivered", "redelivered", "Redelivered messages handed to the application."),
     ("held_back", "held_back", "Arrivals held back because their nack is still pending."),
     ("dropped", "dropped", "Arrivals dropped: acked already, or not part of the redelivery."),
+    ("reforwarded", "reforwarded", "Forwards repeated because their copy came early or never came."),
+    ("abandoned", "abandoned", "Forwards given up after repeating (the broker still holds the messages)."),
 )
 _LATENESS = ("redelivery_lateness_seconds", "Redelivery arrival minus due time, recent redeliveries.")
 

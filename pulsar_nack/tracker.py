@@ -9,39 +9,28 @@ When forwards happen is decided by :class:`NativeTiming`, a model of the native 
 there): a bucket's ids are forwarded one native latency before the bucket's time, and only at moments that
 neither postpone an earlier forward's redelivery nor starve the native timer.
 
-Redelivered entries come back whole. :meth:`NackTracker.on_arrival` decides per message whether the
-application sees it: batch messages it acked or still holds, or whose own nack is pending for later, are
-not handed out again — but siblings it has not seen yet are (their first copies may still be queued in
-the native client). Neither is a message the broker redelivers early (e.g. after a reconnect) while its
-nack is pending: it comes back when due.
-
-Without batch-index acks the broker acks a batch entry only once every message of *one delivered copy*
-of it is acked. So copies of messages the application already acked are acked for it (``ACKED``), and
-copies of messages it still holds are acked when it acks its own copy (``DUPLICATE``): the last copy of
-every entry completes, and the broker forgets the entry.
+Every message the broker delivers passes the :class:`~pulsar_nack.arrivals.ArrivalFilter` the tracker
+keeps informed of nacks and forwards (see there): each nack is handed out once when due, never early, and
+copies of batch messages the application acked or holds are not handed out again.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import logging
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.timer import Timeout, TimerWheel, monotonic_ms
 
-__all__ = ["NackStats", "NackTracker", "Verdict"]
+__all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict"]
 
 _log = logging.getLogger(__name__)
-
-#: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp).
-NATIVE_MIN_DELAY_MS = 100
 #: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
 #: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
 NATIVE_DELAY_MS = 102
@@ -89,15 +78,6 @@ class NativeTiming:
         return desired_ms if desired_ms <= same_grid_ms + self.margin_ms else free_ms
 
 
-class Verdict(enum.Enum):
-    """What to do with a message that just arrived from the broker."""
-
-    DELIVER = "deliver"  # hand it to the application
-    HOLD = "hold"  # its nack is pending: it comes back when due
-    ACKED = "acked"  # the application acked this message: ack this copy too, don't hand it out
-    DUPLICATE = "duplicate"  # the application holds another copy: ack this one when it acks that
-
-
 @dataclass(frozen=True)
 class NackStats:
     """A snapshot of a tracker's state and history."""
@@ -110,63 +90,14 @@ class NackStats:
     redelivered: int  # messages handed to the application again after a forward
     held_back: int  # arrivals not handed out because their nack is still pending
     dropped: int  # arrivals not handed out because the application acked them or holds another copy
+    reforwarded: int  # forwards repeated because their copy came early or never came
+    abandoned: int  # forwards given up after repeating (logged; the broker still holds the messages)
     lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
     lateness_p99_ms: float | None
 
 
-#: "Every message of the batch has been handed out" (batch indexes are far below this).
-_ALL_SEEN = 2**31
-
-
-class _Batch:
-    """What the application has seen and acked of a batched entry, while any of it is unacked.
-
-    The native client queues a batch's messages together and hands them out in index order, so "seen"
-    is one number: the highest batch index taken from the queue. ``size`` is learned when the queue
-    moves on to another entry; with it, a fully acked batch is forgotten.
-    """
-
-    __slots__ = ("acked", "seen", "size")
-
-    def __init__(self, seen: int) -> None:
-        self.seen = seen
-        self.acked = 0  # bitmask of acked batch indexes
-        self.size: int | None = None
-
-    @property
-    def settled(self) -> bool:
-        return self.size is not None and self.acked == (1 << self.size) - 1
-
-
-class _Forwarded:
-    """An entry handed to the native client, until its redelivery has arrived (or ``ttl`` passed)."""
-
-    __slots__ = ("at", "batch", "delivered", "expected", "targets")
-
-    def __init__(self, at: float, target: int, expected: int, batch: _Batch | None) -> None:
-        self.at = at  # when it was last forwarded (clock ms)
-        self.expected = expected  # bitmask of batch indexes to hand out again; -1: the whole entry
-        self.targets = [(expected, target)]  # (batch indexes, the bucket time they were due at), newest last
-        self.batch = batch if batch is not None else _Batch(_ALL_SEEN)
-        self.delivered = 0  # bitmask of batch indexes handed out again
-
-    def merge(self, at: float, target: int, expected: int) -> None:
-        """The entry was forwarded again: expect these messages too (again, if handed out already)."""
-        self.at = at
-        self.expected = -1 if expected == -1 or self.expected == -1 else self.expected | expected
-        self.delivered = 0 if expected == -1 else self.delivered & ~expected
-        self.targets.append((expected, target))
-
-    def target_of(self, bit: int) -> int:
-        """When the message with this batch-index bit (0: non-batched) was due."""
-        for expected, target in reversed(self.targets):
-            if expected == -1 or expected & bit:
-                return target
-        return self.targets[-1][1]
-
-
 class NackTracker:
-    """Schedules nacked ids and forwards them to ``forward`` when due. Thread-safe.
+    """Schedules nacked ids and forwards them to ``forward`` when due; classifies arrivals. Thread-safe.
 
     ``forward`` is called on the timer thread with the due ids, once per flush; it must not block for
     long (it delays the next flush) and may be called concurrently with :meth:`schedule`.
@@ -179,72 +110,65 @@ class NackTracker:
         precision_bits: int = 8,
         rounding: Rounding = "floor",
         native: NativeTiming = NativeTiming(),
-        inflight_ttl_ms: float = 30_000.0,
+        linger_ms: float = 30_000.0,
         compact_after_ms: float = 1_000.0,
         clock: Callable[[], float] = monotonic_ms,
         wheel: TimerWheel | None = None,
         lateness_window: int = 4096,
-        max_open_batches: int = 100_000,
     ) -> None:
         self.index = TimeBucketIndex(precision_bits, rounding)
+        self.arrivals = ArrivalFilter(
+            self._refile, clock=clock, linger_ms=linger_ms, lateness_window=lateness_window
+        )
         self._forward = forward
         self.native = native
         self.lead_ms = float(native.latency_ms)
-        self.inflight_ttl_ms = float(inflight_ttl_ms)
         self.compact_after_ms = float(compact_after_ms)
         self._compaction: Timeout | None = None
+        self._sweep: Timeout | None = None
         self._clock = clock
         self._owns_wheel = wheel is None
         self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
         self._lock = threading.Lock()
         self._armed: dict[int, Timeout] = {}  # bucket time → its timeout
-        self._inflight: dict[tuple[str, int, int], _Forwarded] = {}
-        self._batches: dict[tuple[str, int, int], _Batch] = {}  # batched entries not fully acked yet
-        self.max_open_batches = max_open_batches
-        self._cursor: dict[str, tuple[int, int, int]] = {}  # topic → last (ledger, entry, batch index) out
         self._last_forward = -float("inf")
-        self._lateness: deque[float] = deque(maxlen=lateness_window)
-        self._forwarded = self._redelivered = self._held_back = self._dropped = 0
+        self._forwarded = 0
         self._closed = False
 
     # -- the nack path ----------------------------------------------------------------------------
 
     def schedule(
         self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
-    ) -> int:
-        """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time. O(1) typically."""
+    ) -> int | None:
+        """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time, or None for a batch
+        message the application has acked (nothing to redeliver). O(1) typically."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
-        if batch_index >= 0:
-            with self._lock:
-                batch = self._batch((topic, ledger_id, entry_id), seen=_ALL_SEEN)
-                batch.seen = max(batch.seen, batch_index)
+        if not self.arrivals.pending(ledger_id, entry_id, batch_index, topic):
+            return None
+        try:
+            bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
+        except BaseException:
+            self.arrivals.withdraw(ledger_id, entry_id, batch_index, topic)
+            raise
         if bucket not in self._armed:  # most nacks land in an armed bucket: no lock needed to see that
             with self._lock:
                 if bucket not in self._armed and not self._closed:
                     self._arm(bucket, bucket - self.lead_ms)
         return bucket
 
-    def _batch(self, key: tuple[str, int, int], seen: int) -> _Batch:
-        """The entry's batch state, made with ``seen`` if new (lock held). O(1)."""
-        batch = self._batches.get(key)
-        if batch is None:
-            if len(self._batches) >= self.max_open_batches:
-                # An application that never acks: forget the oldest entry (its copies may go unacked).
-                self._batches.pop(next(iter(self._batches)))
-            batch = self._batches[key] = _Batch(seen)
-        return batch
+    def _refile(self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
+        """The arrival filter wants a forward repeated (its copy came early, or never came)."""
+        if not self._closed:
+            self.schedule(max(due_ms, self._clock()), ledger_id, entry_id, batch_index, topic)
 
-    def _settle(self, key: tuple[str, int, int], batch: _Batch) -> None:
-        """Forget a fully acked batch with nothing pending or in flight (lock held)."""
-        topic, ledger_id, entry_id = key
-        if (
-            batch.settled
-            and key not in self._inflight
-            and self.index.due_of(ledger_id, entry_id, -1, topic) is None
-        ):
-            self._batches.pop(key, None)
+    def acked(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> list[object]:
+        """The application acked a message: a pending nack of it is dropped. Returns copies of it the
+        consumer must ack too (see :class:`~pulsar_nack.arrivals.ArrivalFilter`). O(1) typically."""
+        copies, was_pending = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
+        if was_pending:
+            self.index.remove(ledger_id, entry_id, batch_index, topic)
+        return copies
 
     def _arm(self, bucket: int, at_ms: float) -> None:
         """One timeout per bucket (lock held); a new bucket also means an older one may have gone cold."""
@@ -281,114 +205,42 @@ class NackTracker:
         if not due:
             return 0
         target = int(now + self.lead_ms) if target is None else target
-        keys: list[tuple[str, int, int]] = []
+        forwarded = 0
+        for ids in due:
+            entry_ids = ids.entry_ids.tolist()
+            self.arrivals.forwarded(ids.topic, ids.ledger_id, entry_ids, ids.batch_indexes, now, target)
+            forwarded += len(entry_ids)
         with self._lock:
             self._last_forward = now
-            for ids in due:
-                partial = ids.batch_indexes
-                for entry_id in ids.entry_ids.tolist():
-                    key = (ids.topic, ids.ledger_id, entry_id)
-                    indexes = partial.get(entry_id)
-                    expected = -1 if indexes is None else sum(1 << i for i in indexes)
-                    record = self._inflight.get(key)
-                    if record is None:
-                        self._inflight[key] = _Forwarded(now, target, expected, self._batches.get(key))
-                    else:  # an earlier redelivery of this entry may still be on its way: keep its messages
-                        record.merge(now, target, expected)
-                    keys.append(key)
-            self._forwarded += len(keys)
-            if not self._closed:
-                self._wheel.schedule(now + self.inflight_ttl_ms, functools.partial(self._expire, keys, now))
-        forwarded = len(keys)
+            self._forwarded += forwarded
+            if self._sweep is None and not self._closed:
+                sweep_at = self.arrivals.sweep_due
+                if sweep_at is not None:
+                    self._sweep = self._wheel.schedule(sweep_at + 1, self._sweep_arrivals)
         try:
             self._forward(due)
         except Exception:
             _log.exception("forwarding %d due entries to the native client failed", forwarded)
         return forwarded
 
-    def _expire(self, keys: list[tuple[str, int, int]], forwarded_at: float) -> None:
+    def _sweep_arrivals(self) -> None:
+        """Timer thread: retire old forwards; repeat those whose copy never came."""
+        abandoned = self.arrivals.counts().abandoned
+        again = self.arrivals.sweep()
+        if self.arrivals.counts().abandoned > abandoned:
+            _log.warning(
+                "gave up redelivering %d nacked messages after %d forwards without a copy arriving; "
+                "the broker still holds them (they return on reconnect or to another consumer)",
+                self.arrivals.counts().abandoned - abandoned,
+                self.arrivals.max_reforwards + 1,
+            )
+        for due_ms, ledger_id, entry_id, batch_index, topic in again:
+            self._refile(due_ms, ledger_id, entry_id, batch_index, topic)
         with self._lock:
-            for key in keys:
-                record = self._inflight.get(key)
-                if record is not None and record.at == forwarded_at:
-                    del self._inflight[key]
-                batch = self._batches.get(key)
-                if batch is not None:
-                    self._settle(key, batch)
-
-    # -- the receive path --------------------------------------------------------------------------
-
-    def on_arrival(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> Verdict:
-        """Decide what happens to a message that just came out of the native queue.
-
-        O(1) typically (dict lookups, plus the index's ``due_of`` for ids of ledgers with pending nacks).
-        """
-        key = (topic, ledger_id, entry_id)
-        with self._lock:
-            batch = self._arrived_in_batch(key, batch_index) if batch_index >= 0 else None
-            record = self._inflight.get(key)
-            if record is not None:
-                return self._redelivery(key, record, batch_index)
-            if batch is not None:
-                if batch.acked >> batch_index & 1:
-                    self._dropped += 1
-                    return Verdict.ACKED
-                batch.seen = max(batch.seen, batch_index)
-            if self.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
-                self._held_back += 1
-                return Verdict.HOLD
-        return Verdict.DELIVER
-
-    def _arrived_in_batch(self, key: tuple[str, int, int], batch_index: int) -> _Batch:
-        """Follow the native queue's position (lock held): leaving an entry tells its batch size."""
-        topic, ledger_id, entry_id = key
-        previous = self._cursor.get(topic)
-        if previous is not None and previous[:2] != (ledger_id, entry_id):
-            left_key = (topic, previous[0], previous[1])
-            left = self._batches.get(left_key)
-            if left is not None and left.size is None:
-                left.size = previous[2] + 1
-                self._settle(left_key, left)
-        self._cursor[topic] = (ledger_id, entry_id, batch_index)
-        return self._batch(key, seen=-1)
-
-    def _redelivery(self, key: tuple[str, int, int], record: _Forwarded, batch_index: int) -> Verdict:
-        """A message of an entry we forwarded (lock held)."""
-        if batch_index < 0:  # a non-batched message: the redelivery is complete
-            del self._inflight[key]
-            self._delivered(record, 0)
-            return Verdict.DELIVER
-        bit = 1 << batch_index
-        if record.batch.acked & bit:
-            self._dropped += 1
-            return Verdict.ACKED
-        if (record.expected == -1 or record.expected & bit) and not record.delivered & bit:
-            record.delivered |= bit
-            self._delivered(record, bit)
-            return Verdict.DELIVER
-        topic, ledger_id, entry_id = key
-        if self.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
-            self._held_back += 1  # a sibling whose own nack is due later
-            return Verdict.HOLD
-        if batch_index <= record.batch.seen:
-            self._dropped += 1  # the application holds (or was handed again) a copy of it
-            return Verdict.DUPLICATE
-        record.batch.seen = batch_index  # a sibling the application has not seen yet: its first delivery
-        return Verdict.DELIVER
-
-    def _delivered(self, record: _Forwarded, bit: int) -> None:
-        self._redelivered += 1
-        self._lateness.append(self._clock() - record.target_of(bit))
-
-    def on_ack(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> None:
-        """Record an acked batch message, so copies of it are acked rather than handed out again. O(1)."""
-        if batch_index < 0:
-            return
-        key = (topic, ledger_id, entry_id)
-        with self._lock:
-            batch = self._batch(key, seen=_ALL_SEEN)
-            batch.acked |= 1 << batch_index
-            self._settle(key, batch)
+            self._sweep = None
+            sweep_at = self.arrivals.sweep_due
+            if sweep_at is not None and not self._closed:
+                self._sweep = self._wheel.schedule(max(sweep_at, self._clock()) + 1, self._sweep_arrivals)
 
     # -- lifecycle and stats --------------------------------------------------------------------------
 
@@ -401,14 +253,18 @@ class NackTracker:
         self._closed = True
         with self._lock:
             armed = list(self._armed.values())
-            if self._compaction is not None:
-                armed.append(self._compaction)
+            armed.extend(t for t in (self._compaction, self._sweep) if t is not None)
             self._armed.clear()
         for timeout in armed:
             timeout.cancel()
         if self._owns_wheel:
             self._wheel.close()
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every pending nack and what the arrival filter knows (a seek; close)."""
         self.index.clear()
+        self.arrivals.clear()
 
     @property
     def closed(self) -> bool:
@@ -416,17 +272,20 @@ class NackTracker:
 
     def stats(self, with_memory: bool = True) -> NackStats:
         """Counters, pending state and lateness percentiles. O(1), or O(index objects) ``with_memory``."""
-        samples = np.fromiter(self._lateness, dtype=float)
+        samples = np.array(list(self.arrivals.lateness), dtype=float)  # list(): one atomic copy
         p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
+        counts = self.arrivals.counts()
         return NackStats(
             pending=len(self.index),
             buckets=self.index.bucket_count,
             memory_bytes=self.index.memory_usage().total_bytes if with_memory else 0,
             nacked=self.index.added,
             forwarded=self._forwarded,
-            redelivered=self._redelivered,
-            held_back=self._held_back,
-            dropped=self._dropped,
+            redelivered=counts.redelivered,
+            held_back=counts.held_back,
+            dropped=counts.dropped,
+            reforwarded=counts.reforwarded,
+            abandoned=counts.abandoned,
             lateness_p50_ms=p50,
             lateness_p99_ms=p99,
         )

@@ -113,7 +113,11 @@ def test_flush_everything_and_close() -> None:
     h.tracker.close()  # idempotent
 
 
-# -- arrivals --------------------------------------------------------------------------------------
+# -- arrivals (the filter itself: tests/test_arrivals.py) ------------------------------------------
+
+
+def arrive(h: Harness, ledger_id: int, entry_id: int, batch_index: int = -1, size: int = 3) -> Verdict:
+    return h.tracker.arrivals.admit(ledger_id, entry_id, batch_index, "", lambda: size)
 
 
 def test_arrival_verdicts_for_a_batch() -> None:
@@ -122,52 +126,34 @@ def test_arrival_verdicts_for_a_batch() -> None:
     application (so this copy of the entry can complete), and a second copy of msg0 waits for its ack."""
     h = Harness(precision_bits=0)
     start = h.clock.now
+    for batch_index in range(3):
+        assert arrive(h, 5, 9, batch_index) is Verdict.DELIVER
     h.tracker.schedule(start + 1_000, 5, 9, batch_index=0)
     h.tracker.schedule(start + 5_000, 5, 9, batch_index=1)
-    h.tracker.on_ack(5, 9, batch_index=2)
+    assert h.tracker.acked(5, 9, batch_index=2) == []
     h.run_until(start + 1_000)
     assert h.forwards[0][1] == [("", 5, 9, (0,))]
-    assert h.tracker.on_arrival(5, 9, 0) is Verdict.DELIVER
-    assert h.tracker.on_arrival(5, 9, 1) is Verdict.HOLD
-    assert h.tracker.on_arrival(5, 9, 2) is Verdict.ACKED
-    assert h.tracker.on_arrival(5, 9, 0) is Verdict.DUPLICATE, "handed out once per redelivery"
-    h.tracker.on_ack(5, 9, batch_index=0)
+    assert arrive(h, 5, 9, 0) is Verdict.DELIVER
+    assert arrive(h, 5, 9, 1) is Verdict.HOLD
+    assert arrive(h, 5, 9, 2) is Verdict.ACKED
+    assert arrive(h, 5, 9, 0) is Verdict.DUPLICATE, "handed out once per redelivery"
+    h.tracker.acked(5, 9, batch_index=0)
     h.run_until(start + 5_000)
     assert h.forwards[1][1] == [("", 5, 9, (1,))]
-    assert h.tracker.on_arrival(5, 9, 0) is Verdict.ACKED
-    assert h.tracker.on_arrival(5, 9, 1) is Verdict.DELIVER
-    assert h.tracker.on_arrival(5, 9, 2) is Verdict.ACKED
+    assert arrive(h, 5, 9, 0) is Verdict.ACKED
+    assert arrive(h, 5, 9, 1) is Verdict.DELIVER
+    assert arrive(h, 5, 9, 2) is Verdict.ACKED
     stats = h.tracker.stats()
     assert (stats.redelivered, stats.held_back, stats.dropped) == (2, 1, 4)
-
-
-def test_unseen_siblings_are_delivered_and_settled_batches_forgotten() -> None:
-    """Siblings whose first copies were still queued when the entry came back are handed out (once);
-    a batch whose every message is acked is forgotten once the queue has moved past it."""
-    h = Harness(precision_bits=0)
-    start = h.clock.now
-    assert h.tracker.on_arrival(7, 1, 0) is Verdict.DELIVER  # msg0 out; msg1, msg2 still queued
-    h.tracker.schedule(start + 500, 7, 1, batch_index=0)
-    h.run_until(start + 500)
-    assert h.tracker.on_arrival(7, 1, 0) is Verdict.DELIVER  # the redelivered copy
-    assert h.tracker.on_arrival(7, 1, 1) is Verdict.DELIVER  # never seen: its first delivery
-    assert h.tracker.on_arrival(7, 1, 2) is Verdict.DELIVER
-    assert h.tracker.on_arrival(7, 1, 1) is Verdict.DUPLICATE  # the queued first copy, later
-    assert h.tracker.on_arrival(7, 1, 2) is Verdict.DUPLICATE
-    for batch_index in range(3):
-        h.tracker.on_ack(7, 1, batch_index)
-    assert h.tracker.on_arrival(8, 0, 0) is Verdict.DELIVER  # the queue moves on: entry 1 had 3 messages
-    h.run_until(start + 500 + h.tracker.inflight_ttl_ms + 1)
-    assert (topic_ledger_entry := ("", 7, 1)) not in h.tracker._batches, topic_ledger_entry
 
 
 def test_early_arrivals_are_held_and_new_messages_pass() -> None:
     h = Harness()
     h.tracker.schedule(h.clock.now + 10_000, 3, 4)
-    assert h.tracker.on_arrival(3, 4) is Verdict.HOLD
-    assert h.tracker.on_arrival(3, 5) is Verdict.DELIVER
-    assert h.tracker.on_arrival(4, 4) is Verdict.DELIVER
-    assert h.tracker.on_arrival(3, 4, topic="other") is Verdict.DELIVER
+    assert arrive(h, 3, 4) is Verdict.HOLD
+    assert arrive(h, 3, 5) is Verdict.DELIVER
+    assert arrive(h, 4, 4) is Verdict.DELIVER
+    assert h.tracker.arrivals.admit(3, 4, -1, "other", lambda: 0) is Verdict.DELIVER
 
 
 def test_lateness_is_measured_against_the_bucket() -> None:
@@ -175,18 +161,25 @@ def test_lateness_is_measured_against_the_bucket() -> None:
     start = h.clock.now
     h.tracker.schedule(start + 1_000, 1, 1)
     h.run_until(start + 1_000 + 3)  # the redelivery reaches the app 3 ms after the bucket time
-    assert h.tracker.on_arrival(1, 1) is Verdict.DELIVER
+    assert arrive(h, 1, 1) is Verdict.DELIVER
     stats = h.tracker.stats()
     assert stats.lateness_p50_ms == pytest.approx(3.0)
 
 
-def test_inflight_records_expire() -> None:
+def test_a_forward_whose_copy_never_comes_is_repeated_then_abandoned() -> None:
+    """A redelivery request lost with a broker connection: forwarded again after ``linger_ms``, at most
+    ``max_reforwards`` times, then counted as abandoned (and the state is gone)."""
     h = Harness(precision_bits=0)
     start = h.clock.now
-    h.tracker.schedule(start + 200, 1, 1, batch_index=0)
-    h.run_until(start + 200 + h.tracker.inflight_ttl_ms + 10)
-    assert not h.tracker._inflight
-    assert h.tracker.on_arrival(1, 1, 0) is Verdict.DELIVER, "long after: treated as a new delivery"
+    h.tracker.schedule(start + 200, 1, 1)
+    linger = h.tracker.arrivals.linger_ms
+    h.run_until(start + 200 + (linger + 1_000) * 5)
+    forwards = [at for at, ids in h.forwards if ids == [("", 1, 1, None)]]
+    assert len(forwards) == 1 + h.tracker.arrivals.max_reforwards
+    stats = h.tracker.stats()
+    assert (stats.reforwarded, stats.abandoned) == (h.tracker.arrivals.max_reforwards, 1)
+    assert h.tracker.arrivals.idle
+    assert arrive(h, 1, 1) is Verdict.DELIVER, "long after: treated as a new delivery"
 
 
 # -- backoff and limits ----------------------------------------------------------------------------

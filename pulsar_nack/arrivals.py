@@ -1,0 +1,425 @@
+"""The arrival filter: which copies of a message the application is handed.
+
+The broker may deliver a message several times: the copy the application got first, the copy a
+forwarded nack asked for, the whole batch again when one of its messages is redelivered, and copies
+after a reconnect or an ack timeout. :class:`ArrivalFilter` decides for each arrival, from state that
+does not depend on arrival order or on which thread received the message:
+
+* a message **in flight** (its nack was forwarded) is handed out once, by the first copy that arrives
+  no earlier than its bucket time *and* at least :data:`NATIVE_MIN_DELAY_MS` after the forward (the
+  native client never asks the broker sooner, so an earlier copy was requested for something else);
+  a copy of our own forward that still comes early schedules the message again;
+* a message whose nack is **pending** is held back: it comes back when due;
+* a batch message the application **acked** is acked again on this copy and not handed out;
+* a batch message the application **holds** (another copy was handed out) is parked and acked when the
+  application acks its own copy: without batch-index acks the broker acks an entry only when every
+  message of one delivered copy is acked, so every copy we do not hand out must be completed for it;
+* anything else is a first delivery.
+
+Batched entries are followed while the application has any unacked message of them, plus
+``linger_ms`` after their last forward (copies may still be on their way). A batch's size is read from
+the message id (:func:`pulsar_nack.native.batch_size`), never inferred from arrival order.
+
+All methods are O(1) in the number of pending nacks and buckets (dict and Roaring-bitmap lookups) and
+thread-safe (one lock; no calls into the native client while it is held).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyroaring import BitMap
+
+__all__ = ["NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
+
+#: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp): a copy a forward
+#: asked for never arrives sooner after the forward.
+NATIVE_MIN_DELAY_MS = 100
+
+Key = tuple[str, int, int]  # (topic, ledger id, entry id)
+
+
+class Verdict(enum.Enum):
+    """What to do with a message that just arrived from the broker."""
+
+    DELIVER = "deliver"  # hand it to the application
+    HOLD = "hold"  # its nack is pending (or this copy is early): it comes back when due
+    ACKED = "acked"  # the application acked this message: ack this copy too, don't hand it out
+    DUPLICATE = "duplicate"  # the application holds another copy: ack this one when it acks that
+
+
+_NEVER = float("inf")
+
+
+class _Flight:
+    """One forwarded message (or non-batched entry) until a copy of it has been handed out."""
+
+    __slots__ = ("acked", "at", "reforwards", "target")
+    reforwards: int
+
+    def __init__(self, at: float, target: int, previous: _Flight | None) -> None:
+        self.at = at  # when it was forwarded (clock ms); _NEVER while a new forward is awaited
+        self.target = target  # the bucket time it was due at: never hand it out earlier
+        # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
+        self.reforwards = previous.reforwards + 1 if previous is not None and previous.at == _NEVER else 0
+        self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
+
+
+class _Entry:
+    """A batched entry: what the application holds, acked, and has pending or in flight."""
+
+    __slots__ = ("acked", "flights", "last_forward", "out", "parked", "pending", "size")
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size  # messages in the batch; None until a message of it has been seen
+        self.out = 0  # bitmask: batch indexes handed to the application
+        self.acked = 0  # bitmask: acked by the application
+        self.pending = 0  # bitmask: nack pending in the index
+        self.flights: dict[int, _Flight] | None = None  # batch index → its forward
+        self.parked: dict[int, list[Any]] | None = None  # batch index → copies to ack with the app's
+        self.last_forward = -float("inf")
+
+    def settled(self, now: float, linger_ms: float) -> bool:
+        """Every message acked and no copy of a recent forward still expected."""
+        return (
+            self.size is not None
+            and self.acked == (1 << self.size) - 1
+            and not self.pending
+            and not self.flights
+            and now - self.last_forward >= linger_ms
+        )
+
+
+@dataclass(frozen=True)
+class FilterCounts:
+    """Counters of an :class:`ArrivalFilter` (since it was made)."""
+
+    redelivered: int  # copies handed out for a forwarded nack
+    held_back: int  # copies not handed out because their nack is pending or they came early
+    dropped: int  # copies not handed out because the application acked or holds the message
+    reforwarded: int  # forwards repeated because their copy came early or not at all
+    abandoned: int  # forwards given up after ``max_reforwards`` (logged; the broker still has them)
+    open_entries: int  # batched entries followed
+    in_flight: int  # forwarded messages not handed out yet
+
+
+class ArrivalFilter:
+    """Classifies arrivals (:meth:`admit`) from nacks, forwards and acks. See the module docstring.
+
+    ``reschedule(due_ms, ledger_id, entry_id, batch_index, topic)`` files a message for a new forward
+    (the tracker's schedule); it is called without the filter's lock held.
+    """
+
+    def __init__(
+        self,
+        reschedule: Callable[[float, int, int, int, str], object],
+        *,
+        clock: Callable[[], float],
+        linger_ms: float = 30_000.0,
+        max_reforwards: int = 3,
+        lateness_window: int = 4096,
+    ) -> None:
+        self._reschedule = reschedule
+        self._clock = clock
+        self.linger_ms = float(linger_ms)
+        self.max_reforwards = max_reforwards
+        self._lock = threading.Lock()
+        self._entries: dict[Key, _Entry] = {}  # batched entries
+        self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
+        self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
+        self._forwards: deque[tuple[float, Key, int]] = deque()  # (forwarded at, key, batch index), in order
+        self.lateness: deque[float] = deque(maxlen=lateness_window)
+        self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
+        return not (self._entries or self._flights or self._pending)
+
+    # -- what the tracker tells it -------------------------------------------------------------------
+
+    def pending(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
+        """A nack is about to be filed in the index. Returns False (file nothing) for a batch message the
+        application has already acked. O(1)."""
+        with self._lock:
+            if batch_index < 0:
+                bitmap = self._pending.get((topic, ledger_id))
+                if bitmap is None:
+                    bitmap = self._pending[(topic, ledger_id)] = BitMap()
+                bitmap.add(entry_id)
+                return True
+            key = (topic, ledger_id, entry_id)
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = _Entry(None)
+            bit = 1 << batch_index
+            if entry.acked & bit:
+                return False
+            entry.pending |= bit
+            entry.out |= bit
+            return True
+
+    def withdraw(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
+        """Undo :meth:`pending` (the index rejected the id). O(1)."""
+        with self._lock:
+            if batch_index < 0:
+                bitmap = self._pending.get((topic, ledger_id))
+                if bitmap is not None:
+                    bitmap.discard(entry_id)
+                    if not bitmap:
+                        del self._pending[(topic, ledger_id)]
+            else:
+                entry = self._entries.get((topic, ledger_id, entry_id))
+                if entry is not None:
+                    entry.pending &= ~(1 << batch_index)
+
+    def forwarded(
+        self,
+        topic: str,
+        ledger_id: int,
+        entry_ids: Iterable[int],
+        batch_indexes: Mapping[int, tuple[int, ...]],
+        now: float,
+        target: int,
+    ) -> None:
+        """Entries of one ledger went to the native client at ``now`` for bucket time ``target``.
+        O(entries + batch indexes)."""
+        with self._lock:
+            bitmap = self._pending.get((topic, ledger_id))
+            forwards = self._forwards
+            for entry_id in entry_ids:
+                key = (topic, ledger_id, entry_id)
+                if bitmap is not None:
+                    bitmap.discard(entry_id)
+                entry = self._entries.get(key)
+                if entry is None:  # a non-batched message
+                    self._flights[key] = _Flight(now, target, self._flights.get(key))
+                    forwards.append((now, key, -1))
+                    continue
+                indexes = batch_indexes.get(entry_id)
+                if indexes is not None:
+                    mask = sum(1 << i for i in indexes)
+                elif entry.size is not None:
+                    mask = (1 << entry.size) - 1  # the whole entry was nacked
+                else:
+                    mask = entry.pending | entry.out
+                entry.pending &= ~mask
+                flights = entry.flights if entry.flights is not None else {}
+                entry.flights = flights
+                for index in _bits(mask & ~entry.acked):
+                    flights[index] = _Flight(now, target, flights.get(index))
+                    forwards.append((now, key, index))
+                entry.last_forward = now
+            if bitmap is not None and not bitmap:
+                del self._pending[(topic, ledger_id)]
+
+    # -- arrivals and acks ---------------------------------------------------------------------------
+
+    def admit(
+        self, ledger_id: int, entry_id: int, batch_index: int, topic: str, size: Callable[[], int]
+    ) -> Verdict:
+        """Classify one arrival. ``size()`` reads the batch size from the message id; it is called at most
+        once per batched entry, outside the lock. O(1)."""
+        key = (topic, ledger_id, entry_id)
+        now = self._clock()
+        again: _Flight | None = None
+        if batch_index >= 0:
+            known = self._entries.get(key)
+            batch_size = size() if known is None or known.size is None else known.size
+        with self._lock:
+            if batch_index < 0:
+                flight = self._flights.get(key)
+                if flight is not None:
+                    verdict, again = self._landed(flight, now)
+                    if verdict is Verdict.DELIVER:
+                        del self._flights[key]
+                else:
+                    bitmap = self._pending.get((topic, ledger_id))
+                    verdict = Verdict.HOLD if bitmap is not None and entry_id in bitmap else Verdict.DELIVER
+            else:
+                entry = self._entries.get(key)
+                if entry is None:
+                    entry = self._entries[key] = _Entry(batch_size)
+                elif entry.size is None:
+                    entry.size = batch_size
+                bit = 1 << batch_index
+                flight = entry.flights.get(batch_index) if entry.flights else None
+                if entry.acked & bit:
+                    verdict = Verdict.ACKED
+                elif flight is not None:
+                    verdict, again = self._landed(flight, now)
+                    if verdict is Verdict.DELIVER:
+                        del entry.flights[batch_index]  # type: ignore[union-attr]
+                        entry.out |= bit
+                elif entry.pending & bit:
+                    verdict = Verdict.HOLD
+                elif entry.out & bit:
+                    verdict = Verdict.DUPLICATE
+                else:
+                    entry.out |= bit
+                    verdict = Verdict.DELIVER
+            if verdict is Verdict.HOLD:
+                self._held_back += 1
+            elif verdict is not Verdict.DELIVER:
+                self._dropped += 1
+        if again is not None:  # a copy of our forward, but early: forward again so the next lands in time
+            self._reschedule(again.target + (now - again.at), ledger_id, entry_id, batch_index, topic)
+        return verdict
+
+    def _landed(self, flight: _Flight, now: float) -> tuple[Verdict, _Flight | None]:
+        """A copy of an in-flight message (lock held): hand it out, or hold it (and maybe re-forward)."""
+        if flight.acked:
+            return Verdict.ACKED, None
+        asked_by_us = now >= flight.at + NATIVE_MIN_DELAY_MS
+        if asked_by_us and now >= flight.target:
+            self._redelivered += 1
+            self.lateness.append(now - flight.target)
+            return Verdict.DELIVER, None
+        if asked_by_us:
+            # The copy our forward asked for came before the bucket time (the native delay is shorter
+            # than assumed): forward again, as much earlier as this copy came.
+            self._reforwarded += 1
+            again = _Flight(flight.at, flight.target, None)
+            flight.at = _NEVER  # waiting for the new forward, which replaces this flight
+            return Verdict.HOLD, again
+        return Verdict.HOLD, None  # asked for by something else (a sibling, a reconnect): ours follows
+
+    def park(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, copy: Any) -> bool:
+        """Keep a ``DUPLICATE`` copy until the application acks its own. False if the application has
+        acked it meanwhile (the caller acks the copy now). O(1)."""
+        with self._lock:
+            entry = self._entries.get((topic, ledger_id, entry_id))
+            if entry is None or entry.acked >> batch_index & 1:
+                return False
+            parked = entry.parked if entry.parked is not None else {}
+            entry.parked = parked
+            parked.setdefault(batch_index, []).append(copy)
+            return True
+
+    def acked(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> tuple[list[Any], bool]:
+        """The application acked this message. Returns parked copies to ack along with it, and whether
+        a nack of it was pending (the caller removes it from the index). O(1)."""
+        key = (topic, ledger_id, entry_id)
+        with self._lock:
+            if batch_index < 0:
+                flight = self._flights.get(key)
+                if flight is not None:
+                    flight.acked = True  # a copy may still come: ack it, don't hand it out
+                bitmap = self._pending.get((topic, ledger_id))
+                if bitmap is None or entry_id not in bitmap:
+                    return [], False
+                bitmap.discard(entry_id)
+                if not bitmap:
+                    del self._pending[(topic, ledger_id)]
+                return [], True
+            entry = self._entries.get(key)
+            if entry is None:
+                return [], False  # acked twice, after the entry settled
+            bit = 1 << batch_index
+            entry.acked |= bit
+            was_pending = bool(entry.pending & bit)
+            entry.pending &= ~bit
+            flight = entry.flights.get(batch_index) if entry.flights else None
+            if flight is not None:
+                flight.acked = True
+            copies = entry.parked.pop(batch_index, []) if entry.parked else []
+            if entry.settled(self._clock(), self.linger_ms):
+                del self._entries[key]
+            return copies, was_pending
+
+    # -- housekeeping ---------------------------------------------------------------------------------
+
+    def sweep(self) -> list[tuple[float, int, int, int, str]]:
+        """Retire forwards older than ``linger_ms`` and the entries they kept; returns ids to forward
+        again (due now) because their copy never came — a redelivery request lost with a broker
+        connection — at most ``max_reforwards`` times per message, then counted as abandoned.
+        Amortized O(1) per forward."""
+        now = self._clock()
+        horizon = now - self.linger_ms
+        again: list[tuple[float, int, int, int, str]] = []
+        with self._lock:
+            forwards = self._forwards
+            while forwards and forwards[0][0] <= horizon:
+                at, key, index = forwards.popleft()
+                if index < 0:
+                    flight = self._flights.get(key)
+                    if flight is not None and flight.at == at and self._retire(flight, key, index, again):
+                        del self._flights[key]
+                    continue
+                entry = self._entries.get(key)
+                if entry is None:
+                    continue
+                flight = entry.flights.get(index) if entry.flights else None
+                if flight is not None and flight.at == at and self._retire(flight, key, index, again):
+                    del entry.flights[index]  # type: ignore[union-attr]
+                if entry.settled(now, self.linger_ms):
+                    del self._entries[key]
+        return again
+
+    def _retire(
+        self, flight: _Flight, key: Key, index: int, again: list[tuple[float, int, int, int, str]]
+    ) -> bool:
+        """An old flight (lock held): True to forget it; else it is forwarded again (added to ``again``)."""
+        if flight.acked:
+            return True
+        if flight.reforwards >= self.max_reforwards:
+            self._abandoned += 1
+            return True
+        self._reforwarded += 1
+        flight.at = _NEVER  # the new forward replaces it, counting on
+        again.append((self._clock(), key[1], key[2], index, key[0]))
+        return False
+
+    @property
+    def sweep_due(self) -> float | None:
+        """When :meth:`sweep` has something to do (clock ms), or None."""
+        forwards = self._forwards
+        return forwards[0][0] + self.linger_ms if forwards else None
+
+    def forget_holdings(self) -> None:
+        """The application's unacked copies are void (``redeliver_unacknowledged_messages``): the broker
+        sends them again and they are handed out again. Pending nacks stay pending."""
+        with self._lock:
+            for entry in self._entries.values():
+                entry.out = entry.acked | entry.pending
+                entry.parked = None
+
+    def clear(self) -> None:
+        """Forget everything (seek, close)."""
+        with self._lock:
+            self._entries.clear()
+            self._flights.clear()
+            self._pending.clear()
+            self._forwards.clear()
+
+    def counts(self) -> FilterCounts:
+        return FilterCounts(
+            redelivered=self._redelivered,
+            held_back=self._held_back,
+            dropped=self._dropped,
+            reforwarded=self._reforwarded,
+            abandoned=self._abandoned,
+            open_entries=len(self._entries),
+            in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
+        )
+
+    def memory_objects(self) -> Iterator[object]:
+        """The filter's own containers, for memory accounting."""
+        yield self._entries
+        yield self._flights
+        yield self._pending
+
+
+def _bits(mask: int) -> Iterator[int]:
+    """The set bit positions of ``mask``, lowest first."""
+    index = 0
+    while mask:
+        if mask & 1:
+            yield index
+        mask >>= 1
+        index += 1

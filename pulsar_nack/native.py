@@ -1,0 +1,109 @@
+"""The one module that knows the official client's native (C++) objects.
+
+* :func:`message_id_of` — the ``_pulsar.MessageId`` behind whatever the official consumers accept;
+* :func:`ids_of` — a message's (ledger, entry, batch index, topic), read once when it arrives;
+* :func:`batch_size` — a batch's size, from the id's serialized ``MessageIdData`` (field 6), because no
+  getter exposes it and arrival order cannot tell it (several threads receive from one queue);
+* :func:`forward` — due entries → one native ``negative_acknowledge`` per entry, the only per-id
+  redelivery request the Python client has (ids rebuilt with their topic: a multi-topic consumer
+  silently drops a rebuilt id without one).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import _pulsar
+import pulsar
+
+from pulsar_nack.index import DueIds
+
+__all__ = ["batch_size", "forward", "ids_of", "message_id_of"]
+
+_PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
+_BATCH_SIZE_FIELD = 6  # MessageIdData.batch_size
+
+
+def message_id_of(message: Any) -> tuple[Any, Any] | None:
+    """``(_pulsar.MessageId, _pulsar.Message or None)`` of what the official consumers accept for (n)acks:
+    a ``pulsar.Message``, ``_pulsar.Message``, ``pulsar.MessageId`` or ``_pulsar.MessageId``; None for
+    anything else. O(1)."""
+    if isinstance(message, pulsar.Message):
+        message = message._message
+    if isinstance(message, _pulsar.Message):
+        return message.message_id(), message
+    if isinstance(message, pulsar.MessageId):
+        return message._msg_id, None
+    if isinstance(message, _pulsar.MessageId):
+        return message, None
+    return None
+
+
+def ids_of(inner: Any) -> tuple[Any, int, int, int, str]:
+    """``(message id, ledger, entry, batch index, topic)`` of a ``_pulsar.Message``: five native calls."""
+    message_id = inner.message_id()
+    return (
+        message_id,
+        message_id.ledger_id(),
+        message_id.entry_id(),
+        message_id.batch_index(),
+        inner.topic_name(),
+    )
+
+
+def batch_size(message_id: Any) -> int:
+    """The number of messages in the batch of a batched ``_pulsar.MessageId``, from its serialized
+    ``MessageIdData``; 0 if the id does not carry it. O(length of the id)."""
+    return _varint_field(message_id.serialize(), _BATCH_SIZE_FIELD)
+
+
+def _varint_field(data: bytes, field: int) -> int:
+    """The value of varint ``field`` in a protobuf message (0 if absent); skips other wire types."""
+    position, end = 0, len(data)
+    while position < end:
+        tag, position = _varint(data, position)
+        wire_type = tag & 7
+        if wire_type == 0:
+            value, position = _varint(data, position)
+            if tag >> 3 == field:
+                return value
+        elif wire_type == 2:
+            length, position = _varint(data, position)
+            position += length
+        elif wire_type == 1:
+            position += 8
+        elif wire_type == 5:
+            position += 4
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire_type} in a message id")
+    return 0
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
+def forward(consumer: Any, due: Sequence[DueIds]) -> int:
+    """Ask the native ``consumer`` (a ``_pulsar.Consumer``) to redeliver every due entry, one native nack
+    per entry; returns how many. O(due entries)."""
+    nack = consumer.negative_acknowledge
+    count = 0
+    for ids in due:
+        match = _PARTITION_SUFFIX.search(ids.topic)
+        partition = int(match.group(1)) if match else -1
+        for entry_id in ids.entry_ids.tolist():
+            message_id = _pulsar.MessageId(partition, ids.ledger_id, entry_id, -1)
+            if ids.topic:
+                message_id.topic_name(ids.topic)
+            nack(message_id)
+            count += 1
+    return count

@@ -1,0 +1,145 @@
+"""ArrivalFilter without a broker: which copies are handed out, whatever the arrival order."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make() -> tuple[ArrivalFilter, Clock, list[tuple[float, int, int, int, str]]]:
+    clock = Clock()
+    refiled: list[tuple[float, int, int, int, str]] = []
+    arrivals = ArrivalFilter(lambda *ids: refiled.append(ids), clock=clock, linger_ms=1_000)
+    return arrivals, clock, refiled
+
+
+def admit(arrivals: ArrivalFilter, entry: int, index: int = -1, size: int = 10, ledger: int = 7) -> Verdict:
+    return arrivals.admit(ledger, entry, index, "t", lambda: size)
+
+
+def forward(
+    arrivals: ArrivalFilter, clock: Clock, entry: int, indexes: tuple[int, ...] | None, target: float
+) -> None:
+    arrivals.forwarded("t", 7, [entry], {entry: indexes} if indexes else {}, clock.now, int(target))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(1, 12), st.integers(1, 12))
+def test_first_copies_are_handed_out_once_in_any_order(rng: random.Random, size_a: int, size_b: int) -> None:
+    """Two batches admitted in any interleaving (several receiver threads), then a second copy of each
+    message: every message is handed out exactly once; the second copies wait for the app's acks; once
+    everything is acked nothing is left (no batch size is inferred from the order)."""
+    arrivals, _, _ = make()
+    sizes = {1: size_a, 2: size_b}
+    firsts = [(e, i) for e, n in sizes.items() for i in range(n)]
+    rng.shuffle(firsts)
+    assert all(admit(arrivals, e, i, sizes[e]) is Verdict.DELIVER for e, i in firsts)
+    seconds = list(firsts)
+    rng.shuffle(seconds)
+    assert all(admit(arrivals, e, i, sizes[e]) is Verdict.DUPLICATE for e, i in seconds)
+    for e, i in seconds:
+        assert arrivals.park(7, e, i, "t", ("copy", e, i))
+    acks = list(firsts)
+    rng.shuffle(acks)
+    parked = [copy for e, i in acks for copy in arrivals.acked(7, e, i, "t")[0]]
+    assert sorted(parked) == sorted(("copy", e, i) for e, i in firsts), "every parked copy acked along"
+    assert arrivals.idle, "fully acked entries are forgotten"
+
+
+def test_a_sibling_is_never_handed_out_before_its_own_time() -> None:
+    """Issue 9, finding 2: m1 is due now, m0 later. The copy that comes for m1 holds m0 back; a copy
+    arriving just after m0's forward (asked for by someone else) does too; m0's own copy hands it out."""
+    arrivals, clock, refiled = make()
+    for index in range(3):
+        admit(arrivals, 1, index, size=3)
+    assert arrivals.pending(7, 1, 1, "t") and arrivals.pending(7, 1, 0, "t")
+    start = clock.now
+    forward(arrivals, clock, 1, (1,), target=start + 102)
+    clock.now = start + 103
+    assert admit(arrivals, 1, 0, 3) is Verdict.HOLD, "m0's nack is pending"
+    assert admit(arrivals, 1, 1, 3) is Verdict.DELIVER
+    clock.now = start + 1_000
+    forward(arrivals, clock, 1, (0,), target=start + 1_102)
+    clock.now = start + 1_050  # a copy asked for before m0's forward (another sibling, a reconnect)
+    assert admit(arrivals, 1, 0, 3) is Verdict.HOLD
+    assert refiled == [], "not our forward's copy: ours follows"
+    clock.now = start + 1_102
+    assert admit(arrivals, 1, 0, 3) is Verdict.DELIVER
+    assert admit(arrivals, 1, 0, 3) is Verdict.DUPLICATE, "once per nack"
+
+
+def test_an_early_copy_of_our_own_forward_is_held_and_forwarded_again() -> None:
+    """A wrapped consumer whose native delay is shorter than assumed: the copy comes before the bucket
+    time. It is held back, and the message is filed again as much earlier as the copy came."""
+    arrivals, clock, refiled = make()
+    assert arrivals.pending(7, 3, -1, "t")
+    start = clock.now
+    forward(arrivals, clock, 3, None, target=start + 60_000)  # assumed latency 60 s
+    clock.now = start + NATIVE_MIN_DELAY_MS + 2  # the native client asked after ~100 ms
+    assert admit(arrivals, 3) is Verdict.HOLD
+    assert refiled == [(start + 60_000 + NATIVE_MIN_DELAY_MS + 2, 7, 3, -1, "t")]
+    assert arrivals.counts().reforwarded == 1
+    assert admit(arrivals, 3) is Verdict.HOLD, "waiting for the new forward"
+    arrivals.pending(7, 3, -1, "t")
+    clock.now = start + 59_900
+    forward(arrivals, clock, 3, None, target=start + 60_000)
+    clock.now = start + 60_001
+    assert admit(arrivals, 3) is Verdict.DELIVER
+
+
+def test_copies_of_acked_and_nacked_messages() -> None:
+    """ack-then-nack of a batch message files nothing; nack-then-ack drops the pending nack; a copy of a
+    non-batched message acked while its forward was in flight is acked, not handed out."""
+    arrivals, clock, _ = make()
+    admit(arrivals, 1, 0, size=2)
+    admit(arrivals, 1, 1, size=2)
+    arrivals.acked(7, 1, 0, "t")
+    assert not arrivals.pending(7, 1, 0, "t"), "acked: nothing to redeliver"
+    assert arrivals.pending(7, 1, 1, "t")
+    assert arrivals.acked(7, 1, 1, "t") == ([], True), "the caller removes the pending nack"
+    assert arrivals.idle
+    arrivals.pending(7, 2, -1, "t")
+    forward(arrivals, clock, 2, None, target=clock.now + 102)
+    arrivals.acked(7, 2, -1, "t")
+    clock.now += 200
+    assert admit(arrivals, 2) is Verdict.ACKED
+
+
+def test_no_silent_limit_on_open_batches() -> None:
+    """More open batched entries than the old 100,000 limit: none is forgotten, so a copy of an acked
+    message is still recognised."""
+    arrivals, _, _ = make()
+    entries = 120_000
+    for entry in range(entries):
+        admit(arrivals, entry, 0, size=2)
+        arrivals.acked(7, entry, 0, "t")
+    assert arrivals.counts().open_entries == entries
+    assert admit(arrivals, 0, 0, size=2) is Verdict.ACKED
+    assert admit(arrivals, 0, 1, size=2) is Verdict.DELIVER
+
+
+def test_clear_and_forget_holdings() -> None:
+    """After a seek (clear) every message is new; after redeliver_unacknowledged_messages the app's
+    unacked copies are handed out again, acked ones are not."""
+    arrivals, _, _ = make()
+    admit(arrivals, 1, 0, size=2)
+    admit(arrivals, 1, 1, size=2)
+    arrivals.acked(7, 1, 0, "t")
+    arrivals.forget_holdings()
+    assert admit(arrivals, 1, 0, size=2) is Verdict.ACKED
+    assert admit(arrivals, 1, 1, size=2) is Verdict.DELIVER
+    arrivals.clear()
+    assert arrivals.idle
+    assert admit(arrivals, 1, 0, size=2) is Verdict.DELIVER
