@@ -54,6 +54,7 @@ class Verdict(enum.Enum):
 
 
 _NEVER = float("inf")
+_NEVER_FORWARDED = -float("inf")
 
 
 class _Flight:
@@ -82,16 +83,16 @@ class _Entry:
         self.pending = 0  # bitmask: nack pending in the index
         self.flights: dict[int, _Flight] | None = None  # batch index → its forward
         self.parked: dict[int, list[Any]] | None = None  # batch index → copies to ack with the app's
-        self.last_forward = -float("inf")
+        self.last_forward = _NEVER_FORWARDED
 
-    def settled(self, now: float, linger_ms: float) -> bool:
+    def settled(self, clock: Callable[[], float], linger_ms: float) -> bool:
         """Every message acked and no copy of a recent forward still expected."""
         return (
             self.size is not None
             and self.acked == (1 << self.size) - 1
             and not self.pending
             and not self.flights
-            and now - self.last_forward >= linger_ms
+            and (self.last_forward == _NEVER_FORWARDED or clock() - self.last_forward >= linger_ms)
         )
 
 
@@ -112,7 +113,8 @@ class ArrivalFilter:
     """Classifies arrivals (:meth:`admit`) from nacks, forwards and acks. See the module docstring.
 
     ``reschedule(due_ms, ledger_id, entry_id, batch_index, topic)`` files a message for a new forward
-    (the tracker's schedule); it is called without the filter's lock held.
+    (the tracker's schedule); it is called without the filter's lock held. ``batch_size(token)`` tells the
+    size of a batch from the ``token`` passed to :meth:`admit` (the message id).
     """
 
     def __init__(
@@ -120,12 +122,14 @@ class ArrivalFilter:
         reschedule: Callable[[float, int, int, int, str], object],
         *,
         clock: Callable[[], float],
+        batch_size: Callable[[Any], int] = int,
         linger_ms: float = 30_000.0,
         max_reforwards: int = 3,
         lateness_window: int = 4096,
     ) -> None:
         self._reschedule = reschedule
         self._clock = clock
+        self._batch_size = batch_size
         self.linger_ms = float(linger_ms)
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
@@ -143,26 +147,28 @@ class ArrivalFilter:
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
-    def pending(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
-        """A nack is about to be filed in the index. Returns False (file nothing) for a batch message the
-        application has already acked. O(1)."""
+    def pending(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool | None:
+        """A nack is about to be filed in the index. Returns None (file nothing) for a batch message the
+        application has already acked, else whether no part of the entry was pending before (the index
+        can then skip its dedupe: ``TimeBucketIndex.add(fresh=True)``). O(1)."""
         with self._lock:
+            key = (topic, ledger_id, entry_id)
+            entry = self._entries.get(key)
+            bitmap = self._pending.get((topic, ledger_id))
+            fresh = (bitmap is None or entry_id not in bitmap) and (entry is None or not entry.pending)
             if batch_index < 0:
-                bitmap = self._pending.get((topic, ledger_id))
                 if bitmap is None:
                     bitmap = self._pending[(topic, ledger_id)] = BitMap()
                 bitmap.add(entry_id)
-                return True
-            key = (topic, ledger_id, entry_id)
-            entry = self._entries.get(key)
+                return fresh
             if entry is None:
                 entry = self._entries[key] = _Entry(None)
             bit = 1 << batch_index
             if entry.acked & bit:
-                return False
+                return None
             entry.pending |= bit
             entry.out |= bit
-            return True
+            return fresh
 
     def withdraw(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """Undo :meth:`pending` (the index rejected the id). O(1)."""
@@ -220,21 +226,20 @@ class ArrivalFilter:
 
     # -- arrivals and acks ---------------------------------------------------------------------------
 
-    def admit(
-        self, ledger_id: int, entry_id: int, batch_index: int, topic: str, size: Callable[[], int]
-    ) -> Verdict:
-        """Classify one arrival. ``size()`` reads the batch size from the message id; it is called at most
-        once per batched entry, outside the lock. O(1)."""
+    def admit(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, token: Any) -> Verdict:
+        """Classify one arrival. ``batch_size(token)`` is called at most once per batched entry, outside
+        the lock. O(1)."""
         key = (topic, ledger_id, entry_id)
-        now = self._clock()
+        now = 0.0  # read only for copies of forwarded messages
         again: _Flight | None = None
         if batch_index >= 0:
             known = self._entries.get(key)
-            batch_size = size() if known is None or known.size is None else known.size
+            batch_size = self._batch_size(token) if known is None or known.size is None else known.size
         with self._lock:
             if batch_index < 0:
                 flight = self._flights.get(key)
                 if flight is not None:
+                    now = self._clock()
                     verdict, again = self._landed(flight, now)
                     if verdict is Verdict.DELIVER:
                         del self._flights[key]
@@ -252,6 +257,7 @@ class ArrivalFilter:
                 if entry.acked & bit:
                     verdict = Verdict.ACKED
                 elif flight is not None:
+                    now = self._clock()
                     verdict, again = self._landed(flight, now)
                     if verdict is Verdict.DELIVER:
                         del entry.flights[batch_index]  # type: ignore[union-attr]
@@ -328,7 +334,7 @@ class ArrivalFilter:
             if flight is not None:
                 flight.acked = True
             copies = entry.parked.pop(batch_index, []) if entry.parked else []
-            if entry.settled(self._clock(), self.linger_ms):
+            if entry.settled(self._clock, self.linger_ms):
                 del self._entries[key]
             return copies, was_pending
 
@@ -357,7 +363,7 @@ class ArrivalFilter:
                 flight = entry.flights.get(index) if entry.flights else None
                 if flight is not None and flight.at == at and self._retire(flight, key, index, again):
                     del entry.flights[index]  # type: ignore[union-attr]
-                if entry.settled(now, self.linger_ms):
+                if entry.settled(self._clock, self.linger_ms):
                     del self._entries[key]
         return again
 

@@ -33,15 +33,17 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.native import batch_size, forward, ids_of, message_id_of
+from pulsar_nack.native import batch_size, forward, message_id_of
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
 _MAX_LEDGER_TOPICS = 65_536
-#: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic).
+#: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic), or
+#: :data:`_UNTRACKED` for a non-batched message admitted while nothing was tracked (ids not read).
 _ADMITTED_IDS = "_pulsar_nack_ids"
+_UNTRACKED = ()
 
 OnClose = Literal["drop", "flush"]
 
@@ -128,12 +130,15 @@ class NackBridge:
         self._native = native
         self._topic = topic
         self._ledger_topics: dict[int, str] = {}
+        self._fixed_topic: str | None = None  # the topic of every message, once known to be one
         self.tracker = NackTracker(
             self._forward,
             precision_bits=options.precision_bits,
             rounding=options.rounding,
             native=options.native,
+            batch_size=batch_size,
         )
+        self._arrivals = self.tracker.arrivals
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -142,30 +147,19 @@ class NackBridge:
         ``delay_ms``, :class:`~pulsar_nack.DelayLimitExceeded` above the limit, ``RuntimeError`` once closed;
         nothing is filed then.
         """
-        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
-        if known is not None:  # a message we handed out: its ids are known, no calls into the client
-            ledger_id, entry_id, batch_index, topic = known
-            inner = message._message
-        else:
-            target = message_id_of(message)
-            if target is None:
-                raise TypeError(
-                    "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
-                    f"got {type(message).__name__}"
-                )
-            message_id, inner = target
-            ledger_id, entry_id = message_id.ledger_id(), message_id.entry_id()
-            batch_index = message_id.batch_index()
-            # Delivered messages taught us their ledger's topic: cheaper than asking the message for it.
-            topic = self._ledger_topics.get(ledger_id)
-            if topic is None:
-                topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
+        ids = self._ids(message)
+        if ids is None:
+            raise TypeError(
+                "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
+                f"got {type(message).__name__}"
+            )
+        ledger_id, entry_id, batch_index, topic = ids
         options = self.options
         if delay_ms is None and options.backoff is None and not options.max_redelivery_delay_ms:
             delay = float(options.redelivery_delay_ms)  # the common case, without the general path
         else:
-            counts = delay_ms is None and options.backoff is not None and inner is not None
-            delay = options.delay_for(delay_ms, inner.redelivery_count() if counts else 0)
+            counts = delay_ms is None and options.backoff is not None
+            delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
         tracker = self.tracker
         tracker.schedule(tracker._clock() + delay, ledger_id, entry_id, batch_index, topic)
 
@@ -189,44 +183,74 @@ class NackBridge:
 
     def admit(self, message: pulsar.Message) -> bool:
         """Whether the application gets this arrival; copies it does not get are acked now (it acked the
-        message) or parked to be acked with its own copy. Remembers the message's ids on it."""
+        message) or parked to be acked with its own copy. Remembers the message's ids on it.
+
+        The per-message path of every consumer, so it makes as few native calls as it can: two for a
+        non-batched message while nothing is pending or in flight, four for a batched one (five on a
+        multi-topic or partitioned consumer).
+        """
         inner = message._message
-        message_id, ledger_id, entry_id, batch_index, topic = ids_of(inner)
+        message_id = inner.message_id()
+        batch_index = message_id.batch_index()
+        arrivals = self._arrivals
+        if batch_index < 0 and arrivals.idle and self._fixed_topic is not None:
+            message.__dict__[_ADMITTED_IDS] = _UNTRACKED  # nothing can be a copy of it yet
+            return True
+        ledger_id = message_id.ledger_id()
+        topic = self._fixed_topic or self._learn_topic(ledger_id, inner.topic_name())
+        ids = (ledger_id, message_id.entry_id(), batch_index, topic)
+        # Remembered on the message, so nacking or acking it later needs no calls into the client.
+        message.__dict__[_ADMITTED_IDS] = ids
+        if batch_index < 0 and arrivals.idle:
+            return True
+        verdict = arrivals.admit(*ids, message_id)
+        if verdict is Verdict.DELIVER:
+            return True
+        if verdict is Verdict.ACKED or (verdict is Verdict.DUPLICATE and not arrivals.park(*ids, inner)):
+            self._native.acknowledge(inner)
+        return False
+
+    def _learn_topic(self, ledger_id: int, topic: str) -> str:
+        """Remember a ledger's topic (for nacks of bare ids); on a single-topic consumer, fix it."""
+        if self._fixed_topic is None and topic == self._topic:
+            self._fixed_topic = topic  # a single non-partitioned topic: no need to ask again
         ledger_topics = self._ledger_topics
         if ledger_id not in ledger_topics:
             if len(ledger_topics) >= _MAX_LEDGER_TOPICS:  # a cache: the oldest ledgers are done with
                 ledger_topics.pop(next(iter(ledger_topics)), None)
             ledger_topics[ledger_id] = topic
-        # Remembered on the message, so nacking or acking it later needs no calls into the client.
-        message.__dict__[_ADMITTED_IDS] = (ledger_id, entry_id, batch_index, topic)
-        arrivals = self.tracker.arrivals
-        if batch_index < 0 and arrivals.idle:
-            return True  # nothing pending or in flight: a non-batched message is new
-        verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, lambda: batch_size(message_id))
-        if verdict is Verdict.DELIVER:
-            return True
-        if verdict is Verdict.ACKED or (
-            verdict is Verdict.DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
-        ):
-            self._native.acknowledge(inner)
-        return False
+        return topic
+
+    def _ids(self, message: Any) -> tuple[int, int, int, str] | None:
+        """(ledger, entry, batch index, topic) of a message or id the application passes; None if it is
+        neither (the official client reports that)."""
+        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        if known is not None and known is not _UNTRACKED:
+            return known  # type: ignore[no-any-return]
+        target = message_id_of(message)
+        if target is None:
+            return None
+        message_id, inner = target
+        ledger_id = message_id.ledger_id()
+        topic = self._fixed_topic or self._ledger_topics.get(ledger_id)
+        if topic is None:
+            topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
+        return ledger_id, message_id.entry_id(), message_id.batch_index(), topic
 
     def note_ack(self, message: Any) -> None:
         """Tell the tracker about an ack (before it goes to the native client); ack parked copies with it."""
-        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
-        if known is not None:
-            ledger_id, entry_id, batch_index, topic = known
-        else:
-            target = message_id_of(message)
-            if target is None:
-                return  # the official client reports bad arguments
-            message_id, inner = target
-            ledger_id, entry_id = message_id.ledger_id(), message_id.entry_id()
-            batch_index = message_id.batch_index()
-            topic = inner.topic_name() if inner is not None else self._topic_of(ledger_id)
-        if batch_index < 0 and self.tracker.arrivals.idle:
+        arrivals = self._arrivals
+        if arrivals.idle and type(message) is pulsar.Message and (
+            message.__dict__.get(_ADMITTED_IDS) is _UNTRACKED
+        ):
+            return  # a non-batched message while nothing is tracked
+        ids = self._ids(message)
+        if ids is None or (ids[2] < 0 and arrivals.idle):
             return
-        for copy in self.tracker.acked(ledger_id, entry_id, batch_index, topic):
+        copies, was_pending = arrivals.acked(*ids)
+        if was_pending:
+            self.tracker.index.remove(*ids)
+        for copy in copies:
             self._native.acknowledge(copy)
 
     def reset(self) -> None:
@@ -483,6 +507,12 @@ def wrap(
     wrapped = NackConsumer()
     wrapped._attach(consumer, options)
     return wrapped
+
+
+def _redelivery_count(message: Any) -> int:
+    """The redelivery count of a message (0 for a bare id: the backoff starts over)."""
+    target = message_id_of(message)
+    return target[1].redelivery_count() if target is not None and target[1] is not None else 0
 
 
 def _check_delay(value: Any, name: str) -> float:

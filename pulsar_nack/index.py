@@ -251,6 +251,7 @@ class TimeBucketIndex:
         entry_id: int,
         batch_index: int = -1,
         topic: str = "",
+        fresh: bool = False,
     ) -> int:
         """Schedule one id; returns the bucket time it was filed under.
 
@@ -258,6 +259,9 @@ class TimeBucketIndex:
 
         ``batch_index`` -1 means the whole entry; ``>= 0`` one message of a batch. A pending whole entry
         covers its batch messages, so adding a batch message it covers is a no-op.
+        ``fresh``: the caller knows no part of this entry is pending, so the dedupe against the ledger's
+        other buckets is skipped — O(1) even for ids inside the ledger's pending range (the consumer's
+        arrival filter knows this for every nack). Wrong ``fresh`` makes an entry pending twice.
         Raises ``ValueError``/``TypeError`` naming the bad parameter; the index is then unchanged.
         """
         try:
@@ -297,7 +301,10 @@ class TimeBucketIndex:
                         return bucket
                 except OverflowError:  # pyroaring: negative or >= 2**32
                     self._reject(_bad_entry(entry_id))
-            self._add_checked(entry_id, batch_index)
+            if fresh:
+                self._insert(entry_id, self._checked_batch_index(batch_index))
+            else:
+                self._add_checked(entry_id, batch_index)
             self._added += 1
         return bucket
 
@@ -559,12 +566,7 @@ class TimeBucketIndex:
         assert bucket is not None
         if not 0 <= entry_id <= MAX_ENTRY_ID:
             self._reject(_bad_entry(entry_id))
-        if type(batch_index) is not int:
-            if isinstance(batch_index, bool) or not isinstance(batch_index, np.integer):
-                self._reject(TypeError(f"batch_index must be an int, got {type(batch_index).__name__}"))
-            batch_index = int(batch_index)
-        if batch_index < -1:
-            self._reject(ValueError(f"batch_index must be >= -1, got {batch_index}"))
+        batch_index = self._checked_batch_index(batch_index)
         for other, other_entries in list(self._holding(key, entry_id)):
             masks = self._members.get((other, key)) if self._members else None
             mask = masks.get(entry_id) if masks else None
@@ -591,7 +593,25 @@ class TimeBucketIndex:
             self._discard(other, key, other_entries, entry_id)
         # _discard may have emptied and dropped the cached slot; re-select it.
         topic, ledger_id = _split_key(key)
-        entries = self._select(bucket, ledger_id, topic)
+        self._select(bucket, ledger_id, topic)
+        self._insert(entry_id, batch_index)
+
+    def _checked_batch_index(self, batch_index: Any) -> int:
+        if type(batch_index) is not int:
+            if isinstance(batch_index, bool) or not isinstance(batch_index, np.integer):
+                self._reject(TypeError(f"batch_index must be an int, got {type(batch_index).__name__}"))
+            batch_index = int(batch_index)
+        if batch_index < -1:
+            self._reject(ValueError(f"batch_index must be >= -1, got {batch_index}"))
+        return int(batch_index)
+
+    def _insert(self, entry_id: int, batch_index: int) -> None:
+        """Put the id into the cached slot, no other bucket of the ledger holding it. O(1)."""
+        bucket, key = self._slot_bucket, self._slot_key
+        assert bucket is not None
+        if not 0 <= entry_id <= MAX_ENTRY_ID:
+            self._reject(_bad_entry(entry_id))
+        entries = self._slot_entries
         if entry_id in entries:
             masks = self._slot_members
             if masks is None or entry_id not in masks:

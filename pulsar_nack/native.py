@@ -1,7 +1,6 @@
 """The one module that knows the official client's native (C++) objects.
 
 * :func:`message_id_of` — the ``_pulsar.MessageId`` behind whatever the official consumers accept;
-* :func:`ids_of` — a message's (ledger, entry, batch index, topic), read once when it arrives;
 * :func:`batch_size` — a batch's size, from the id's serialized ``MessageIdData`` (field 6), because no
   getter exposes it and arrival order cannot tell it (several threads receive from one queue);
 * :func:`forward` — due entries → one native ``negative_acknowledge`` per entry, the only per-id
@@ -20,7 +19,7 @@ import pulsar
 
 from pulsar_nack.index import DueIds
 
-__all__ = ["batch_size", "forward", "ids_of", "message_id_of"]
+__all__ = ["batch_size", "forward", "message_id_of"]
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _BATCH_SIZE_FIELD = 6  # MessageIdData.batch_size
@@ -39,18 +38,6 @@ def message_id_of(message: Any) -> tuple[Any, Any] | None:
     if isinstance(message, _pulsar.MessageId):
         return message, None
     return None
-
-
-def ids_of(inner: Any) -> tuple[Any, int, int, int, str]:
-    """``(message id, ledger, entry, batch index, topic)`` of a ``_pulsar.Message``: five native calls."""
-    message_id = inner.message_id()
-    return (
-        message_id,
-        message_id.ledger_id(),
-        message_id.entry_id(),
-        message_id.batch_index(),
-        inner.topic_name(),
-    )
 
 
 def batch_size(message_id: Any) -> int:

@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -115,10 +116,17 @@ class NackTracker:
         clock: Callable[[], float] = monotonic_ms,
         wheel: TimerWheel | None = None,
         lateness_window: int = 4096,
+        batch_size: Callable[[Any], int] = int,
     ) -> None:
+        """``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
+        (see :class:`~pulsar_nack.arrivals.ArrivalFilter`)."""
         self.index = TimeBucketIndex(precision_bits, rounding)
         self.arrivals = ArrivalFilter(
-            self._refile, clock=clock, linger_ms=linger_ms, lateness_window=lateness_window
+            self._refile,
+            clock=clock,
+            batch_size=batch_size,
+            linger_ms=linger_ms,
+            lateness_window=lateness_window,
         )
         self._forward = forward
         self.native = native
@@ -144,10 +152,11 @@ class NackTracker:
         message the application has acked (nothing to redeliver). O(1) typically."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        if not self.arrivals.pending(ledger_id, entry_id, batch_index, topic):
+        fresh = self.arrivals.pending(ledger_id, entry_id, batch_index, topic)
+        if fresh is None:
             return None
         try:
-            bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic)
+            bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic, fresh=fresh)
         except BaseException:
             self.arrivals.withdraw(ledger_id, entry_id, batch_index, topic)
             raise

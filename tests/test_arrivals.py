@@ -26,7 +26,7 @@ def make() -> tuple[ArrivalFilter, Clock, list[tuple[float, int, int, int, str]]
 
 
 def admit(arrivals: ArrivalFilter, entry: int, index: int = -1, size: int = 10, ledger: int = 7) -> Verdict:
-    return arrivals.admit(ledger, entry, index, "t", lambda: size)
+    return arrivals.admit(ledger, entry, index, "t", size)
 
 
 def forward(
@@ -64,7 +64,8 @@ def test_a_sibling_is_never_handed_out_before_its_own_time() -> None:
     arrivals, clock, refiled = make()
     for index in range(3):
         admit(arrivals, 1, index, size=3)
-    assert arrivals.pending(7, 1, 1, "t") and arrivals.pending(7, 1, 0, "t")
+    assert arrivals.pending(7, 1, 1, "t") is True, "nothing of the entry pending: fresh"
+    assert arrivals.pending(7, 1, 0, "t") is False, "a sibling is pending: the index must dedupe"
     start = clock.now
     forward(arrivals, clock, 1, (1,), target=start + 102)
     clock.now = start + 103
@@ -84,7 +85,7 @@ def test_an_early_copy_of_our_own_forward_is_held_and_forwarded_again() -> None:
     """A wrapped consumer whose native delay is shorter than assumed: the copy comes before the bucket
     time. It is held back, and the message is filed again as much earlier as the copy came."""
     arrivals, clock, refiled = make()
-    assert arrivals.pending(7, 3, -1, "t")
+    assert arrivals.pending(7, 3, -1, "t") is True
     start = clock.now
     forward(arrivals, clock, 3, None, target=start + 60_000)  # assumed latency 60 s
     clock.now = start + NATIVE_MIN_DELAY_MS + 2  # the native client asked after ~100 ms
@@ -106,8 +107,8 @@ def test_copies_of_acked_and_nacked_messages() -> None:
     admit(arrivals, 1, 0, size=2)
     admit(arrivals, 1, 1, size=2)
     arrivals.acked(7, 1, 0, "t")
-    assert not arrivals.pending(7, 1, 0, "t"), "acked: nothing to redeliver"
-    assert arrivals.pending(7, 1, 1, "t")
+    assert arrivals.pending(7, 1, 0, "t") is None, "acked: nothing to redeliver"
+    assert arrivals.pending(7, 1, 1, "t") is True
     assert arrivals.acked(7, 1, 1, "t") == ([], True), "the caller removes the pending nack"
     assert arrivals.idle
     arrivals.pending(7, 2, -1, "t")

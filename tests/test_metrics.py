@@ -92,8 +92,8 @@ def test_exposition_text_has_every_gauge_and_counter() -> None:
     consumer.nack(10, 5000)
     consumer.advance(1000)  # entries 0-2 forwarded
     for entry_id in range(3):
-        consumer.tracker.arrivals.admit(7, entry_id, -1, consumer.topic(), lambda: 0)
-    consumer.tracker.arrivals.admit(7, 10, -1, consumer.topic(), lambda: 0)  # early: held back
+        consumer.tracker.arrivals.admit(7, entry_id, -1, consumer.topic(), 0)
+    consumer.tracker.arrivals.admit(7, 10, -1, consumer.topic(), 0)  # early: held back
     collector = NackCollector(consumer)
     text = generate_latest(registry_of(collector)).decode()
     assert "# TYPE pulsar_nack_nacked_total counter" in text

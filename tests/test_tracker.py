@@ -117,7 +117,7 @@ def test_flush_everything_and_close() -> None:
 
 
 def arrive(h: Harness, ledger_id: int, entry_id: int, batch_index: int = -1, size: int = 3) -> Verdict:
-    return h.tracker.arrivals.admit(ledger_id, entry_id, batch_index, "", lambda: size)
+    return h.tracker.arrivals.admit(ledger_id, entry_id, batch_index, "", size)
 
 
 def test_arrival_verdicts_for_a_batch() -> None:
@@ -153,7 +153,7 @@ def test_early_arrivals_are_held_and_new_messages_pass() -> None:
     assert arrive(h, 3, 4) is Verdict.HOLD
     assert arrive(h, 3, 5) is Verdict.DELIVER
     assert arrive(h, 4, 4) is Verdict.DELIVER
-    assert h.tracker.arrivals.admit(3, 4, -1, "other", lambda: 0) is Verdict.DELIVER
+    assert h.tracker.arrivals.admit(3, 4, -1, "other", 0) is Verdict.DELIVER
 
 
 def test_lateness_is_measured_against_the_bucket() -> None:
