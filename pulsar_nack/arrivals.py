@@ -27,6 +27,7 @@ thread-safe (one lock; no calls into the native client while it is held).
 from __future__ import annotations
 
 import enum
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,6 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyroaring import BitMap
+
+from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
 __all__ = ["NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
 
@@ -414,11 +417,53 @@ class ArrivalFilter:
             in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
         )
 
-    def memory_objects(self) -> Iterator[object]:
-        """The filter's own containers, for memory accounting."""
-        yield self._entries
-        yield self._flights
-        yield self._pending
+    def memory_bytes(self, sample: int = 64) -> int:
+        """Bytes the filter holds: its containers and bitmaps measured, its per-entry and per-flight
+        objects from a sample of up to ``sample`` of each. O(ledgers with pending non-batched nacks)."""
+        with self._lock:
+            total = sum(
+                python_bytes(c) for c in (self._entries, self._flights, self._pending, self._forwards)
+            )
+            for bitmap in self._pending.values():
+                total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
+            total += len(self._forwards) * _TUPLE3  # (at, key, index); at and key are shared
+            total += _scaled(self._entries, sample, _entry_bytes)
+            total += _scaled(self._flights, sample, _flight_bytes)
+        return total
+
+
+_TUPLE2 = python_bytes((1 << 40, "t"))
+_TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
+
+
+def _int_bytes(value: int) -> int:
+    return 0 if -5 <= value <= 256 else python_bytes(value)  # small ints are shared by CPython
+
+
+def _key_bytes(key: Key) -> int:
+    return _TUPLE3 + _int_bytes(key[1]) + _int_bytes(key[2])  # the topic string is shared
+
+
+def _flight_bytes(key: Key, flight: _Flight) -> int:
+    return _key_bytes(key) + python_bytes(flight)
+
+
+def _entry_bytes(key: Key, entry: _Entry) -> int:
+    total = _key_bytes(key) + python_bytes(entry)
+    total += _int_bytes(entry.out) + _int_bytes(entry.acked) + _int_bytes(entry.pending)
+    if entry.flights:
+        total += python_bytes(entry.flights) + len(entry.flights) * python_bytes(_Flight(0, 0, None))
+    if entry.parked:
+        total += python_bytes(entry.parked) + sum(python_bytes(c) for c in entry.parked.values())
+    return total
+
+
+def _scaled(items: dict[Key, Any], sample: int, size: Callable[[Key, Any], int]) -> int:
+    """``size`` summed over a sample of ``items``, scaled to all of them."""
+    if not items:
+        return 0
+    taken = list(itertools.islice(items.items(), sample))
+    return round(sum(size(k, v) for k, v in taken) * len(items) / len(taken))
 
 
 def _bits(mask: int) -> Iterator[int]:

@@ -85,7 +85,7 @@ class NackStats:
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
-    memory_bytes: int  # the index's memory (Python objects + CRoaring heap)
+    memory_bytes: int  # the index's and the arrival filter's memory (Python objects + CRoaring heap)
     nacked: int  # ids scheduled
     forwarded: int  # entries handed to the native client for redelivery
     redelivered: int  # messages handed to the application again after a forward
@@ -287,7 +287,9 @@ class NackTracker:
         return NackStats(
             pending=len(self.index),
             buckets=self.index.bucket_count,
-            memory_bytes=self.index.memory_usage().total_bytes if with_memory else 0,
+            memory_bytes=(
+                self.index.memory_usage().total_bytes + self.arrivals.memory_bytes() if with_memory else 0
+            ),
             nacked=self.index.added,
             forwarded=self._forwarded,
             redelivered=counts.redelivered,
