@@ -81,8 +81,8 @@ class _Entry:
 
     def __init__(self, size: int | None) -> None:
         self.size = size  # messages in the batch; None until a message of it has been seen
-        self.out = 0  # bitmask: batch indexes handed to the application
-        self.acked = 0  # bitmask: acked by the application
+        self.out = 0  # bitmask: batch indexes handed to the application (-1: all)
+        self.acked = 0  # bitmask: acked by the application (negative: all but the clear bits)
         self.pending = 0  # bitmask: nack pending in the index
         self.flights: dict[int, _Flight] | None = None  # batch index → its forward
         self.parked: dict[int, list[Any]] | None = None  # batch index → copies to ack with the app's
@@ -90,13 +90,21 @@ class _Entry:
 
     def settled(self, clock: Callable[[], float], linger_ms: float) -> bool:
         """Every message acked and no copy of a recent forward still expected."""
-        return (
-            self.size is not None
-            and self.acked == (1 << self.size) - 1
-            and not self.pending
-            and not self.flights
-            and (self.last_forward == _NEVER_FORWARDED or clock() - self.last_forward >= linger_ms)
+        if self.pending or self.flights or (self.size is None and self.acked >= 0):
+            return False
+        full = -1 if self.size is None else (1 << self.size) - 1  # -1: an expanded quiet entry
+        return self.acked & full == full and (
+            self.last_forward == _NEVER_FORWARDED or clock() - self.last_forward >= linger_ms
         )
+
+    @property
+    def quiet(self) -> bool:
+        """Every message acked or pending in the index, none in flight or parked: the entry can be kept
+        as one bit (see :attr:`ArrivalFilter._quiet`)."""
+        if not self.pending or self.flights or self.parked or (self.size is None and self.acked >= 0):
+            return False
+        full = -1 if self.size is None else (1 << self.size) - 1  # -1: an expanded quiet entry
+        return (self.acked | self.pending) & full == full
 
 
 @dataclass(frozen=True)
@@ -117,7 +125,10 @@ class ArrivalFilter:
 
     ``reschedule(due_ms, ledger_id, entry_id, batch_index, topic)`` files a message for a new forward
     (the tracker's schedule); it is called without the filter's lock held. ``batch_size(token)`` tells the
-    size of a batch from the ``token`` passed to :meth:`admit` (the message id).
+    size of a batch from the ``token`` passed to :meth:`admit` (the message id). ``pending_mask(ledger_id,
+    entry_id, topic)`` asks the index which batch indexes of an entry are pending (-1: all); with it, a
+    batched entry whose messages are all acked or pending is kept as one bit (``_quiet``) instead of a
+    record — the state of PIP-393's use case, one nack in a batch whose other messages are acked.
     """
 
     def __init__(
@@ -126,6 +137,7 @@ class ArrivalFilter:
         *,
         clock: Callable[[], float],
         batch_size: Callable[[Any], int] = int,
+        pending_mask: Callable[[int, int, str], int] | None = None,
         linger_ms: float = 30_000.0,
         max_reforwards: int = 3,
         lateness_window: int = 4096,
@@ -133,10 +145,13 @@ class ArrivalFilter:
         self._reschedule = reschedule
         self._clock = clock
         self._batch_size = batch_size
+        self._pending_mask = pending_mask
         self.linger_ms = float(linger_ms)
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}  # batched entries
+        # (topic, ledger) → entries whose every message is acked or pending in the index: no record
+        self._quiet: dict[tuple[str, int], BitMap] = {}
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
         self._forwards: deque[tuple[float, Key, int]] = deque()  # (forwarded at, key, batch index), in order
@@ -146,7 +161,7 @@ class ArrivalFilter:
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
-        return not (self._entries or self._flights or self._pending)
+        return not (self._entries or self._flights or self._pending or self._quiet)
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
@@ -157,6 +172,8 @@ class ArrivalFilter:
         with self._lock:
             key = (topic, ledger_id, entry_id)
             entry = self._entries.get(key)
+            if entry is None and self._is_quiet(topic, ledger_id, entry_id):
+                entry = self._expand(key, 0)
             bitmap = self._pending.get((topic, ledger_id))
             fresh = (bitmap is None or entry_id not in bitmap) and (entry is None or not entry.pending)
             if batch_index < 0:
@@ -171,6 +188,8 @@ class ArrivalFilter:
                 return None
             entry.pending |= bit
             entry.out |= bit
+            if self._pending_mask is not None and entry.quiet:
+                self._make_quiet(key)
             return fresh
 
     def withdraw(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
@@ -206,6 +225,8 @@ class ArrivalFilter:
                 if bitmap is not None:
                     bitmap.discard(entry_id)
                 entry = self._entries.get(key)
+                if entry is None and self._is_quiet(topic, ledger_id, entry_id):
+                    entry = self._expand(key, sum(1 << i for i in batch_indexes.get(entry_id, ())))
                 if entry is None:  # a non-batched message
                     self._flights[key] = _Flight(now, target, self._flights.get(key))
                     forwards.append((now, key, -1))
@@ -217,6 +238,8 @@ class ArrivalFilter:
                     mask = (1 << entry.size) - 1  # the whole entry was nacked
                 else:
                     mask = entry.pending | entry.out
+                if mask < 0:  # a whole-entry nack of a batch of unknown size: what is known pending
+                    mask = max(entry.pending, 0)
                 entry.pending &= ~mask
                 flights = entry.flights if entry.flights is not None else {}
                 entry.flights = flights
@@ -249,6 +272,10 @@ class ArrivalFilter:
                 else:
                     bitmap = self._pending.get((topic, ledger_id))
                     verdict = Verdict.HOLD if bitmap is not None and entry_id in bitmap else Verdict.DELIVER
+            elif key not in self._entries and self._is_quiet(topic, ledger_id, entry_id):
+                # a copy of an entry all acked or pending (after a reconnect, say): nothing to hand out
+                mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
+                verdict = Verdict.HOLD if mask >> batch_index & 1 else Verdict.ACKED
             else:
                 entry = self._entries.get(key)
                 if entry is None:
@@ -328,7 +355,9 @@ class ArrivalFilter:
                 return [], True
             entry = self._entries.get(key)
             if entry is None:
-                return [], False  # acked twice, after the entry settled
+                if not self._is_quiet(topic, ledger_id, entry_id):
+                    return [], False  # acked twice, after the entry settled
+                entry = self._expand(key, 0)  # a nack-then-ack of a quiet entry's message
             bit = 1 << batch_index
             entry.acked |= bit
             was_pending = bool(entry.pending & bit)
@@ -339,7 +368,37 @@ class ArrivalFilter:
             copies = entry.parked.pop(batch_index, []) if entry.parked else []
             if entry.settled(self._clock, self.linger_ms):
                 del self._entries[key]
+            elif self._pending_mask is not None and entry.quiet:
+                self._make_quiet(key)
             return copies, was_pending
+
+    def _is_quiet(self, topic: str, ledger_id: int, entry_id: int) -> bool:
+        quiet = self._quiet.get((topic, ledger_id))
+        return quiet is not None and entry_id in quiet
+
+    def _make_quiet(self, key: Key) -> None:
+        """Keep an entry whose messages are all acked or pending as one bit (lock held)."""
+        del self._entries[key]
+        quiet = self._quiet.get(key[:2])
+        if quiet is None:
+            quiet = self._quiet[key[:2]] = BitMap()
+        quiet.add(key[2])
+
+    def _expand(self, key: Key, forwarded: int) -> _Entry:
+        """A quiet entry back as a record (lock held): every message it does not have pending or
+        ``forwarded`` (a mask of batch indexes just popped from the index) is acked. O(B_l) once."""
+        topic, ledger_id, entry_id = key
+        quiet = self._quiet[(topic, ledger_id)]
+        quiet.discard(entry_id)
+        if not quiet:
+            del self._quiet[(topic, ledger_id)]
+        entry = self._entries[key] = _Entry(None)
+        assert self._pending_mask is not None  # nothing is quiet without it
+        pending = self._pending_mask(ledger_id, entry_id, topic)
+        entry.pending = max(pending, 0)
+        entry.out = -1
+        entry.acked = ~(forwarded | entry.pending)
+        return entry
 
     # -- housekeeping ---------------------------------------------------------------------------------
 
@@ -405,6 +464,7 @@ class ArrivalFilter:
             self._flights.clear()
             self._pending.clear()
             self._forwards.clear()
+            self._quiet.clear()
 
     def counts(self) -> FilterCounts:
         return FilterCounts(
@@ -413,7 +473,7 @@ class ArrivalFilter:
             dropped=self._dropped,
             reforwarded=self._reforwarded,
             abandoned=self._abandoned,
-            open_entries=len(self._entries),
+            open_entries=len(self._entries) + sum(len(q) for q in list(self._quiet.values())),
             in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
         )
 
@@ -422,9 +482,10 @@ class ArrivalFilter:
         objects from a sample of up to ``sample`` of each. O(ledgers with pending non-batched nacks)."""
         with self._lock:
             total = sum(
-                python_bytes(c) for c in (self._entries, self._flights, self._pending, self._forwards)
+                python_bytes(c)
+                for c in (self._entries, self._flights, self._pending, self._forwards, self._quiet)
             )
-            for bitmap in self._pending.values():
+            for bitmap in itertools.chain(self._pending.values(), self._quiet.values()):
                 total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
             total += len(self._forwards) * _TUPLE3  # (at, key, index); at and key are shared
             total += _scaled(self._entries, sample, _entry_bytes)

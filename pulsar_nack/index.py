@@ -31,7 +31,7 @@ from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
+from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
 
 __all__ = ["MAX_ENTRY_ID", "MAX_PRECISION_BITS", "DueIds", "Rounding", "TimeBucketIndex"]
@@ -57,6 +57,107 @@ class DueIds(NamedTuple):
     ledger_id: int
     entry_ids: npt.NDArray[np.uint32]
     batch_indexes: Mapping[int, tuple[int, ...]] = {}
+
+
+#: Batch indexes below 2**10 are stored as the low bits of a 64-bit member id, so that the members of
+#: consecutive entries share Roaring containers; larger ones (batches over 1024 messages) in a dict.
+MEMBER_BITS = 10
+MAX_BATCH_INDEX = 2**31 - 1
+
+
+class _Members:
+    """One slot's batch members — entry id → bitmask of its pending batch indexes — stored as one 64-bit
+    Roaring bitmap of ``entry_id << 10 | batch_index``: a few bytes per member, where a dict of Python
+    ints took ~100. Indexes of 1024 and above go to a dict (batches that large are rare). The dict
+    operations the index uses; each is O(log members + batch indexes of the entry)."""
+
+    __slots__ = ("_bits", "_wide")
+
+    def __init__(self) -> None:
+        self._bits = BitMap64()
+        self._wide: dict[int, int] | None = None  # entry id → mask of its indexes >= 2**MEMBER_BITS
+
+    def get(self, entry_id: int, default: int | None = None) -> int | None:
+        low = entry_id << MEMBER_BITS
+        high = low + (1 << MEMBER_BITS)
+        mask = 0
+        for value in self._bits.iter_equal_or_larger(low):
+            if value >= high:
+                break
+            mask |= 1 << (value - low)
+        if self._wide:
+            mask |= self._wide.get(entry_id, 0)
+        return mask if mask else default
+
+    def __getitem__(self, entry_id: int) -> int:
+        mask = self.get(entry_id)
+        if mask is None:
+            raise KeyError(entry_id)
+        return mask
+
+    def __setitem__(self, entry_id: int, mask: int) -> None:
+        self._clear(entry_id)
+        low = entry_id << MEMBER_BITS
+        narrow = mask & _NARROW_MASK
+        index = 0
+        while narrow:
+            if narrow & 1:
+                self._bits.add(low | index)
+            narrow >>= 1
+            index += 1
+        if mask >> _NARROW_INDEXES:
+            if self._wide is None:
+                self._wide = {}
+            self._wide[entry_id] = mask & ~_NARROW_MASK
+
+    def _clear(self, entry_id: int) -> None:
+        low = entry_id << MEMBER_BITS
+        self._bits.remove_range(low, low + (1 << MEMBER_BITS))
+        if self._wide:
+            self._wide.pop(entry_id, None)
+
+    def __delitem__(self, entry_id: int) -> None:
+        if self.pop(entry_id) is None:
+            raise KeyError(entry_id)
+
+    def pop(self, entry_id: int, default: int | None = None) -> int | None:
+        mask = self.get(entry_id)
+        if mask is None:
+            return default
+        self._clear(entry_id)
+        return mask
+
+    def __contains__(self, entry_id: object) -> bool:
+        if not isinstance(entry_id, int):
+            return False
+        low = entry_id << MEMBER_BITS
+        found = self._bits.range_cardinality(low, low + (1 << MEMBER_BITS))
+        return bool(found) or bool(self._wide and entry_id in self._wide)
+
+    def __bool__(self) -> bool:
+        return bool(self._bits) or bool(self._wide)
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        """(entry id, mask) in entry order."""
+        masks: dict[int, int] = {}
+        for value in self._bits:
+            entry_id = value >> MEMBER_BITS
+            masks[entry_id] = masks.get(entry_id, 0) | 1 << (value & (_NARROW_INDEXES - 1))
+        for entry_id, wide in (self._wide or {}).items():
+            masks[entry_id] = masks.get(entry_id, 0) | wide
+        return iter(sorted(masks.items()))
+
+    @property
+    def bitmap(self) -> BitMap64:
+        return self._bits
+
+    @property
+    def wide(self) -> dict[int, int] | None:
+        return self._wide
+
+
+_NARROW_INDEXES = 1 << MEMBER_BITS  # batch indexes kept in the bitmap: 0 .. 1023
+_NARROW_MASK = (1 << _NARROW_INDEXES) - 1
 
 
 class _Run(int):
@@ -178,7 +279,8 @@ class TimeBucketIndex:
     * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
       unsorted input is sorted first (O(n log n)).
     * :meth:`pop_due` — O(due buckets × L + due ids) (ids are copied out by CRoaring in bulk).
-    * :meth:`due_of`, :meth:`remove` — O(1) for an id outside its ledger's pending range, else O(B_l).
+    * :meth:`due_of`, :meth:`pending_mask`, :meth:`remove` — O(1) for an id outside its ledger's pending
+      range, else O(B_l).
     * ``len``, :attr:`bucket_count` — O(1); :meth:`next_due_ms` — O(log B).
     """
 
@@ -200,7 +302,7 @@ class TimeBucketIndex:
         self._ledgers: dict[LedgerKey, int | _Ledger] = {}
         # (bucket, key) → {entry id → bitmask of pending batch indexes}, for entries that are pending
         # only for some messages of their batch. Entries absent here are pending as a whole.
-        self._members: dict[tuple[int, LedgerKey], dict[int, int]] = {}
+        self._members: dict[tuple[int, LedgerKey], _Members] = {}
         # Buckets the add path has moved away from: candidates for compact(). Ordered set.
         self._cold: dict[int, None] = {}
         self._count = 0
@@ -371,7 +473,7 @@ class TimeBucketIndex:
                 due = [(bucket, schedule[bucket]) for bucket in keys[:stop]]
                 del keys[:stop]
             # ledger key → [(entries, batch masks or None for whole entries)] over the due buckets
-            merged: dict[LedgerKey, list[tuple[Entries, dict[int, int] | None]]] = {}
+            merged: dict[LedgerKey, list[tuple[Entries, _Members | None]]] = {}
             members = self._members
             for bucket, slots in due:
                 self._cold.pop(bucket, None)
@@ -386,6 +488,20 @@ class TimeBucketIndex:
             for key, parts in merged.items():  # the popped buckets are each ledger's earliest ones
                 self._unlink_first(key, len(parts))
             return [_due_ids(key, parts) for key, parts in merged.items()]
+
+    def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
+        """The batch indexes of this entry pending in any bucket, as a bitmask; -1 if the whole entry is
+        pending, 0 if nothing is. O(1) if the entry lies outside the ledger's pending range, else O(B_l)."""
+        with self._lock:
+            key = _key(ledger_id, topic)
+            mask = 0
+            for bucket, _ in self._holding(key, entry_id):
+                masks = self._members.get((bucket, key)) if self._members else None
+                member = masks.get(entry_id) if masks else None
+                if member is None:
+                    return -1
+                mask |= member
+            return mask
 
     def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
         """The bucket time at which this id will be popped, or None if it is not pending.
@@ -521,7 +637,7 @@ class TimeBucketIndex:
         self._slot_entries: BitMap = _EMPTY
         self._slot_record: _Ledger | None = None
         self._slot_is_last = False  # the slot is its ledger's latest bucket
-        self._slot_members: dict[int, int] | None = None
+        self._slot_members: _Members | None = None
 
     def _select(self, bucket: int, ledger_id: int, topic: str) -> BitMap:
         """Find or create the slot (bucket, ledger) and make it the cached one. O(log B) if new."""
@@ -601,8 +717,8 @@ class TimeBucketIndex:
             if isinstance(batch_index, bool) or not isinstance(batch_index, np.integer):
                 self._reject(TypeError(f"batch_index must be an int, got {type(batch_index).__name__}"))
             batch_index = int(batch_index)
-        if batch_index < -1:
-            self._reject(ValueError(f"batch_index must be >= -1, got {batch_index}"))
+        if not -1 <= batch_index <= MAX_BATCH_INDEX:
+            self._reject(ValueError(f"batch_index must be in -1..{MAX_BATCH_INDEX}, got {batch_index}"))
         return int(batch_index)
 
     def _insert(self, entry_id: int, batch_index: int) -> None:
@@ -634,7 +750,7 @@ class TimeBucketIndex:
         if batch_index >= 0:
             masks = self._slot_members
             if masks is None:
-                masks = self._members[(bucket, key)] = self._slot_members = {}
+                masks = self._members[(bucket, key)] = self._slot_members = _Members()
             masks[entry_id] = 1 << batch_index
 
     def _add_run(self, bucket: int, ledger_id: int, topic: str, run: npt.NDArray[np.uint32]) -> None:
@@ -850,7 +966,7 @@ def _as_array(entries: Entries) -> npt.NDArray[np.uint32]:
     return np.frombuffer(entries.to_array(), dtype=np.uint32)
 
 
-def _due_ids(key: LedgerKey, parts: list[tuple[Entries, dict[int, int] | None]]) -> DueIds:
+def _due_ids(key: LedgerKey, parts: list[tuple[Entries, _Members | None]]) -> DueIds:
     """Merge one ledger's due slots into a DueIds (whole entries win over batch masks)."""
     topic, ledger_id = _split_key(key)
     if len(parts) == 1:

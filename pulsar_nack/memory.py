@@ -24,11 +24,10 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pyroaring import BitMap
+from pyroaring import AbstractBitMap, AbstractBitMap64, BitMap
 
 if TYPE_CHECKING:
     from pulsar_nack.index import TimeBucketIndex
@@ -163,6 +162,19 @@ def _walk_bitmap(address: int) -> int | None:
     return total
 
 
+def bitmap64_heap_bytes(bitmap: Any) -> int:
+    """CRoaring's heap for a 64-bit bitmap (an adaptive radix tree of containers), estimated from its
+    statistics: the container payloads plus, per container, its struct and tree leaf and a share of
+    the tree's inner nodes. O(1)."""
+    stats = bitmap.get_statistics()
+    payload = (
+        stats["n_bytes_array_containers"]
+        + stats["n_bytes_run_containers"]
+        + stats["n_bytes_bitset_containers"]
+    )
+    return int(64 + stats["n_containers"] * (32 + 32 + 64) + payload)
+
+
 def _estimate_bitmap(bitmap: BitMap) -> int:
     stats = bitmap.get_statistics()
     containers = stats["n_containers"]
@@ -182,7 +194,7 @@ _SMALL_REQUEST = 512  # pymalloc serves requests up to this size from its pools
 def python_bytes(obj: object) -> int:
     """Bytes the allocator hands out for ``obj`` itself (not what it refers to)."""
     size = sys.getsizeof(obj)
-    if isinstance(obj, BitMap):
+    if isinstance(obj, AbstractBitMap | AbstractBitMap64):
         size = type(obj).__basicsize__  # getsizeof reports the serialized size here
     return _allocated(size)
 
@@ -246,11 +258,13 @@ def index_memory(index: TimeBucketIndex) -> MemoryUsage:
         if isinstance(record, _Ledger):
             parts["ledgers"] += _container_bytes(record.buckets) + _container_bytes(record.entries)
             parts["ledgers"] += once(record.lo) + once(record.hi)
-    members: Iterable[tuple[Any, dict[int, int]]] = index._members.items()
     parts["batch_members"] += _container_bytes(index._members)
-    for slot, masks in members:
-        parts["batch_members"] += once(slot) + _container_bytes(masks)
-        parts["batch_members"] += sum(once(e) + once(m) for e, m in masks.items())
+    for slot, members in index._members.items():
+        parts["batch_members"] += once(slot) + once(members) + once(members.bitmap)
+        roaring += bitmap64_heap_bytes(members.bitmap)
+        if members.wide:
+            parts["batch_members"] += _container_bytes(members.wide)
+            parts["batch_members"] += sum(once(e) + once(m) for e, m in members.wide.items())
     parts["schedule"] += _container_bytes(index._cold)
     return MemoryUsage(sum(parts.values()), roaring, len(index), parts)
 

@@ -125,6 +125,7 @@ class NackTracker:
             self._refile,
             clock=clock,
             batch_size=batch_size,
+            pending_mask=self.index.pending_mask,
             linger_ms=linger_ms,
             lateness_window=lateness_window,
         )

@@ -292,3 +292,17 @@ def test_memory_usage_reports_roaring_heap_not_serialized_size() -> None:
     assert usage.roaring_bytes >= 100, "one bitmap holds ~150 B of CRoaring heap (24 B serialized)"
     assert usage.total_bytes == usage.python_bytes + usage.roaring_bytes
     assert usage.bytes_per_entry == usage.total_bytes
+
+
+@pytest.mark.parametrize("batch_index", [0, 99, 1023, 1024, 5000])
+def test_batch_members_of_any_index_round_trip(batch_index: int) -> None:
+    """Batch indexes below 1024 share a Roaring bitmap, larger ones a dict: both come back alike."""
+    index = TimeBucketIndex(0)
+    index.add(10, 1, 7, batch_index)
+    index.add(10, 1, 7, 3)
+    index.add(10, 1, 8, batch_index)
+    assert index.pending_mask(1, 7) == 1 << batch_index | 1 << 3
+    assert index.due_of(1, 8, batch_index) == 10 and index.due_of(1, 8, 3) is None
+    assert index.remove(1, 7, 3) and index.pending_mask(1, 7) == 1 << batch_index
+    (due,) = index.pop_due(10)
+    assert due.batch_indexes == {7: (batch_index,), 8: (batch_index,)}

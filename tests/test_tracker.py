@@ -147,6 +147,35 @@ def test_arrival_verdicts_for_a_batch() -> None:
     assert (stats.redelivered, stats.held_back, stats.dropped) == (2, 1, 4)
 
 
+def test_a_batch_acked_but_for_its_nacked_message_is_one_bit_and_still_classified() -> None:
+    """PIP-393's case: one message of a batch nacked, the rest acked. The filter keeps no record for the
+    entry (one bit), yet copies are classified as before: acked siblings acked, the nacked one held until
+    its forward and handed out once; a nack-then-ack drops the pending nack."""
+    h = Harness(precision_bits=0)
+    start = h.clock.now
+    for entry_id in (1, 2):
+        for batch_index in range(5):
+            assert arrive(h, 8, entry_id, batch_index, size=5) is Verdict.DELIVER
+        for batch_index in (0, 1, 3, 4):
+            h.tracker.acked(8, entry_id, batch_index)
+        h.tracker.schedule(start + 1_000, 8, entry_id, batch_index=2)
+    assert h.tracker.arrivals.memory_bytes() < 2_000, "two quiet entries: bits, not records"
+    assert arrive(h, 8, 1, 0, size=5) is Verdict.ACKED, "a reconnect copy: acked sibling"
+    assert arrive(h, 8, 1, 2, size=5) is Verdict.HOLD, "its nack is pending"
+    assert h.tracker.acked(8, 2, 2) == [], "nack-then-ack"
+    assert h.tracker.index.pending_mask(8, 2) == 0
+    h.run_until(start + 1_000)
+    assert h.forwards[0][1] == [("", 8, 1, (2,))]
+    assert [arrive(h, 8, 1, i, size=5) for i in range(5)] == [
+        Verdict.ACKED, Verdict.ACKED, Verdict.DELIVER, Verdict.ACKED, Verdict.ACKED
+    ]
+    assert arrive(h, 8, 1, 2, size=5) is Verdict.DUPLICATE, "once per nack"
+    assert h.tracker.arrivals.counts().open_entries == 1, "entry 2, all acked on one copy, is forgotten"
+    h.tracker.acked(8, 1, 2)
+    h.run_until(start + 1_000 + h.tracker.arrivals.linger_ms + 2_000)
+    assert h.tracker.arrivals.counts().open_entries == 0
+
+
 def test_early_arrivals_are_held_and_new_messages_pass() -> None:
     h = Harness()
     h.tracker.schedule(h.clock.now + 10_000, 3, 4)
