@@ -41,3 +41,53 @@ def nothing_more(consumer: Any, wait_ms: int = 800) -> None:
     with pytest.raises(pulsar.Timeout):
         extra = consumer.receive(wait_ms)
         pytest.fail(f"unexpected extra message {extra.data()!r}")
+
+
+def produce_bursts(
+    client: Any,
+    topic: str,
+    count: int,
+    rng: Any = None,
+    max_batch: int = 100,
+    batch_size: int = 0,
+    prefix: str = "m",
+) -> list[int]:
+    """Send ``prefix0`` .. batched: bursts of ``batch_size`` messages (0: ``rng.randint(1, max_batch)``
+    each), every burst flushed as one batch. Returns the burst sizes, in order."""
+    limit = batch_size or max_batch
+    producer = client.create_producer(
+        topic,
+        batching_enabled=True,
+        batching_max_messages=limit,
+        batching_max_publish_delay_ms=60_000,  # only a full batch or a flush sends
+        max_pending_messages=max(1000, 2 * limit),
+        block_if_queue_full=True,
+    )
+    bursts: list[int] = []
+    sent = 0
+    while sent < count:
+        size = min(batch_size or rng.randint(1, max_batch), count - sent)
+        for i in range(sent, sent + size):
+            producer.send_async(f"{prefix}{i}".encode(), None)
+        if not batch_size:  # a full batch of batch_size is sent as soon as it is full
+            producer.flush()
+        bursts.append(size)
+        sent += size
+    producer.flush()
+    producer.close()
+    return bursts
+
+
+def leftover(client: Any, topic: str | list[str], subscription: str, wait_ms: int = 2000) -> list[bytes]:
+    """What a fresh consumer of ``client`` on ``subscription`` (Shared) receives within ``wait_ms``
+    without acking: empty once every entry of the subscription has been acked at the broker."""
+    consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared)
+    got: list[bytes] = []
+    deadline = time.monotonic() + wait_ms / 1000
+    while (remaining := int((deadline - time.monotonic()) * 1000)) > 0:
+        try:
+            got.append(consumer.receive(remaining).data())
+        except pulsar.Timeout:
+            break
+    consumer.close()
+    return got
