@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench-index bench-broker
+.PHONY: run test bench-index bench-broker bench-cost bench-consumer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,3 +29,14 @@ bench-index: $(VENV)/.installed-bench
 
 bench-broker: $(VENV)/.installed-bench
 	$(BIN)/python bench/nack_lateness.py
+
+bench-cost: $(VENV)/.installed-bench
+	$(BIN)/python bench/consumer_cost.py
+
+# Issue 9's figures: memory per pending nack, the batched nack path, a million batched messages; then
+# the README's comparison table from every result file.
+bench-consumer: $(VENV)/.installed-bench
+	$(BIN)/python bench/nack_memory.py
+	$(BIN)/python bench/nack_path.py
+	$(BIN)/python bench/batch_drain.py
+	$(BIN)/python bench/summary.py

@@ -107,6 +107,69 @@ class _Entry:
         return (self.acked | self.pending) & full == full
 
 
+Generation = dict[tuple[str, int], BitMap]  # (topic, ledger) → entry ids
+
+
+class _Recent:
+    """Non-batched messages handed out for a forward in the last ``linger_ms`` (and which of them the
+    application acked since): a later copy of one — the broker re-dispatching after a reconnect, or a
+    second redelivery request — is not handed out again. Two generations of per-ledger bitmaps, each
+    lasting half of ``linger_ms``: a few bytes per message, O(1) per lookup."""
+
+    __slots__ = ("acked", "delivered", "started")
+
+    def __init__(self, now: float) -> None:
+        self.started = now
+        # [current, previous] generations: (topic, ledger) → entry ids
+        self.delivered: list[Generation] = [{}, {}]
+        self.acked: list[Generation] = [{}, {}]
+
+    def __bool__(self) -> bool:
+        return any(self.delivered) or any(self.acked)
+
+    @staticmethod
+    def _add(generation: Generation, ledger: tuple[str, int], entry_id: int) -> None:
+        bitmap = generation.get(ledger)
+        if bitmap is None:
+            bitmap = generation[ledger] = BitMap()
+        bitmap.add(entry_id)
+
+    @staticmethod
+    def _holds(generations: list[Generation], ledger: tuple[str, int], entry_id: int) -> bool:
+        for generation in generations:
+            bitmap = generation.get(ledger)
+            if bitmap is not None and entry_id in bitmap:
+                return True
+        return False
+
+    def deliver(self, ledger: tuple[str, int], entry_id: int) -> None:
+        self._add(self.delivered[0], ledger, entry_id)
+
+    def ack(self, ledger: tuple[str, int], entry_id: int) -> None:
+        if self._holds(self.delivered, ledger, entry_id):
+            self._add(self.acked[0], ledger, entry_id)
+
+    def verdict(self, ledger: tuple[str, int], entry_id: int) -> Verdict | None:
+        """ACKED or DUPLICATE for a copy of a recently handed-out message, else None."""
+        if not self._holds(self.delivered, ledger, entry_id):
+            return None
+        return Verdict.ACKED if self._holds(self.acked, ledger, entry_id) else Verdict.DUPLICATE
+
+    def rotate(self, now: float, half_linger_ms: float) -> None:
+        if now - self.started >= half_linger_ms:
+            self.delivered = [{}, self.delivered[0]]
+            self.acked = [{}, self.acked[0]]
+            self.started = now
+
+    def forget_unacked(self) -> None:
+        """The application's copies are void: only acked ones stay known."""
+        self.delivered = [dict(self.acked[0]), dict(self.acked[1])]
+
+    def bitmaps(self) -> Iterator[BitMap]:
+        for generation in (*self.delivered, *self.acked):
+            yield from generation.values()
+
+
 @dataclass(frozen=True)
 class FilterCounts:
     """Counters of an :class:`ArrivalFilter` (since it was made)."""
@@ -152,6 +215,7 @@ class ArrivalFilter:
         self._entries: dict[Key, _Entry] = {}  # batched entries
         # (topic, ledger) → entries whose every message is acked or pending in the index: no record
         self._quiet: dict[tuple[str, int], BitMap] = {}
+        self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
         self._forwards: deque[tuple[float, Key, int]] = deque()  # (forwarded at, key, batch index), in order
@@ -161,22 +225,23 @@ class ArrivalFilter:
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
-        return not (self._entries or self._flights or self._pending or self._quiet)
+        return not (self._entries or self._flights or self._pending or self._quiet or self._recent)
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
     def pending(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool | None:
         """A nack is about to be filed in the index. Returns None (file nothing) for a batch message the
-        application has already acked, else whether no part of the entry was pending before (the index
-        can then skip its dedupe: ``TimeBucketIndex.add(fresh=True)``). O(1)."""
+        application has already acked, else whether the index can skip its dedupe
+        (``TimeBucketIndex.add(fresh=True)``): nothing it would merge with is pending. O(1)."""
         with self._lock:
             key = (topic, ledger_id, entry_id)
             entry = self._entries.get(key)
             if entry is None and self._is_quiet(topic, ledger_id, entry_id):
                 entry = self._expand(key, 0)
             bitmap = self._pending.get((topic, ledger_id))
-            fresh = (bitmap is None or entry_id not in bitmap) and (entry is None or not entry.pending)
-            if batch_index < 0:
+            whole_pending = bitmap is not None and entry_id in bitmap
+            if batch_index < 0:  # fresh: no part of the entry pending (else the index merges)
+                fresh = not whole_pending and (entry is None or not entry.pending)
                 if bitmap is None:
                     bitmap = self._pending[(topic, ledger_id)] = BitMap()
                 bitmap.add(entry_id)
@@ -186,6 +251,8 @@ class ArrivalFilter:
             bit = 1 << batch_index
             if entry.acked & bit:
                 return None
+            # fresh: neither this message nor its whole entry pending (other messages of it may be)
+            fresh = not whole_pending and not entry.pending & bit
             entry.pending |= bit
             entry.out |= bit
             if self._pending_mask is not None and entry.quiet:
@@ -269,9 +336,13 @@ class ArrivalFilter:
                     verdict, again = self._landed(flight, now)
                     if verdict is Verdict.DELIVER:
                         del self._flights[key]
+                        self._recent.deliver((topic, ledger_id), entry_id)
                 else:
                     bitmap = self._pending.get((topic, ledger_id))
-                    verdict = Verdict.HOLD if bitmap is not None and entry_id in bitmap else Verdict.DELIVER
+                    if bitmap is not None and entry_id in bitmap:
+                        verdict = Verdict.HOLD
+                    else:
+                        verdict = self._recent.verdict((topic, ledger_id), entry_id) or Verdict.DELIVER
             elif key not in self._entries and self._is_quiet(topic, ledger_id, entry_id):
                 # a copy of an entry all acked or pending (after a reconnect, say): nothing to hand out
                 mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
@@ -346,6 +417,8 @@ class ArrivalFilter:
                 flight = self._flights.get(key)
                 if flight is not None:
                     flight.acked = True  # a copy may still come: ack it, don't hand it out
+                if self._recent:
+                    self._recent.ack((topic, ledger_id), entry_id)
                 bitmap = self._pending.get((topic, ledger_id))
                 if bitmap is None or entry_id not in bitmap:
                     return [], False
@@ -411,6 +484,7 @@ class ArrivalFilter:
         horizon = now - self.linger_ms
         again: list[tuple[float, int, int, int, str]] = []
         with self._lock:
+            self._recent.rotate(now, self.linger_ms / 2)
             forwards = self._forwards
             while forwards and forwards[0][0] <= horizon:
                 at, key, index = forwards.popleft()
@@ -447,7 +521,10 @@ class ArrivalFilter:
     def sweep_due(self) -> float | None:
         """When :meth:`sweep` has something to do (clock ms), or None."""
         forwards = self._forwards
-        return forwards[0][0] + self.linger_ms if forwards else None
+        due = [forwards[0][0] + self.linger_ms] if forwards else []
+        if self._recent:
+            due.append(self._recent.started + self.linger_ms / 2)
+        return min(due) if due else None
 
     def forget_holdings(self) -> None:
         """The application's unacked copies are void (``redeliver_unacknowledged_messages``): the broker
@@ -456,6 +533,7 @@ class ArrivalFilter:
             for entry in self._entries.values():
                 entry.out = entry.acked | entry.pending
                 entry.parked = None
+            self._recent.forget_unacked()
 
     def clear(self) -> None:
         """Forget everything (seek, close)."""
@@ -465,6 +543,7 @@ class ArrivalFilter:
             self._pending.clear()
             self._forwards.clear()
             self._quiet.clear()
+            self._recent = _Recent(self._clock())
 
     def counts(self) -> FilterCounts:
         return FilterCounts(
@@ -485,7 +564,8 @@ class ArrivalFilter:
                 python_bytes(c)
                 for c in (self._entries, self._flights, self._pending, self._forwards, self._quiet)
             )
-            for bitmap in itertools.chain(self._pending.values(), self._quiet.values()):
+            bitmaps = itertools.chain(self._pending.values(), self._quiet.values(), self._recent.bitmaps())
+            for bitmap in bitmaps:
                 total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
             total += len(self._forwards) * _TUPLE3  # (at, key, index); at and key are shared
             total += _scaled(self._entries, sample, _entry_bytes)

@@ -206,7 +206,10 @@ class NackBridge:
         verdict = arrivals.admit(*ids, message_id)
         if verdict is Verdict.DELIVER:
             return True
-        if verdict is Verdict.ACKED or (verdict is Verdict.DUPLICATE and not arrivals.park(*ids, inner)):
+        if verdict is Verdict.ACKED or (
+            # a non-batched copy needs no ack of its own: the application's ack of its id covers it
+            verdict is Verdict.DUPLICATE and batch_index >= 0 and not arrivals.park(*ids, inner)
+        ):
             self._native.acknowledge(inner)
         return False
 

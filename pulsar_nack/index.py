@@ -110,6 +110,26 @@ class _Members:
                 self._wide = {}
             self._wide[entry_id] = mask & ~_NARROW_MASK
 
+    def add_index(self, entry_id: int, batch_index: int) -> None:
+        """Mark one batch index of the entry pending. O(log members)."""
+        if batch_index < _NARROW_INDEXES:
+            self._bits.add(entry_id << MEMBER_BITS | batch_index)
+        else:
+            if self._wide is None:
+                self._wide = {}
+            self._wide[entry_id] = self._wide.get(entry_id, 0) | 1 << batch_index
+
+    def discard_index(self, entry_id: int, batch_index: int) -> None:
+        """Unmark one batch index of the entry. O(log members)."""
+        if batch_index < _NARROW_INDEXES:
+            self._bits.discard(entry_id << MEMBER_BITS | batch_index)
+        elif self._wide and entry_id in self._wide:
+            mask = self._wide[entry_id] & ~(1 << batch_index)
+            if mask:
+                self._wide[entry_id] = mask
+            else:
+                del self._wide[entry_id]
+
     def _clear(self, entry_id: int) -> None:
         low = entry_id << MEMBER_BITS
         self._bits.remove_range(low, low + (1 << MEMBER_BITS))
@@ -361,9 +381,10 @@ class TimeBucketIndex:
 
         ``batch_index`` -1 means the whole entry; ``>= 0`` one message of a batch. A pending whole entry
         covers its batch messages, so adding a batch message it covers is a no-op.
-        ``fresh``: the caller knows no part of this entry is pending, so the dedupe against the ledger's
-        other buckets is skipped — O(1) even for ids inside the ledger's pending range (the consumer's
-        arrival filter knows this for every nack). Wrong ``fresh`` makes an entry pending twice.
+        ``fresh``: the caller knows that neither this id nor its whole entry is pending (and, for a whole
+        entry, none of its batch messages), so the dedupe against the ledger's other buckets is skipped —
+        O(1) even for ids inside the ledger's pending range (the consumer's arrival filter knows this for
+        every nack). A wrong ``fresh`` makes an id pending twice.
         Raises ``ValueError``/``TypeError`` naming the bad parameter; the index is then unchanged.
         """
         try:
@@ -542,7 +563,7 @@ class TimeBucketIndex:
                     mask &= ~(1 << batch_index)
                     if mask:
                         assert masks is not None
-                        masks[entry_id] = mask
+                        masks.discard_index(entry_id, batch_index)
                         removed = True
                         continue
                 self._discard(bucket, key, entries, entry_id)
@@ -701,7 +722,7 @@ class TimeBucketIndex:
                 mask &= ~(1 << batch_index)
                 if mask:
                     assert masks is not None
-                    masks[entry_id] = mask
+                    masks.discard_index(entry_id, batch_index)
                     continue
             elif other < bucket:
                 continue  # some messages become due earlier than the whole entry; keep them
@@ -738,7 +759,7 @@ class TimeBucketIndex:
                     del self._members[(bucket, key)]
                     self._slot_members = None
             else:
-                masks[entry_id] |= 1 << batch_index
+                masks.add_index(entry_id, batch_index)
             return
         entries.add(entry_id)
         self._count += 1
@@ -751,7 +772,7 @@ class TimeBucketIndex:
             masks = self._slot_members
             if masks is None:
                 masks = self._members[(bucket, key)] = self._slot_members = _Members()
-            masks[entry_id] = 1 << batch_index
+            masks.add_index(entry_id, batch_index)
 
     def _add_run(self, bucket: int, ledger_id: int, topic: str, run: npt.NDArray[np.uint32]) -> None:
         """Add sorted unique entry ids of one (bucket, ledger) run; ids maybe pending elsewhere go the

@@ -65,7 +65,8 @@ def test_a_sibling_is_never_handed_out_before_its_own_time() -> None:
     for index in range(3):
         admit(arrivals, 1, index, size=3)
     assert arrivals.pending(7, 1, 1, "t") is True, "nothing of the entry pending: fresh"
-    assert arrivals.pending(7, 1, 0, "t") is False, "a sibling is pending: the index must dedupe"
+    assert arrivals.pending(7, 1, 0, "t") is True, "a sibling pending does not merge with m0"
+    assert arrivals.pending(7, 1, 0, "t") is False, "m0 itself pending: the index must dedupe"
     start = clock.now
     forward(arrivals, clock, 1, (1,), target=start + 102)
     clock.now = start + 103
@@ -144,3 +145,24 @@ def test_clear_and_forget_holdings() -> None:
     arrivals.clear()
     assert arrivals.idle
     assert admit(arrivals, 1, 0, size=2) is Verdict.DELIVER
+
+
+def test_a_later_copy_of_a_redelivered_message_is_not_handed_out_again() -> None:
+    """After a broker restart the broker may re-dispatch a non-batched message that was just handed out
+    for a forward: acked → acked again, held → dropped; forgotten after ``linger_ms``."""
+    arrivals, clock, _ = make()
+    for entry in (1, 2):
+        arrivals.pending(7, entry, -1, "t")
+        forward(arrivals, clock, entry, None, target=clock.now + 102)
+    clock.now += 150
+    assert admit(arrivals, 1) is Verdict.DELIVER and admit(arrivals, 2) is Verdict.DELIVER
+    arrivals.acked(7, 1, -1, "t")
+    assert admit(arrivals, 1) is Verdict.ACKED
+    assert admit(arrivals, 2) is Verdict.DUPLICATE
+    arrivals.forget_holdings()  # redeliver_unacknowledged_messages: the app's copy of 2 is void
+    assert admit(arrivals, 2) is Verdict.DELIVER
+    for _ in range(3):
+        clock.now += arrivals.linger_ms / 2
+        arrivals.sweep()
+    assert arrivals.idle
+    assert admit(arrivals, 1) is Verdict.DELIVER

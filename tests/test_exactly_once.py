@@ -26,8 +26,8 @@ Measured with the official client (pulsar-client 3.13, both brokers), the baseli
 * ``redeliver_unacknowledged_messages()`` after acking m0..m14: non-batched m15..m19; batched m10..m19
   (whole entries, acked messages included).
 
-pulsar-lite cannot serve seek, partitioned nacks, regex subscriptions and batch-index acks (see
-``/work/shared/notes/brokers.md``): those tests run on Apache Pulsar only.
+pulsar-lite 0.2 cannot serve seek, partitioned nacks, regex subscriptions and batch-index acks: those
+tests run on Apache Pulsar only.
 """
 
 from __future__ import annotations

@@ -105,10 +105,14 @@ class IndexMachine(RuleBasedStateMachine):
         bi=BATCH,
     )
     def add(self, delay: int, topic: str, ledger: int, entry: int, bi: int) -> None:
-        # fresh=True (no dedupe scan) whenever the model says no part of the entry is pending, as the
-        # consumer's arrival filter does: both paths must give the same index.
+        # fresh=True (no dedupe scan) whenever the model says nothing the id would merge with is pending,
+        # as the consumer's arrival filter does: both paths must give the same index.
         entry_key = (topic, ledger, entry)
-        fresh = entry_key not in self.model.whole and not any(m[:3] == entry_key for m in self.model.member)
+        members = self.model.member
+        if bi < 0:
+            fresh = entry_key not in self.model.whole and not any(m[:3] == entry_key for m in members)
+        else:
+            fresh = entry_key not in self.model.whole and (topic, ledger, entry, bi) not in members
         self.index.add(self.now + delay, ledger, entry, bi, topic, fresh=fresh)
         self.added_since_pop = True
         self.model.add(self.now + delay, topic, ledger, entry, bi)

@@ -1,0 +1,191 @@
+"""Benchmark: the cost of one batched ``negative_acknowledge`` and of one arrival check, against the
+number of pending buckets in the message's ledger — wrapper vs the native client, in one run.
+
+Real batched messages (batches of 100) are received from pulsar-lite once. Then, for B = 1, 100, 1,000
+and 10,000 pending buckets holding ids of the *same ledger* (entry ids interleaved with the messages', the
+worst case for a dedupe scan):
+
+* **nack**: ``negative_acknowledge(message, delay_ms=...)`` per message, the wrapper's tracker prefilled
+  with B buckets of ids just below and above the messages' entries (so every nacked entry lies inside
+  the ledger's pending range); the native consumer's ``negative_acknowledge(message)`` on the same
+  messages;
+* **arrival check**: the wrapper's per-message classification of an arrival that is not pending
+  (``ArrivalFilter.admit``), and the whole per-message admission including its native id calls.
+
+Goals (issue 9): nack ≤ 1.5× native and flat in B; arrival check O(1) in B and < 2 µs. Best of 5 rounds.
+
+    python bench/nack_path.py
+
+Writes ``bench/results/nack_path.json`` and the ``nack-path`` section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from typing import Any
+
+import report
+
+BUCKETS = (1, 100, 1_000, 10_000)
+MESSAGES = 2_000
+ROUNDS = 5
+
+
+def _best(run: Any, count: int) -> float:
+    """Best of ROUNDS, µs per call."""
+    best = float("inf")
+    for _ in range(ROUNDS):
+        started = time.perf_counter()
+        run()
+        best = min(best, (time.perf_counter() - started) / count * 1e6)
+    return best
+
+
+def _receive(consumer: Any, count: int, timeout_s: float = 120.0) -> list[Any]:
+    import pulsar
+
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"received {len(got)} of {count} messages in {timeout_s} s")
+        try:
+            message = consumer.receive(1_000)
+        except pulsar.Timeout:
+            continue
+        consumer.acknowledge(message)  # at once: pulsar-lite stalls with many unacked batched messages
+        got.append(message)
+    return got
+
+
+def measure(service_url: str) -> dict[str, Any]:
+    import pulsar
+
+    from pulsar_nack.consumer import NackBridge, NackOptions
+
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    client = pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger)
+    topic = f"persistent://public/default/path-{uuid.uuid4().hex[:8]}"
+    consumer = client.subscribe(
+        topic,
+        "path",
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=3_600_000,
+    )
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=100, batching_max_publish_delay_ms=50
+    )
+    for i in range(2 * MESSAGES):  # fillers first: the measured entries lie inside the pending range
+        producer.send_async(str(i).encode(), None)
+    producer.flush()
+    _receive(consumer, MESSAGES)  # fillers
+    messages = _receive(consumer, MESSAGES)  # acked natively: the bridges below never hear of it
+    ledger_id = messages[0].message_id().ledger_id()
+    entries = sorted({m.message_id().entry_id() for m in messages})
+
+    def native_nacks() -> None:
+        for message in messages:
+            consumer.negative_acknowledge(message)
+
+    native_us = _best(native_nacks, MESSAGES)
+    rows = []
+    for buckets in BUCKETS:
+        bridge = NackBridge(consumer._consumer, consumer.topic(), NackOptions())
+        tracker = bridge.tracker
+        for message in messages:
+            bridge.admit(message)  # as the consumer does on receive
+
+        def prefill(tracker: Any = tracker, buckets: int = buckets) -> None:
+            tracker.clear()
+            base = tracker._clock() + 3_600_000
+            for b in range(buckets):  # ids below and above the messages' entries, one per bucket
+                entry_id = entries[0] - 1 - b % 3 if b % 2 else entries[-1] + 1 + b % 3
+                tracker.schedule(base + b * 256, ledger_id, max(entry_id, 0), 50 + b % 40, topic)
+
+        def wrapper_nacks(bridge: Any = bridge, prefill: Any = prefill) -> None:
+            prefill()
+            for message in messages:
+                bridge.nack(message, delay_ms=7_200_000)
+
+        # the prefill is timed too: subtract it
+        def only_prefill(prefill: Any = prefill) -> None:
+            prefill()
+
+        nack_us = _best(wrapper_nacks, MESSAGES) - _best(only_prefill, MESSAGES)
+        prefill()
+        arrivals = tracker.arrivals
+        # entries nobody has seen, in the prefilled ledger
+        fresh = [
+            (m.message_id().entry_id() + 1_000_000, m.message_id().batch_index(), m._message.message_id())
+            for m in messages
+        ]
+
+        def checks(arrivals: Any = arrivals, fresh: Any = fresh) -> None:
+            arrivals.clear()
+            for entry_id, batch_index, token in fresh:
+                arrivals.admit(ledger_id, entry_id, batch_index, topic, token)
+
+        check_us = _best(checks, MESSAGES)
+
+        def admissions(bridge: Any = bridge) -> None:
+            bridge.tracker.arrivals.clear()
+            for message in messages:
+                message.__dict__.pop("_pulsar_nack_ids", None)
+                bridge.admit(message)
+
+        admit_us = _best(admissions, MESSAGES)
+        rows.append({
+            "buckets": buckets,
+            "pending_buckets_measured": tracker.index.bucket_count,
+            "nack_us": nack_us,
+            "native_nack_us": native_us,
+            "arrival_check_us": check_us,
+            "admission_us": admit_us,
+        })
+        print(rows[-1], file=sys.stderr)
+        bridge.close()
+    consumer.close()
+    producer.close()
+    client.close()
+    return {"messages": MESSAGES, "rows": rows}
+
+
+def main(argv: list[str]) -> int:
+    from pulsar_nack.broker import PulsarLite
+
+    facts = report.machine()
+    with PulsarLite() as broker:
+        result = measure(broker.service_url)
+    report.save_json("nack_path", {"machine": facts, **result})
+    table = report.table(
+        ["pending buckets in the ledger", "nack, wrapper µs", "nack, native µs", "wrapper ÷ native",
+         "arrival check µs", "whole admission µs (incl. native id calls)"],
+        [
+            [
+                f"{r['buckets']:,}",
+                f"{r['nack_us']:.2f}",
+                f"{r['native_nack_us']:.2f}",
+                f"{r['nack_us'] / r['native_nack_us']:.2f}× (≤ 1.5)",
+                f"{r['arrival_check_us']:.2f} (< 2)",
+                f"{r['admission_us']:.2f}",
+            ]
+            for r in result["rows"]
+        ],
+    )
+    text = "\n\n".join([
+        "## Batched nack and arrival check against pending buckets",
+        "`python bench/nack_path.py` — 2,000 batched messages (batches of 100) from pulsar-lite; the "
+        "wrapper's tracker prefilled with B buckets of ids of the same ledger; best of 5 rounds. Goals "
+        "(issue 9): nack ≤ 1.5× native and flat in B; arrival check O(1) in B, < 2 µs.",
+        report.machine_line(facts),
+        table,
+    ])
+    report.write_section("nack-path", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

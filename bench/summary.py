@@ -1,0 +1,122 @@
+"""The README's comparison table, generated from the benchmarks' result files (nothing typed in).
+
+Reads ``bench/results/{nack_memory,nack_lateness,nack_path,consumer_cost,batch_drain}.json`` and rewrites
+the block between ``<!-- BEGIN comparison -->`` and ``<!-- END comparison -->`` in README.md. Each row
+names the benchmark (and the commit and date it ran at) that measured it.
+
+    python bench/summary.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+import report
+
+README = report.ROOT / "README.md"
+
+
+def _load(name: str) -> dict[str, Any] | None:
+    path = report.RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _stamp(data: dict[str, Any]) -> str:
+    facts = data["machine"]
+    return f"{facts['date'][:10]}, {facts['commit']}"
+
+
+def rows() -> list[list[str]]:
+    out: list[list[str]] = []
+    lateness, memory = _load("nack_lateness"), _load("nack_memory")
+    native_bytes = None
+    if lateness:
+        natives = [b["memory"]["native"]["bytes_per_nack"] for b in lateness["brokers"].values()]
+        native_bytes = max(natives)
+    if memory:
+        titles = {
+            "one-topic": "memory per pending nack: every message nacked, one topic",
+            "topics-100": "memory per pending nack: 100 topics, due over 60 s",
+            "batch-100": "memory per pending nack: one nack per 100-message batch",
+        }
+        for result in memory["results"]:
+            ours = result["measured_per_nack"]
+            native = f"{native_bytes:.0f} B" if native_bytes else "–"
+            ratio = f" — {native_bytes / ours:.0f}× less" if native_bytes else ""
+            out.append([
+                titles[result["workload"]], native, f"{ours:.1f} B{ratio}",
+                f"nack_memory, nack_lateness ({_stamp(memory)})",
+            ])
+    if lateness:
+        steady = [
+            row for b in lateness["brokers"].values() for row in b["lateness"] if row["pattern"] == "steady"
+        ]
+        longest = max(row["delay_ms"] for row in steady)
+        rows_at = [row for row in steady if row["delay_ms"] == longest]
+        native_p99 = max(row["native"]["p99"] for row in rows_at)
+        wrapper_p99 = max(row["wrapper"]["p99"] for row in rows_at)
+        k = lateness["precision_bits"]
+        out.append([
+            f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
+            f"{native_p99 / 1000:.1f} s late",
+            f"{wrapper_p99:.0f} ms (k = {k}, floor: up to {2**k} ms early by design)",
+            f"nack_lateness ({_stamp(lateness)})",
+        ])
+    path = _load("nack_path")
+    if path:
+        nacks = [r["nack_us"] for r in path["rows"]]
+        native = path["rows"][0]["native_nack_us"]
+        checks = [r["arrival_check_us"] for r in path["rows"]]
+        buckets = f"{path['rows'][0]['buckets']:,}–{path['rows'][-1]['buckets']:,}"
+        out.append([
+            f"batched `negative_acknowledge`, {buckets} pending buckets in the ledger",
+            f"{native:.1f} µs",
+            f"{min(nacks):.1f}–{max(nacks):.1f} µs; arrival check {max(checks):.1f} µs, flat",
+            f"nack_path ({_stamp(path)})",
+        ])
+    cost = _load("consumer_cost")
+    if cost:
+        ratios: dict[bool, list[float]] = {True: [], False: []}
+        for broker in cost["brokers"].values():
+            for cell in broker["cells"]:
+                if cell.get("scenario", "A") == "A" and cell.get("ratio", {}).get("cpu"):
+                    ratios[cell["batching"]].append(cell["ratio"]["cpu"])
+        for batching, values in ratios.items():
+            if values:
+                out.append([
+                    f"CPU per message, nothing nacked, {'batched' if batching else 'not batched'}",
+                    "1×",
+                    f"{min(values):.2f}–{max(values):.2f}× the native consumer's",
+                    f"consumer_cost ({_stamp(cost)})",
+                ])
+    drain = _load("batch_drain")
+    if drain:
+        for label, result in drain["results"].items():
+            ok = not (result["handout_errors"] or result["handed_out_after_ack"])
+            ok = ok and not result["leftovers_for_a_fresh_consumer"] and result["drained"]
+            out.append([
+                f"{result['messages']:,} messages in batches of 10, 1 nacked per batch ({label})",
+                "the whole batch again per nack",
+                f"{'each message once per nack, drained' if ok else 'FAILED'} in {result['drain_s']:.0f} s",
+                f"batch_drain ({_stamp(drain)})",
+            ])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    table = report.table(["measured on 2 cores", "native client", "pulsar-nack", "benchmark"], rows())
+    block = f"<!-- BEGIN comparison -->\n{table}\n<!-- END comparison -->"
+    text = README.read_text()
+    pattern = re.compile(r"<!-- BEGIN comparison -->.*?<!-- END comparison -->", re.DOTALL)
+    if not pattern.search(text):
+        raise SystemExit("README.md has no comparison block")
+    README.write_text(pattern.sub(lambda _: block, text))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
