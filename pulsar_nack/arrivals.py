@@ -30,7 +30,7 @@ import enum
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,7 @@ class Verdict(enum.Enum):
     DUPLICATE = "duplicate"  # the application holds another copy: ack this one when it acks that
 
 
+_NONE: tuple[Any, ...] = ()  # no copies to ack (shared: the ack path allocates nothing)
 _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
 
@@ -125,7 +126,8 @@ class _Recent:
         self.acked: list[Generation] = [{}, {}]
 
     def __bool__(self) -> bool:
-        return any(self.delivered) or any(self.acked)
+        delivered, acked = self.delivered, self.acked
+        return bool(delivered[0] or delivered[1] or acked[0] or acked[1])
 
     @staticmethod
     def _add(generation: Generation, ledger: tuple[str, int], entry_id: int) -> None:
@@ -408,7 +410,9 @@ class ArrivalFilter:
             parked.setdefault(batch_index, []).append(copy)
             return True
 
-    def acked(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> tuple[list[Any], bool]:
+    def acked(
+        self, ledger_id: int, entry_id: int, batch_index: int, topic: str
+    ) -> tuple[Sequence[Any], bool]:
         """The application acked this message. Returns parked copies to ack along with it, and whether
         a nack of it was pending (the caller removes it from the index). O(1)."""
         key = (topic, ledger_id, entry_id)
@@ -421,15 +425,15 @@ class ArrivalFilter:
                     self._recent.ack((topic, ledger_id), entry_id)
                 bitmap = self._pending.get((topic, ledger_id))
                 if bitmap is None or entry_id not in bitmap:
-                    return [], False
+                    return _NONE, False
                 bitmap.discard(entry_id)
                 if not bitmap:
                     del self._pending[(topic, ledger_id)]
-                return [], True
+                return _NONE, True
             entry = self._entries.get(key)
             if entry is None:
                 if not self._is_quiet(topic, ledger_id, entry_id):
-                    return [], False  # acked twice, after the entry settled
+                    return _NONE, False  # acked twice, after the entry settled
                 entry = self._expand(key, 0)  # a nack-then-ack of a quiet entry's message
             bit = 1 << batch_index
             entry.acked |= bit
@@ -438,7 +442,7 @@ class ArrivalFilter:
             flight = entry.flights.get(batch_index) if entry.flights else None
             if flight is not None:
                 flight.acked = True
-            copies = entry.parked.pop(batch_index, []) if entry.parked else []
+            copies = entry.parked.pop(batch_index, _NONE) if entry.parked else _NONE
             if entry.settled(self._clock, self.linger_ms):
                 del self._entries[key]
             elif self._pending_mask is not None and entry.quiet:

@@ -243,8 +243,8 @@ class NackBridge:
     def note_ack(self, message: Any) -> None:
         """Tell the tracker about an ack (before it goes to the native client); ack parked copies with it."""
         arrivals = self._arrivals
-        if arrivals.idle and type(message) is pulsar.Message and (
-            message.__dict__.get(_ADMITTED_IDS) is _UNTRACKED
+        if type(message) is pulsar.Message and message.__dict__.get(_ADMITTED_IDS) is _UNTRACKED and (
+            arrivals.idle
         ):
             return  # a non-batched message while nothing is tracked
         ids = self._ids(message)

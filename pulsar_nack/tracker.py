@@ -172,7 +172,9 @@ class NackTracker:
         if not self._closed:
             self.schedule(max(due_ms, self._clock()), ledger_id, entry_id, batch_index, topic)
 
-    def acked(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> list[object]:
+    def acked(
+        self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
+    ) -> Sequence[object]:
         """The application acked a message: a pending nack of it is dropped. Returns copies of it the
         consumer must ack too (see :class:`~pulsar_nack.arrivals.ArrivalFilter`). O(1) typically."""
         copies, was_pending = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)

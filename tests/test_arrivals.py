@@ -110,7 +110,7 @@ def test_copies_of_acked_and_nacked_messages() -> None:
     arrivals.acked(7, 1, 0, "t")
     assert arrivals.pending(7, 1, 0, "t") is None, "acked: nothing to redeliver"
     assert arrivals.pending(7, 1, 1, "t") is True
-    assert arrivals.acked(7, 1, 1, "t") == ([], True), "the caller removes the pending nack"
+    assert arrivals.acked(7, 1, 1, "t") == ((), True), "the caller removes the pending nack"
     assert arrivals.idle
     arrivals.pending(7, 2, -1, "t")
     forward(arrivals, clock, 2, None, target=clock.now + 102)
