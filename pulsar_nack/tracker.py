@@ -27,6 +27,7 @@ import numpy as np
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.memory import python_bytes
 from pulsar_nack.timer import Timeout, TimerWheel, monotonic_ms
 
 __all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict"]
@@ -35,6 +36,10 @@ _log = logging.getLogger(__name__)
 #: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
 #: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
 NATIVE_DELAY_MS = 102
+
+
+#: A timeout's share of its wheel bucket's dict (key + value + hash slots at 2/3 load).
+_WHEEL_SLOT_BYTES = 48
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class NackStats:
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
-    memory_bytes: int  # the index's and the arrival filter's memory (Python objects + CRoaring heap)
+    memory_bytes: int  # index + arrival filter + armed timeouts (Python objects + CRoaring heap)
     nacked: int  # ids scheduled
     forwarded: int  # entries handed to the native client for redelivery
     redelivered: int  # messages handed to the application again after a forward
@@ -278,6 +283,26 @@ class NackTracker:
         self.index.clear()
         self.arrivals.clear()
 
+    def _memory_bytes(self) -> int:
+        """The index, the arrival filter and the armed buckets' timeouts. O(index objects)."""
+        index_bytes: int = self.index.memory_usage().total_bytes
+        return index_bytes + self.arrivals.memory_bytes() + self._timer_bytes()
+
+    def _timer_bytes(self) -> int:
+        """One timeout per armed bucket: the ``_armed`` dict plus, per bucket (from one sample), its key,
+        the timeout, its callback and deadline, and its slot in the wheel's bucket dict. O(1)."""
+        with self._lock:
+            total = python_bytes(self._armed)
+            sample = next(iter(self._armed.items()), None)
+            count = len(self._armed)
+        if sample is None:
+            return total
+        bucket, timeout = sample
+        callback = timeout.callback
+        per = python_bytes(bucket) + python_bytes(timeout) + python_bytes(timeout.deadline_ms)
+        per += python_bytes(callback) + python_bytes(getattr(callback, "args", ())) + _WHEEL_SLOT_BYTES
+        return total + count * per
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -290,9 +315,7 @@ class NackTracker:
         return NackStats(
             pending=len(self.index),
             buckets=self.index.bucket_count,
-            memory_bytes=(
-                self.index.memory_usage().total_bytes + self.arrivals.memory_bytes() if with_memory else 0
-            ),
+            memory_bytes=self._memory_bytes() if with_memory else 0,
             nacked=self.index.added,
             forwarded=self._forwarded,
             redelivered=counts.redelivered,
