@@ -97,13 +97,15 @@ def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
     consumer.close()
     check = pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger)
     fresh = check.subscribe(topic, "drain", consumer_type=pulsar.ConsumerType.Shared)
-    leftovers = 0
+    left: list[tuple[int, str, int]] = []  # (message, its id, how often it was handed out)
     try:
-        while leftovers < 1000:
-            fresh.receive(3000)
-            leftovers += 1
+        while len(left) < 1000:
+            message = fresh.receive(3000)
+            i = int.from_bytes(message.data(), "big")
+            left.append((i, str(message.message_id()), handouts[i]))
     except pulsar.Timeout:
         pass
+    leftovers = len(left)
     check.close()
     producer.close()
     client.close()
@@ -117,6 +119,7 @@ def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
         "handout_errors": wrong,
         "handed_out_after_ack": len(late),
         "leftovers_for_a_fresh_consumer": leftovers,
+        "leftover_examples": left[:20],
         "nacked": nacked,
         "peak_pending": peak["pending"],
         "peak_memory_bytes": peak["memory_bytes"],

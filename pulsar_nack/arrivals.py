@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from pyroaring import BitMap
 
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
@@ -45,6 +47,7 @@ __all__ = ["NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
 NATIVE_MIN_DELAY_MS = 100
 
 Key = tuple[str, int, int]  # (topic, ledger id, entry id)
+EntryIds = Sequence[int] | npt.NDArray[np.uint32]
 
 
 class Verdict(enum.Enum):
@@ -89,14 +92,13 @@ class _Entry:
         self.parked: dict[int, list[Any]] | None = None  # batch index → copies to ack with the app's
         self.last_forward = _NEVER_FORWARDED
 
-    def settled(self, clock: Callable[[], float], linger_ms: float) -> bool:
-        """Every message acked and no copy of a recent forward still expected."""
+    @property
+    def settled(self) -> bool:
+        """Every message acked, nothing pending or in flight."""
         if self.pending or self.flights or (self.size is None and self.acked >= 0):
             return False
         full = -1 if self.size is None else (1 << self.size) - 1  # -1: an expanded quiet entry
-        return self.acked & full == full and (
-            self.last_forward == _NEVER_FORWARDED or clock() - self.last_forward >= linger_ms
-        )
+        return self.acked & full == full
 
     @property
     def quiet(self) -> bool:
@@ -115,19 +117,22 @@ class _Recent:
     """Non-batched messages handed out for a forward in the last ``linger_ms`` (and which of them the
     application acked since): a later copy of one — the broker re-dispatching after a reconnect, or a
     second redelivery request — is not handed out again. Two generations of per-ledger bitmaps, each
-    lasting half of ``linger_ms``: a few bytes per message, O(1) per lookup."""
+    lasting half of ``linger_ms``: a few bytes per message, O(1) per lookup. Batched entries whose
+    messages were all acked after a recent forward are kept the same way (``settled``): a late copy of
+    one is acked, not handed out."""
 
-    __slots__ = ("acked", "delivered", "started")
+    __slots__ = ("acked", "delivered", "settled", "started")
 
     def __init__(self, now: float) -> None:
         self.started = now
         # [current, previous] generations: (topic, ledger) → entry ids
         self.delivered: list[Generation] = [{}, {}]
         self.acked: list[Generation] = [{}, {}]
+        self.settled: list[Generation] = [{}, {}]  # batched entries all acked after a recent forward
 
     def __bool__(self) -> bool:
-        delivered, acked = self.delivered, self.acked
-        return bool(delivered[0] or delivered[1] or acked[0] or acked[1])
+        delivered, acked, settled = self.delivered, self.acked, self.settled
+        return bool(delivered[0] or delivered[1] or acked[0] or acked[1] or settled[0] or settled[1])
 
     @staticmethod
     def _add(generation: Generation, ledger: tuple[str, int], entry_id: int) -> None:
@@ -143,6 +148,12 @@ class _Recent:
             if bitmap is not None and entry_id in bitmap:
                 return True
         return False
+
+    def settle(self, ledger: tuple[str, int], entry_id: int) -> None:
+        self._add(self.settled[0], ledger, entry_id)
+
+    def is_settled(self, ledger: tuple[str, int], entry_id: int) -> bool:
+        return self._holds(self.settled, ledger, entry_id)
 
     def deliver(self, ledger: tuple[str, int], entry_id: int) -> None:
         self._add(self.delivered[0], ledger, entry_id)
@@ -161,6 +172,7 @@ class _Recent:
         if now - self.started >= half_linger_ms:
             self.delivered = [{}, self.delivered[0]]
             self.acked = [{}, self.acked[0]]
+            self.settled = [{}, self.settled[0]]
             self.started = now
 
     def forget_unacked(self) -> None:
@@ -168,7 +180,7 @@ class _Recent:
         self.delivered = [dict(self.acked[0]), dict(self.acked[1])]
 
     def bitmaps(self) -> Iterator[BitMap]:
-        for generation in (*self.delivered, *self.acked):
+        for generation in (*self.delivered, *self.acked, *self.settled):
             yield from generation.values()
 
 
@@ -220,7 +232,8 @@ class ArrivalFilter:
         self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
-        self._forwards: deque[tuple[float, Key, int]] = deque()  # (forwarded at, key, batch index), in order
+        # one record per forward call, in order: (at, topic, ledger id, entry ids, batch indexes)
+        self._forwards: deque[tuple[float, str, int, EntryIds, Mapping[int, tuple[int, ...]]]] = deque()
         self.lateness: deque[float] = deque(maxlen=lateness_window)
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
 
@@ -279,17 +292,18 @@ class ArrivalFilter:
         self,
         topic: str,
         ledger_id: int,
-        entry_ids: Iterable[int],
+        entry_ids: EntryIds,
         batch_indexes: Mapping[int, tuple[int, ...]],
         now: float,
         target: int,
     ) -> None:
-        """Entries of one ledger went to the native client at ``now`` for bucket time ``target``.
-        O(entries + batch indexes)."""
+        """Entries of one ledger went to the native client at ``now`` for bucket time ``target``
+        (``entry_ids``: a sequence or numpy array, kept until :meth:`sweep` retires it — 4 bytes per id
+        as an array). O(entries + batch indexes)."""
         with self._lock:
             bitmap = self._pending.get((topic, ledger_id))
-            forwards = self._forwards
-            for entry_id in entry_ids:
+            self._forwards.append((now, topic, ledger_id, entry_ids, batch_indexes))
+            for entry_id in _ints(entry_ids):
                 key = (topic, ledger_id, entry_id)
                 if bitmap is not None:
                     bitmap.discard(entry_id)
@@ -298,7 +312,6 @@ class ArrivalFilter:
                     entry = self._expand(key, sum(1 << i for i in batch_indexes.get(entry_id, ())))
                 if entry is None:  # a non-batched message
                     self._flights[key] = _Flight(now, target, self._flights.get(key))
-                    forwards.append((now, key, -1))
                     continue
                 indexes = batch_indexes.get(entry_id)
                 if indexes is not None:
@@ -314,7 +327,6 @@ class ArrivalFilter:
                 entry.flights = flights
                 for index in _bits(mask & ~entry.acked):
                     flights[index] = _Flight(now, target, flights.get(index))
-                    forwards.append((now, key, index))
                 entry.last_forward = now
             if bitmap is not None and not bitmap:
                 del self._pending[(topic, ledger_id)]
@@ -349,6 +361,8 @@ class ArrivalFilter:
                 # a copy of an entry all acked or pending (after a reconnect, say): nothing to hand out
                 mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
                 verdict = Verdict.HOLD if mask >> batch_index & 1 else Verdict.ACKED
+            elif key not in self._entries and self._recent and self._recent.is_settled(key[:2], entry_id):
+                verdict = Verdict.ACKED  # a late copy of an entry acked after its redelivery
             else:
                 entry = self._entries.get(key)
                 if entry is None:
@@ -443,8 +457,8 @@ class ArrivalFilter:
             if flight is not None:
                 flight.acked = True
             copies = entry.parked.pop(batch_index, _NONE) if entry.parked else _NONE
-            if entry.settled(self._clock, self.linger_ms):
-                del self._entries[key]
+            if entry.settled:
+                self._forget(key)
             elif self._pending_mask is not None and entry.quiet:
                 self._make_quiet(key)
             return copies, was_pending
@@ -491,21 +505,28 @@ class ArrivalFilter:
             self._recent.rotate(now, self.linger_ms / 2)
             forwards = self._forwards
             while forwards and forwards[0][0] <= horizon:
-                at, key, index = forwards.popleft()
-                if index < 0:
+                at, topic, ledger_id, entry_ids, _ = forwards.popleft()
+                for entry_id in _ints(entry_ids):
+                    key = (topic, ledger_id, entry_id)
                     flight = self._flights.get(key)
-                    if flight is not None and flight.at == at and self._retire(flight, key, index, again):
+                    if flight is not None and flight.at == at and self._retire(flight, key, -1, again):
                         del self._flights[key]
-                    continue
-                entry = self._entries.get(key)
-                if entry is None:
-                    continue
-                flight = entry.flights.get(index) if entry.flights else None
-                if flight is not None and flight.at == at and self._retire(flight, key, index, again):
-                    del entry.flights[index]  # type: ignore[union-attr]
-                if entry.settled(self._clock, self.linger_ms):
-                    del self._entries[key]
+                    entry = self._entries.get(key)
+                    if entry is None or not entry.flights:
+                        continue
+                    for index, flight in list(entry.flights.items()):
+                        if flight.at == at and self._retire(flight, key, index, again):
+                            del entry.flights[index]
+                    if entry.settled:
+                        self._forget(key)
         return again
+
+    def _forget(self, key: Key) -> None:
+        """A settled entry (lock held): gone, or one bit for ``linger_ms`` if it was forwarded lately
+        (a late copy of it is acked, not handed out)."""
+        entry = self._entries.pop(key)
+        if entry.last_forward != _NEVER_FORWARDED and self._clock() - entry.last_forward < self.linger_ms:
+            self._recent.settle(key[:2], key[2])
 
     def _retire(
         self, flight: _Flight, key: Key, index: int, again: list[tuple[float, int, int, int, str]]
@@ -571,7 +592,8 @@ class ArrivalFilter:
             bitmaps = itertools.chain(self._pending.values(), self._quiet.values(), self._recent.bitmaps())
             for bitmap in bitmaps:
                 total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
-            total += len(self._forwards) * _TUPLE3  # (at, key, index); at and key are shared
+            for record in self._forwards:  # (at, topic, ledger, ids, batch indexes): the ids dominate
+                total += _TUPLE5 + python_bytes(record[0]) + _ids_bytes(record[3])
             total += _scaled(self._entries, sample, _entry_bytes)
             total += _scaled(self._flights, sample, _flight_bytes)
         return total
@@ -579,6 +601,19 @@ class ArrivalFilter:
 
 _TUPLE2 = python_bytes((1 << 40, "t"))
 _TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
+_TUPLE5 = python_bytes(("t", 1 << 40, 1 << 40, 1, 1))
+
+
+def _ids_bytes(ids: EntryIds) -> int:
+    nbytes = getattr(ids, "nbytes", None)
+    if nbytes is not None:  # a numpy array
+        return python_bytes(ids) + int(nbytes)
+    return python_bytes(ids) + sum(_int_bytes(i) for i in ids)
+
+
+def _ints(ids: EntryIds) -> Iterable[int]:
+    """Plain ints of a sequence or numpy array (numpy ints would make other dict keys)."""
+    return ids.tolist() if isinstance(ids, np.ndarray) else ids
 
 
 def _int_bytes(value: int) -> int:

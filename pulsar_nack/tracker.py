@@ -224,9 +224,8 @@ class NackTracker:
         target = int(now + self.lead_ms) if target is None else target
         forwarded = 0
         for ids in due:
-            entry_ids = ids.entry_ids.tolist()
-            self.arrivals.forwarded(ids.topic, ids.ledger_id, entry_ids, ids.batch_indexes, now, target)
-            forwarded += len(entry_ids)
+            self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, target)
+            forwarded += len(ids.entry_ids)
         with self._lock:
             self._last_forward = now
             self._forwarded += forwarded

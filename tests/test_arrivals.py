@@ -166,3 +166,23 @@ def test_a_later_copy_of_a_redelivered_message_is_not_handed_out_again() -> None
         arrivals.sweep()
     assert arrivals.idle
     assert admit(arrivals, 1) is Verdict.DELIVER
+
+
+def test_a_batch_acked_after_its_redelivery_is_one_bit_while_copies_may_come() -> None:
+    """Once every message of a forwarded batch is acked its record goes; for ``linger_ms`` a late copy
+    (another redelivery request, a reconnect) is still recognised and acked, then it is forgotten."""
+    arrivals, clock, _ = make()
+    admit(arrivals, 1, 0, size=2)
+    admit(arrivals, 1, 1, size=2)
+    arrivals.pending(7, 1, 0, "t")
+    arrivals.acked(7, 1, 1, "t")
+    forward(arrivals, clock, 1, (0,), target=clock.now + 102)
+    clock.now += 150
+    assert admit(arrivals, 1, 0, size=2) is Verdict.DELIVER
+    arrivals.acked(7, 1, 0, "t")
+    assert arrivals.counts().open_entries == 0, "no record for a settled entry"
+    assert admit(arrivals, 1, 1, size=2) is Verdict.ACKED and admit(arrivals, 1, 0, size=2) is Verdict.ACKED
+    for _ in range(3):
+        clock.now += arrivals.linger_ms / 2
+        arrivals.sweep()
+    assert arrivals.idle
