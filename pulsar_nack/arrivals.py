@@ -93,12 +93,17 @@ class _Entry:
         self.last_forward = _NEVER_FORWARDED
 
     @property
-    def settled(self) -> bool:
-        """Every message acked, nothing pending or in flight."""
-        if self.pending or self.flights or (self.size is None and self.acked >= 0):
+    def all_acked(self) -> bool:
+        """Every message of the batch acked by the application."""
+        if self.size is None and self.acked >= 0:
             return False
         full = -1 if self.size is None else (1 << self.size) - 1  # -1: an expanded quiet entry
         return self.acked & full == full
+
+    @property
+    def settled(self) -> bool:
+        """Every message acked, nothing pending or in flight."""
+        return not self.pending and not self.flights and self.all_acked
 
     @property
     def quiet(self) -> bool:
@@ -426,9 +431,12 @@ class ArrivalFilter:
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int, topic: str
-    ) -> tuple[Sequence[Any], bool]:
-        """The application acked this message. Returns parked copies to ack along with it, and whether
-        a nack of it was pending (the caller removes it from the index). O(1)."""
+    ) -> tuple[Sequence[Any], bool, bool]:
+        """The application acked this message. Returns parked copies to ack along with it, whether a
+        nack of it was pending (the caller removes it from the index), and whether the caller must ack
+        the whole entry at the broker: every message of a batch that was forwarded is now acked, but no
+        single delivered copy may be (the nacked message was never acked on the first copy, and the rest
+        of a redelivered copy may still sit in the receiver queue). O(1)."""
         key = (topic, ledger_id, entry_id)
         with self._lock:
             if batch_index < 0:
@@ -439,15 +447,15 @@ class ArrivalFilter:
                     self._recent.ack((topic, ledger_id), entry_id)
                 bitmap = self._pending.get((topic, ledger_id))
                 if bitmap is None or entry_id not in bitmap:
-                    return _NONE, False
+                    return _NONE, False, False
                 bitmap.discard(entry_id)
                 if not bitmap:
                     del self._pending[(topic, ledger_id)]
-                return _NONE, True
+                return _NONE, True, False
             entry = self._entries.get(key)
             if entry is None:
                 if not self._is_quiet(topic, ledger_id, entry_id):
-                    return _NONE, False  # acked twice, after the entry settled
+                    return _NONE, False, False  # acked twice, after the entry settled
                 entry = self._expand(key, 0)  # a nack-then-ack of a quiet entry's message
             bit = 1 << batch_index
             entry.acked |= bit
@@ -457,11 +465,12 @@ class ArrivalFilter:
             if flight is not None:
                 flight.acked = True
             copies = entry.parked.pop(batch_index, _NONE) if entry.parked else _NONE
+            ack_entry = entry.last_forward != _NEVER_FORWARDED and entry.all_acked
             if entry.settled:
                 self._forget(key)
             elif self._pending_mask is not None and entry.quiet:
                 self._make_quiet(key)
-            return copies, was_pending
+            return copies, was_pending, ack_entry
 
     def _is_quiet(self, topic: str, ledger_id: int, entry_id: int) -> bool:
         quiet = self._quiet.get((topic, ledger_id))

@@ -33,7 +33,7 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.native import batch_size, forward, message_id_of
+from pulsar_nack.native import batch_size, entry_message_id, forward, message_id_of
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
@@ -250,11 +250,14 @@ class NackBridge:
         ids = self._ids(message)
         if ids is None or (ids[2] < 0 and arrivals.idle):
             return
-        copies, was_pending = arrivals.acked(*ids)
+        copies, was_pending, ack_entry = arrivals.acked(*ids)
         if was_pending:
             self.tracker.index.remove(*ids)
         for copy in copies:
             self._native.acknowledge(copy)
+        if ack_entry:  # every message of a redelivered batch acked: ack the entry itself at the broker
+            ledger_id, entry_id, _, topic = ids
+            self._native.acknowledge(entry_message_id(topic, ledger_id, entry_id))
 
     def reset(self) -> None:
         """After a seek: pending nacks and what the filter knows are void (the broker starts over)."""

@@ -5,7 +5,8 @@
   getter exposes it and arrival order cannot tell it (several threads receive from one queue);
 * :func:`forward` — due entries → one native ``negative_acknowledge`` per entry, the only per-id
   redelivery request the Python client has (ids rebuilt with their topic: a multi-topic consumer
-  silently drops a rebuilt id without one).
+  silently drops a rebuilt id without one);
+* :func:`entry_message_id` — such a rebuilt whole-entry id, also acked to complete a batch at the broker.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pulsar
 
 from pulsar_nack.index import DueIds
 
-__all__ = ["batch_size", "forward", "message_id_of"]
+__all__ = ["batch_size", "entry_message_id", "forward", "message_id_of"]
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _BATCH_SIZE_FIELD = 6  # MessageIdData.batch_size
@@ -85,12 +86,17 @@ def forward(consumer: Any, due: Sequence[DueIds]) -> int:
     nack = consumer.negative_acknowledge
     count = 0
     for ids in due:
-        match = _PARTITION_SUFFIX.search(ids.topic)
-        partition = int(match.group(1)) if match else -1
         for entry_id in ids.entry_ids.tolist():
-            message_id = _pulsar.MessageId(partition, ids.ledger_id, entry_id, -1)
-            if ids.topic:
-                message_id.topic_name(ids.topic)
-            nack(message_id)
+            nack(entry_message_id(ids.topic, ids.ledger_id, entry_id))
             count += 1
     return count
+
+
+def entry_message_id(topic: str, ledger_id: int, entry_id: int) -> Any:
+    """A ``_pulsar.MessageId`` of a whole entry (no batch index), with its topic. A native nack of it
+    redelivers the entry; a native ack of it acks every message of the entry at the broker."""
+    match = _PARTITION_SUFFIX.search(topic)
+    message_id = _pulsar.MessageId(int(match.group(1)) if match else -1, ledger_id, entry_id, -1)
+    if topic:
+        message_id.topic_name(topic)
+    return message_id

@@ -182,7 +182,7 @@ class NackTracker:
     ) -> Sequence[object]:
         """The application acked a message: a pending nack of it is dropped. Returns copies of it the
         consumer must ack too (see :class:`~pulsar_nack.arrivals.ArrivalFilter`). O(1) typically."""
-        copies, was_pending = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
+        copies, was_pending, _ = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         if was_pending:
             self.index.remove(ledger_id, entry_id, batch_index, topic)
         return copies

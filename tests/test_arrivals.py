@@ -110,7 +110,7 @@ def test_copies_of_acked_and_nacked_messages() -> None:
     arrivals.acked(7, 1, 0, "t")
     assert arrivals.pending(7, 1, 0, "t") is None, "acked: nothing to redeliver"
     assert arrivals.pending(7, 1, 1, "t") is True
-    assert arrivals.acked(7, 1, 1, "t") == ((), True), "the caller removes the pending nack"
+    assert arrivals.acked(7, 1, 1, "t") == ((), True, False), "the caller removes the pending nack"
     assert arrivals.idle
     arrivals.pending(7, 2, -1, "t")
     forward(arrivals, clock, 2, None, target=clock.now + 102)
@@ -175,11 +175,11 @@ def test_a_batch_acked_after_its_redelivery_is_one_bit_while_copies_may_come() -
     admit(arrivals, 1, 0, size=2)
     admit(arrivals, 1, 1, size=2)
     arrivals.pending(7, 1, 0, "t")
-    arrivals.acked(7, 1, 1, "t")
+    assert arrivals.acked(7, 1, 1, "t") == ((), False, False), "never forwarded: the first copy completes"
     forward(arrivals, clock, 1, (0,), target=clock.now + 102)
     clock.now += 150
     assert admit(arrivals, 1, 0, size=2) is Verdict.DELIVER
-    arrivals.acked(7, 1, 0, "t")
+    assert arrivals.acked(7, 1, 0, "t") == ((), False, True), "all acked after a forward: ack the entry"
     assert arrivals.counts().open_entries == 0, "no record for a settled entry"
     assert admit(arrivals, 1, 1, size=2) is Verdict.ACKED and admit(arrivals, 1, 0, size=2) is Verdict.ACKED
     for _ in range(3):

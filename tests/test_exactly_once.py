@@ -735,3 +735,25 @@ def test_many_open_batches_drain_without_a_silent_limit(
     if leftovers:
         problems[f"a fresh consumer of the subscription got {len(leftovers)}"] = sorted(leftovers)[:10]
     assert not problems, describe(problems)
+
+
+def test_closing_right_after_the_last_ack_leaves_nothing_unacked(
+    nack_client: Client, pulsar_client: Any, unique_topic: str
+) -> None:
+    """The application acks the redelivered message of a batch and closes at once, before the other
+    messages of the redelivered copy are even taken from the queue: the entry is still acked at the
+    broker (the wrapper acks the whole entry once every message of it is acked)."""
+    consumer = nack_client.subscribe(unique_topic, "sub", consumer_type=SHARED)
+    produce_bursts(pulsar_client, unique_topic, 10, batch_size=10)
+    first = receive_all(consumer, 10)
+    for message in first:
+        if message.data().endswith(b"3"):
+            consumer.negative_acknowledge(message, delay_ms=0)
+        else:
+            consumer.acknowledge(message)
+    again = receive_all(consumer, 1, timeout_s=10)
+    assert again[0].data().endswith(b"3")
+    consumer.acknowledge(again[0])
+    consumer.close()
+    left = leftover(pulsar_client, unique_topic, "sub")
+    assert not left, f"a fresh consumer of the subscription got {left}"
