@@ -62,7 +62,7 @@ def rows() -> list[list[str]]:
         out.append([
             f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
             f"{native_p99 / 1000:.1f} s late",
-            f"{wrapper_p99:.0f} ms (k = {k}, floor: up to {2**k} ms early by design)",
+            f"{wrapper_p99:+.1f} ms (k = {k}, floor rounding: up to {2**k} ms early by design)",
             f"nack_lateness ({_stamp(lateness)})",
         ])
     path = _load("nack_path")
