@@ -65,6 +65,14 @@ def rows() -> list[list[str]]:
             f"{wrapper_p99:+.1f} ms (k = {k}, floor rounding: up to {2**k} ms early by design)",
             f"nack_lateness ({_stamp(lateness)})",
         ])
+    if lateness:
+        costs = [b["call_cost_us"] for b in lateness["brokers"].values()]
+        out.append([
+            "`negative_acknowledge` of a non-batched message",
+            f"{min(c['native'] for c in costs):.1f}–{max(c['native'] for c in costs):.1f} µs",
+            f"{min(c['wrapper'] for c in costs):.1f}–{max(c['wrapper'] for c in costs):.1f} µs",
+            f"nack_lateness ({_stamp(lateness)})",
+        ])
     path = _load("nack_path")
     if path:
         nacks = [r["nack_us"] for r in path["rows"]]
