@@ -250,9 +250,7 @@ class NackBridge:
         ids = self._ids(message)
         if ids is None or (ids[2] < 0 and arrivals.idle):
             return
-        copies, was_pending, ack_entry = arrivals.acked(*ids)
-        if was_pending:
-            self.tracker.index.remove(*ids)
+        copies, ack_entry = self.tracker.acked(*ids)
         for copy in copies:
             self._native.acknowledge(copy)
         if ack_entry:  # every message of a redelivered batch acked: ack the entry itself at the broker

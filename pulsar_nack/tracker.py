@@ -179,13 +179,14 @@ class NackTracker:
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
-    ) -> Sequence[object]:
+    ) -> tuple[Sequence[object], bool]:
         """The application acked a message: a pending nack of it is dropped. Returns copies of it the
-        consumer must ack too (see :class:`~pulsar_nack.arrivals.ArrivalFilter`). O(1) typically."""
-        copies, was_pending, _ = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
+        consumer must ack too, and whether it must ack the whole entry at the broker (see
+        :meth:`~pulsar_nack.arrivals.ArrivalFilter.acked`). O(1) typically."""
+        copies, was_pending, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         if was_pending:
             self.index.remove(ledger_id, entry_id, batch_index, topic)
-        return copies
+        return copies, ack_entry
 
     def _arm(self, bucket: int, at_ms: float) -> None:
         """One timeout per bucket (lock held); a new bucket also means an older one may have gone cold."""

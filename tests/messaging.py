@@ -8,6 +8,8 @@ from typing import Any
 import pulsar
 import pytest
 
+from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone
+
 
 def produce(
     client: Any, topic: str, count: int, batching: bool = False, prefix: str = "m", keys: int = 0
@@ -91,3 +93,12 @@ def leftover(client: Any, topic: str | list[str], subscription: str, wait_ms: in
             break
     consumer.close()
     return got
+
+
+def own_broker(kind: str, request: pytest.FixtureRequest) -> Broker:
+    """A broker for one test alone (not started): ``kind`` 'apache' (skipped without Java, as the
+    ``require_apache`` fixture decides) or 'lite'."""
+    if kind == "apache":
+        request.getfixturevalue("require_apache")
+        return PulsarStandalone()
+    return PulsarLite()

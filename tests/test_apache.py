@@ -11,10 +11,10 @@ from typing import Any
 
 import pulsar
 import pytest
-from messaging import nothing_more, produce, receive_all
+from messaging import nothing_more, own_broker, produce, receive_all
 
 from pulsar_nack import Client, DelayLimitExceeded
-from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone
+from pulsar_nack.broker import PulsarStandalone
 
 pytestmark = [pytest.mark.apache, pytest.mark.apache_only]  # nack_client runs on Apache Pulsar
 
@@ -181,14 +181,8 @@ def test_pip315_broker_limit_and_client_limit_agree(
 def test_broker_restart_with_pending_nacks(kind: str, request: pytest.FixtureRequest) -> None:
     """Every message comes back once after a broker restart, and none before its due time: the broker
     redelivers unacked messages as soon as the consumer reconnects; the wrapper holds them back."""
-    broker: Broker
-    if kind == "apache":
-        request.getfixturevalue("require_apache")
-        broker = PulsarStandalone()
-    else:
-        broker = PulsarLite()
     delays_ms = [3_000, 6_000, 9_000, 25_000]
-    with broker:
+    with own_broker(kind, request) as broker:
         nack_client = Client(
             broker.service_url,
             operation_timeout_seconds=30,

@@ -130,7 +130,7 @@ def test_arrival_verdicts_for_a_batch() -> None:
         assert arrive(h, 5, 9, batch_index) is Verdict.DELIVER
     h.tracker.schedule(start + 1_000, 5, 9, batch_index=0)
     h.tracker.schedule(start + 5_000, 5, 9, batch_index=1)
-    assert not h.tracker.acked(5, 9, batch_index=2)
+    assert h.tracker.acked(5, 9, batch_index=2) == ((), False)
     h.run_until(start + 1_000)
     assert h.forwards[0][1] == [("", 5, 9, (0,))]
     assert arrive(h, 5, 9, 0) is Verdict.DELIVER
@@ -162,7 +162,7 @@ def test_a_batch_acked_but_for_its_nacked_message_is_one_bit_and_still_classifie
     assert h.tracker.arrivals.memory_bytes() < 2_000, "two quiet entries: bits, not records"
     assert arrive(h, 8, 1, 0, size=5) is Verdict.ACKED, "a reconnect copy: acked sibling"
     assert arrive(h, 8, 1, 2, size=5) is Verdict.HOLD, "its nack is pending"
-    assert not h.tracker.acked(8, 2, 2), "nack-then-ack"
+    assert h.tracker.acked(8, 2, 2) == ((), False), "nack-then-ack"
     assert h.tracker.index.pending_mask(8, 2) == 0
     h.run_until(start + 1_000)
     assert h.forwards[0][1] == [("", 8, 1, (2,))]
