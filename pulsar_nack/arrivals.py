@@ -59,6 +59,7 @@ class Verdict(enum.Enum):
     DUPLICATE = "duplicate"  # the application holds another copy: ack this one when it acks that
 
 
+_DELIVER = Verdict.DELIVER  # an enum member lookup costs 65 ns on the per-message path
 _NONE: tuple[Any, ...] = ()  # no copies to ack (shared: the ack path allocates nothing)
 _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
@@ -342,6 +343,18 @@ class ArrivalFilter:
         """Classify one arrival. ``batch_size(token)`` is called at most once per batched entry, outside
         the lock. O(1)."""
         key = (topic, ledger_id, entry_id)
+        if batch_index >= 0:  # the common case first: a new message of a batch already followed
+            bit = 1 << batch_index
+            with self._lock:
+                entry = self._entries.get(key)
+                if (
+                    entry is not None
+                    and entry.size is not None
+                    and not entry.flights
+                    and not (entry.out | entry.acked | entry.pending) & bit
+                ):
+                    entry.out |= bit
+                    return _DELIVER
         now = 0.0  # read only for copies of forwarded messages
         again: _Flight | None = None
         if batch_index >= 0:
@@ -439,6 +452,18 @@ class ArrivalFilter:
         of a redelivered copy may still sit in the receiver queue). O(1)."""
         key = (topic, ledger_id, entry_id)
         with self._lock:
+            if batch_index >= 0:  # the common case first: a batch nothing of which was nacked
+                entry = self._entries.get(key)
+                if (
+                    entry is not None
+                    and entry.size is not None
+                    and not (entry.pending or entry.flights or entry.parked)
+                    and entry.last_forward == _NEVER_FORWARDED
+                ):
+                    acked = entry.acked = entry.acked | 1 << batch_index
+                    if acked == (1 << entry.size) - 1:
+                        del self._entries[key]  # settled, never forwarded: nothing more can come
+                    return _NONE, False, False
             if batch_index < 0:
                 flight = self._flights.get(key)
                 if flight is not None:

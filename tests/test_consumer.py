@@ -435,3 +435,33 @@ def test_random_nacks_in_batches_lose_nothing_and_duplicate_nothing(
     successor = subscribe(nack_client, unique_topic)
     nothing_more(successor, 2000)
     successor.close()
+
+
+@pytest.mark.parametrize("timeout_ms", [0, 1, 5])
+def test_receive_with_a_tiny_timeout_returns_queued_messages_like_the_official_consumer(
+    nack_client: Client, pulsar_client: pulsar.Client, unique_topic: str, timeout_ms: int
+) -> None:
+    """Issue 10: a polling loop with receive(0)/receive(1) gets what is queued, as with pulsar.Client; and
+    raises Timeout once nothing is."""
+    official = pulsar_client.subscribe(unique_topic, "official", consumer_type=SHARED)
+    wrapped = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=60_000)
+    produce(nack_client, unique_topic, 5, batching=True)
+    time.sleep(1.0)  # both receiver queues filled
+    got: dict[str, list[bytes]] = {"official": [], "wrapped": []}
+    for name, consumer in (("official", official), ("wrapped", wrapped)):
+        for _ in range(50):  # bounded: more polls than messages
+            try:
+                message = consumer.receive(timeout_ms)
+            except pulsar.Timeout:
+                break
+            got[name].append(message.data())
+            if name == "wrapped" and message.data() == b"m0":
+                consumer.negative_acknowledge(message)  # its siblings stay acked-or-held: no copy leaks
+            else:
+                consumer.acknowledge(message)
+    assert got["official"] == [f"m{i}".encode() for i in range(5)]
+    assert got["wrapped"] == got["official"]
+    with pytest.raises(pulsar.Timeout):
+        wrapped.receive(timeout_ms)
+    official.close()
+    wrapped.close()
