@@ -28,7 +28,8 @@ import datetime
 import functools
 import inspect
 import itertools
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import _pulsar
@@ -44,6 +45,9 @@ from pulsar_nack.tracker import NackStats
 __all__ = ["Client", "NackConsumer"]
 
 _Receive = tuple[int, "asyncio.Future[Any]"]  # (request number, the native receive's future)
+#: An async ``message_listener``: awaited with the consumer and each message, one message at a time.
+AsyncListener = Callable[["NackConsumer", pulsar.Message], Awaitable[object]]
+_log = logging.getLogger(__name__)
 
 
 class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is untyped
@@ -59,6 +63,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._nacks = NackBridge(self._consumer, self._consumer.topic(), options)
         self._requests = itertools.count()
         self._orphans: list[_Receive] = []  # native receives whose caller was cancelled
+        self._listener_task: asyncio.Task[None] | None = None  # runs an async message_listener
 
     @property
     def nack_options(self) -> NackOptions:
@@ -95,6 +100,28 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         message._message = raw
         message._schema = self._schema
         return message
+
+    def __aiter__(self) -> NackConsumer:
+        """``async for message in consumer``: every message the application gets, until it is closed."""
+        return self
+
+    async def __anext__(self) -> pulsar.Message:
+        try:
+            return await self.receive()
+        except pulsar.asyncio.PulsarException as error:
+            if error.error() == pulsar.Result.AlreadyClosed:
+                raise StopAsyncIteration from None
+            raise
+
+    async def _listen(self, listener: AsyncListener) -> None:
+        """The task behind an async ``message_listener``: one message at a time, in order, as the official
+        listener thread calls its listener. A listener's exception is logged and the next message follows
+        (the official client does the same); the message stays unacked."""
+        async for message in self:
+            try:
+                await listener(self, message)
+            except Exception:
+                _log.exception("message_listener raised on %s", self.topic())
 
     def _claim_orphan(self, loop: asyncio.AbstractEventLoop) -> _Receive | None:
         """The earliest orphaned receive of this event loop (the C++ client fulfils receives in order).
@@ -150,7 +177,21 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         """
         await self._stop_tracking()
         await super().close()
+        await self._stop_listening()
         self._forget_orphans()
+
+    async def _stop_listening(self) -> None:
+        """End the listener task once the consumer is closed: its receive fails with ``AlreadyClosed``
+        and the loop ends; a listener still busy after a second is cancelled. Never raises."""
+        task, self._listener_task = self._listener_task, None
+        if task is None or task is asyncio.current_task():
+            return  # none, or the listener closes its own consumer: its loop ends on the next receive
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError, Exception):
+            await asyncio.wait_for(asyncio.shield(task), 1.0)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     async def _stop_tracking(self) -> None:
         if self._nacks.tracker.closed:
@@ -195,8 +236,14 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
         on_delay_limit: OnDelayLimit = "error",
         on_close: OnClose = "drop",
         on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
+        message_listener: AsyncListener | None = None,
         **kwargs: Any,
     ) -> NackConsumer:
+        if message_listener is not None and not inspect.iscoroutinefunction(message_listener):
+            raise TypeError(
+                "message_listener must be an async function (consumer, message) -> None, "
+                f"got {message_listener!r}"
+            )
         arguments, delay_ms = native_subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
         options = NackOptions(  # validated before anything is subscribed
             redelivery_delay_ms=delay_ms,
@@ -211,6 +258,8 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
         consumer = NackConsumer(await super().subscribe(**arguments), options)
         self._nack_consumers = [c for c in self._nack_consumers if not c._nacks.tracker.closed]
         self._nack_consumers.append(consumer)
+        if message_listener is not None:
+            consumer._listener_task = asyncio.create_task(consumer._listen(message_listener))
         return consumer
 
     async def close(self) -> None:
@@ -220,6 +269,7 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
             await consumer._stop_tracking()
         await super().close()
         for consumer in consumers:
+            await consumer._stop_listening()
             consumer._forget_orphans()
 
 

@@ -334,3 +334,78 @@ def test_bad_nack_options_subscribe_nothing(broker: Broker, unique_topic: str, k
         await client.close()
 
     run(scenario)
+
+
+def test_async_for_hands_out_every_message_and_its_redelivery_then_ends_at_close(
+    client: aio.Client, unique_topic: str
+) -> None:
+    """Issue 10 (pulsar-client-python #279): ``async for message in consumer``; a nacked batch message
+    comes back once; the loop ends when the consumer is closed."""
+
+    async def scenario() -> None:
+        consumer = await subscribe(client, unique_topic, negative_ack_redelivery_delay_ms=200)
+        await produce(client, unique_topic, 9, one_batch=True)
+        seen: list[bytes] = []
+        async for message in consumer:
+            seen.append(message.data())
+            if message.redelivery_count() == 0 and int(message.data()[4:]) % 3 == 0:
+                await consumer.negative_acknowledge(message)
+            else:
+                await consumer.acknowledge(message)
+            if len(seen) == 12:
+                break
+        assert sorted(seen) == sorted([f"msg-{i}".encode() for i in range(9)] + [b"msg-0", b"msg-3", b"msg-6"])
+        await nothing_more(consumer)
+
+        async def drain() -> list[bytes]:
+            return [m.data() async for m in consumer]
+
+        pending = asyncio.ensure_future(drain())
+        await asyncio.sleep(0.2)
+        await consumer.close()
+        assert await asyncio.wait_for(pending, 5) == []  # ended by the close, nothing handed out
+
+    run(scenario)
+
+
+def test_async_message_listener_gets_each_message_once_and_its_redelivery(
+    client: aio.Client, unique_topic: str
+) -> None:
+    """An async ``message_listener``: nacks on first sight come back once; a listener that raises does not
+    stop the others; close ends the listener task."""
+
+    async def scenario() -> None:
+        calls: list[tuple[bytes, int]] = []
+        done = asyncio.Event()
+
+        async def listener(consumer: aio.NackConsumer, message: pulsar.Message) -> None:
+            calls.append((message.data(), min(message.redelivery_count(), 1)))  # 1: a redelivery
+            if message.data() == b"msg-1" and message.redelivery_count() == 0:
+                raise RuntimeError("listener failure on purpose")  # logged; msg-1 stays unacked
+            if message.redelivery_count() == 0:
+                await consumer.negative_acknowledge(message, delay_ms=150)
+            else:
+                await consumer.acknowledge(message)
+            if len(calls) == 11:
+                done.set()
+
+        consumer = await subscribe(client, unique_topic, message_listener=listener)
+        await produce(client, unique_topic, 6, one_batch=True)
+        await asyncio.wait_for(done.wait(), 15)
+        await asyncio.sleep(0.8)  # nothing more may come
+        assert sorted(calls) == sorted(
+            [(f"msg-{i}".encode(), 0) for i in range(6)] + [(f"msg-{i}".encode(), 1) for i in range(6) if i != 1]
+        )
+        task = consumer._listener_task
+        await consumer.close()
+        assert task is not None and task.done()
+
+    run(scenario)
+
+
+def test_a_message_listener_must_be_async(client: aio.Client, unique_topic: str) -> None:
+    async def scenario() -> None:
+        with pytest.raises(TypeError, match="message_listener"):
+            await subscribe(client, unique_topic, message_listener=lambda consumer, message: None)
+
+    run(scenario)
