@@ -146,8 +146,9 @@ class NackBridge:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
 
         Raises ``TypeError`` for anything but a message or id, ``ValueError``/``TypeError`` for a bad
-        ``delay_ms``, :class:`~pulsar_nack.DelayLimitExceeded` above the limit, ``RuntimeError`` once closed;
-        nothing is filed then.
+        ``delay_ms``, :class:`~pulsar_nack.DelayLimitExceeded` above the limit; nothing is filed then. Once
+        the consumer is closed a nack does nothing, as the official consumer's does (the broker redelivers
+        every unacked message of a closed consumer).
         """
         ids = self._ids(message)
         if ids is None:
@@ -163,7 +164,13 @@ class NackBridge:
             counts = delay_ms is None and options.backoff is not None
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
         tracker = self.tracker
-        tracker.schedule(tracker._clock() + delay, ledger_id, entry_id, batch_index, topic)
+        if tracker.closed:
+            return
+        try:
+            tracker.schedule(tracker._clock() + delay, ledger_id, entry_id, batch_index, topic)
+        except RuntimeError:
+            if not tracker.closed:  # closed meanwhile: as above
+                raise
 
     def _topic_of(self, ledger_id: int) -> str:
         """The topic of a bare id: ledger ids are unique in a cluster, and we saw the ledger's messages."""

@@ -465,3 +465,31 @@ def test_receive_with_a_tiny_timeout_returns_queued_messages_like_the_official_c
         wrapped.receive(timeout_ms)
     official.close()
     wrapped.close()
+
+
+def test_after_close_nack_ack_and_receive_do_what_the_official_consumer_does(
+    nack_client: Client, pulsar_client: pulsar.Client, unique_topic: str
+) -> None:
+    """Issue 10: a listener still running during close must not get exceptions it never got before: a
+    nack after close does nothing, an ack raises AlreadyClosed — the official consumer's behaviour."""
+    outcomes: dict[str, list[str]] = {}
+    for name, client in (("official", pulsar_client), ("wrapped", nack_client)):
+        consumer = client.subscribe(unique_topic, name, consumer_type=SHARED)
+        produce(client, unique_topic, 2, batching=False, prefix=name)
+        first, second = receive_all(consumer, 2)
+        consumer.close()
+        results = []
+        for call in (
+            lambda: consumer.negative_acknowledge(first),
+            lambda: consumer.negative_acknowledge(first.message_id()),
+            lambda: consumer.acknowledge(second),
+            lambda: consumer.receive(100),
+        ):
+            try:
+                call()
+                results.append("ok")
+            except Exception as error:  # noqa: BLE001 — recorded and compared
+                results.append(type(error).__name__)
+        outcomes[name] = results
+    assert outcomes["official"] == ["ok", "ok", "AlreadyClosed", "AlreadyClosed"]
+    assert outcomes["wrapped"] == outcomes["official"]
