@@ -203,7 +203,9 @@ def test_pip315_broker_limit_and_client_limit_agree(
             break
         arrived[message.data()] = time.monotonic()
         consumer.acknowledge(message)
-    assert b"plain too late" not in arrived, "refused by the broker"
+    # The broker's refusal is asserted above through the plain producer's send results (an accepted "too
+    # late" would have been acknowledged: Result.Ok); arriving it could not, being due hours from now.
+    assert set(arrived) <= {b"on time", b"limited on time"}
     assert arrived[b"limited on time"] - sent >= 0.9, "delayed delivery is honoured"
     limited.close()
     consumer.close()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -303,13 +306,25 @@ def test_lite_default_partitions_and_own_data_dir(tmp_path: Path, unique_topic: 
     assert (tmp_path / "lite" / "pulsar-lite.log").is_file()
 
 
-def test_java_available_reports() -> None:
+def test_java_available_reports_the_java_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """java_available() agrees with what `java -version` on this machine says: the version it names is the
+    one installed, and it is refused below the minimum."""
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    java = shutil.which("java")
     ok, reason = java_available()
-    assert isinstance(ok, bool) and reason
-    ok_apache, reason_apache = apache_pulsar_available()
-    assert isinstance(ok_apache, bool) and reason_apache
+    if java is None:
+        assert not ok and "no `java`" in reason
+        assert not apache_pulsar_available()[0]
+        return
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
+    major = int(re.search(r'version "(\d+)', out.stderr + out.stdout).group(1))  # type: ignore[union-attr]
+    assert ok == (major >= 17), reason
+    if ok:
+        assert reason.startswith("java ") and java in reason and str(major) in reason
+    too_old = f"{java} is Java {major}; Apache Pulsar 4.0 needs Java {major + 1}+"
+    assert java_available(min_version=major + 1) == (False, too_old)
     if not ok:
-        assert not ok_apache
+        assert not apache_pulsar_available()[0]
 
 
 def test_start_broker_rejects_unknown_kind() -> None:
