@@ -1,12 +1,12 @@
 """The memory sweep's task: one grid point in, one row of measurements out (pure; runs on Spark workers).
 
-A :class:`GridPoint` names one experiment of the TimeBucket blog's memory analysis (seed 001, §3.2): a
-tracker (``contender``) is fed ``n`` nacked ids of the blog's workload (``x`` ids per ms,
-``entries_per_ledger`` entries per ledger, a ``nack_share`` of the message stream nacked, ``batch``
-messages per entry) and :func:`measure` reports what it holds — buckets, bitmaps, Roaring containers,
-retained bytes — and how fast it was built and drained. Grids are lists of points, built from a small
-JSON format (:func:`parse_grid`, :func:`load_grid`); ``default`` is the issue's 48 (x, k) points plus one
-point per baseline, ``small`` a dozen quick points that touch every axis.
+A :class:`GridPoint` names one experiment of the TimeBucket blog's memory analysis (§3.2): a tracker
+(``contender``) is fed ``n`` nacked ids of the blog's workload (``x`` ids per ms, ``entries_per_ledger``
+entries per ledger, a ``nack_share`` of the message stream nacked, ``batch`` messages per entry) and
+:func:`measure` reports what it holds — buckets, bitmaps, Roaring containers, retained bytes — and how fast it
+was built and drained. Grids are lists of points, built from a small JSON format (:func:`parse_grid`,
+:func:`load_grid`); ``default`` is 48 (x, k) points (x = 1, 2, 4, 8, 16, 32 ids per ms; k = 0, 4, 8, 10, 12,
+15, 16, 18) plus one point per baseline, ``small`` a dozen quick points that touch every axis.
 
 Memory is measured without a fresh process per point (a Spark worker runs many points):
 
@@ -358,7 +358,7 @@ class GridError(ValueError):
 
 #: Built-in grids, in the JSON format of :func:`parse_grid`.
 GRIDS: Final[dict[str, dict[str, Any]]] = {
-    # The issue's 48 (x, k) points of the index, plus each baseline once (their memory depends on
+    # 48 (x, k) points of the index, plus each baseline once (their memory depends on
     # neither x nor k), 200,000 ids each.
     "default": {
         "defaults": {"n": 200_000},

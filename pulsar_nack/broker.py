@@ -3,8 +3,8 @@
 Two brokers share one interface (:class:`Broker`):
 
 * :class:`PulsarLite` -- the pulsar-lite binary shipped inside the ``pulsar-lite`` wheel. Starts in
-  milliseconds; see ``shared/notes/brokers.md`` for what it does not implement (delayed delivery,
-  nack on partitioned topics, ...).
+  milliseconds; it does not implement everything Apache Pulsar does (no delayed delivery, no nack
+  redelivery on partitioned topics, ...): tests of those run on :class:`PulsarStandalone`.
 * :class:`PulsarStandalone` -- Apache Pulsar standalone (broker + bookie + RocksDB metadata store in
   one JVM), from the Maven project in ``broker/`` of this repository. Needs Java 17+ and, the first
   time, Maven (it resolves ``org.apache.pulsar:pulsar-broker`` into ``~/.m2`` and writes the runtime

@@ -73,7 +73,7 @@ DEFAULT_MASTER: Final = "local[2]"
 
 #: The Java PIP-393 structure (fastutil AVL map → open hash map → Roaring64Bitmap) with 10M ids of the same
 #: workload, retained heap in MB (10^6 B) without and with ``runOptimize`` — measured on this machine kind
-#: with ``bench/java`` (shared/notes/memory.md). Keyed by (x, k).
+#: with ``bench/java``. Keyed by (x, k).
 JAVA_PIP393_10M: Final[dict[tuple[int, int], tuple[float, float]]] = {
     (1, 10): (29.28, 7.86),
     (4, 10): (22.18, 2.00),
@@ -91,7 +91,7 @@ _MASTER = re.compile(
     r"|spark://[\w.-]+:\d{1,5}(,[\w.-]+:\d{1,5})*"  # standalone, optionally with standby masters
     r"|yarn|k8s://\S+"
 )
-#: Settings of the light session (shared/notes/spark.md): no UI, few shuffle partitions, reused workers.
+#: Settings of a light session: no UI, few shuffle partitions, reused workers.
 _LIGHT_CONFIG: Final = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
@@ -676,7 +676,7 @@ _TEXTS: Final = {
     "memory_vs_precision": "Retained memory of the whole index; every extra bit of imprecision halves the "
     "buckets and the per-bucket overhead with them.",
     "contenders": "Bars: bytes per id of the index and of the Java PIP-393 structure (fastutil + "
-    "RoaringBitmap, 10M ids, shared/notes/memory.md) at the same (x, k); lines: the hash map and the "
+    "RoaringBitmap, 10M ids, measured by bench/java) at the same (x, k); lines: the hash map and the "
     "triple-long heap measured in this sweep.",
 }
 

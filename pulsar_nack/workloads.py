@@ -1,10 +1,10 @@
 """Synthetic nack workloads: the TimeBucket blog's experiment, reproducible bit for bit.
 
-The memory analysis (seed 001) feeds a tracker with ``n`` ids: ledger ids start at 10000 and switch every
-``entries_per_ledger`` entries, entry ids count up from 0 inside a ledger, and the timestamp advances by
-1 ms every ``x`` ids (``x`` = messages per ms). The *sparse* variant nacks only a pseudo-random share of
-a consecutive entry stream; which entries are chosen is decided by SplitMix64 so that the Java reference
-(``bench/java``) picks exactly the same ones.
+The TimeBucket memory analysis ("Delayed message tracker memory with TimeBucket", §3.2) feeds a tracker with
+``n`` ids: ledger ids start at 10000 and switch every ``entries_per_ledger`` entries, entry ids count up from
+0 inside a ledger, and the timestamp advances by 1 ms every ``x`` ids (``x`` = messages per ms). The *sparse*
+variant nacks only a pseudo-random share of a consecutive entry stream; which entries are chosen is decided by
+SplitMix64 so that the Java reference (``bench/java``) picks exactly the same ones.
 
 Every generator returns numpy arrays ``(due_ms, ledger_ids, entry_ids)``; cost O(n) time and memory.
 """
