@@ -26,7 +26,8 @@ from typing import Any, Literal
 import pulsar
 
 from pulsar_nack.arrivals import Verdict
-from pulsar_nack.backoff import RedeliveryBackoff
+from pulsar_nack.backoff import RedeliveryBackoff, backoff_delay, check_backoff
+from pulsar_nack.checks import check_int, check_ms
 from pulsar_nack.delay_limit import (
     DelayLimitedProducer,
     OnDelayLimit,
@@ -75,18 +76,26 @@ class NackOptions:
     on_redelivery: Callable[[Sequence[DueIds]], object] | None = None
 
     def __post_init__(self) -> None:
-        _check_delay(self.redelivery_delay_ms, "negative_ack_redelivery_delay_ms")
-        check_limit_options(self.max_redelivery_delay_ms, self.on_delay_limit)
-        if self.backoff is not None and not isinstance(self.backoff, RedeliveryBackoff):
-            raise TypeError(
-                f"negative_ack_backoff must have a next(redelivery_count) method, got {self.backoff!r}"
-            )
-        if self.on_close not in ("drop", "flush"):
+        """Check every option (docs/parameters.md), before anything is subscribed or wrapped; numpy
+        integers become ``int``. ``negative_ack_redelivery_delay_ms`` of the wrong type raises
+        ``ValueError``, as ``pulsar.Client.subscribe`` does for it; other options ``TypeError`` for a wrong
+        type and ``ValueError`` for a wrong value, naming the option."""
+        fix = object.__setattr__  # frozen: normalize numpy integers once, here
+        delay = _check_delay(self.redelivery_delay_ms, "negative_ack_redelivery_delay_ms", official=True)
+        fix(self, "redelivery_delay_ms", delay)
+        limit = check_limit_options(self.max_redelivery_delay_ms, self.on_delay_limit)
+        fix(self, "max_redelivery_delay_ms", limit)
+        check_backoff(self.backoff, "negative_ack_backoff")
+        if not isinstance(self.on_close, str) or self.on_close not in ("drop", "flush"):
             raise ValueError(f"on_close must be 'drop' or 'flush', got {self.on_close!r}")
-        _check_delay(self.native_delay_ms, "native_delay_ms")
+        fix(self, "native_delay_ms", check_int(self.native_delay_ms, "native_delay_ms"))
         if self.on_redelivery is not None and not callable(self.on_redelivery):
-            raise TypeError("on_redelivery must be callable")
-        TimeBucketIndex(self.precision_bits, self.rounding)  # it checks them: now, before any subscribe
+            raise TypeError(f"on_redelivery must be callable or None, got {self.on_redelivery!r}")
+        try:  # the index checks them: now, before subscribe; its messages start with their name
+            index = TimeBucketIndex(self.precision_bits, self.rounding)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"negative_ack_{error}") from None
+        fix(self, "precision_bits", index.precision_bits)
         if self.on_delay_limit == "error" and self.backoff is None:
             limit_delay(self.redelivery_delay_ms, self.max_redelivery_delay_ms, "error")
 
@@ -98,13 +107,15 @@ class NackOptions:
         """The delay of one nack (ms): ``delay_ms`` if given, else the backoff's for ``redelivery_count``,
         else ``redelivery_delay_ms``; then ``max_redelivery_delay_ms`` applies. O(1).
 
-        Raises ``TypeError``/``ValueError`` naming ``delay_ms`` for a bad one, and
-        :class:`~pulsar_nack.DelayLimitExceeded` above the limit (unless ``on_delay_limit="clamp"``).
+        Raises ``TypeError``/``ValueError`` naming ``delay_ms`` for a bad one (not a number or timedelta;
+        negative, infinite or NaN), naming the backoff for a bad result of ``backoff.next`` (see
+        :func:`~pulsar_nack.backoff.backoff_delay`), and :class:`~pulsar_nack.DelayLimitExceeded` above the
+        limit (unless ``on_delay_limit="clamp"``).
         """
         if delay_ms is not None:
             delay = _check_delay(delay_ms, "delay_ms")
         elif self.backoff is not None:
-            delay = float(self.backoff.next(redelivery_count))
+            delay = backoff_delay(self.backoff, redelivery_count, "negative_ack_backoff")
         else:
             delay = float(self.redelivery_delay_ms)
         if self.max_redelivery_delay_ms:
@@ -487,6 +498,7 @@ def _admitting_listener(
 def wrap(
     consumer: pulsar.Consumer,
     *,
+    native_delay_ms: int,
     negative_ack_redelivery_delay_ms: int = 60_000,
     negative_ack_precision_bits: int = 8,
     negative_ack_rounding: Rounding = "floor",
@@ -495,17 +507,26 @@ def wrap(
     on_delay_limit: OnDelayLimit = "error",
     on_close: OnClose = "drop",
     on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
-    native_delay_ms: int = 60_000,
 ) -> NackConsumer:
     """Wrap an existing ``pulsar.Consumer``: its nacks go through the PIP-393 tracker from now on.
 
-    ``native_delay_ms`` must be the ``negative_ack_redelivery_delay_ms`` the consumer was subscribed with
-    (the official default is 60000): it sets how early due ids are handed to the native tracker, and the
-    native tracker's check interval (a third of it) bounds the precision. Subscribe with
+    ``native_delay_ms`` (required: the official consumer does not expose it) must be the
+    ``negative_ack_redelivery_delay_ms`` the consumer was subscribed with — the official default is 60000
+    if it was not given. Due ids are handed to the native tracker that long before they are due; the
+    native tracker then redelivers them on its own check grid (every ``native_delay_ms / 3``), and a
+    forward waits for a moment that does not disturb the previous one (:class:`NativeTiming`). So with a
+    native delay *D*, a nack comes back up to about ``2·D/3`` ms after it is due, and never sooner than
+    *D* after the nack: a delay shorter than *D* comes back up to ``D - delay + 2·D/3`` late (about
+    ``5·D/3`` for a delay near 0). Measured on pulsar-lite: D = 3000 → up to 2.0 s late for delays of
+    4-8 s, 3.0-4.9 s late for delays under 0.1 s; D = 102 → up to 69 ms. A wrong ``native_delay_ms``
+    makes every redelivery early or late by the difference. Subscribe with
     ``negative_ack_redelivery_delay_ms=pulsar_nack.NATIVE_DELAY_MS`` (102) for redelivery within
-    milliseconds of the due time. A
-    ``message_listener`` set on the wrapped consumer keeps receiving the plain consumer and every message:
-    use :meth:`Client.subscribe` for listeners.
+    ~70 ms of the due time, or use :meth:`Client.subscribe`, which does that itself.
+
+    Logs a warning when the native timing is coarser than the index's buckets (``2·D/3`` >
+    ``2**negative_ack_precision_bits``). A ``message_listener`` set on the wrapped consumer keeps receiving
+    the plain consumer and every message: use :meth:`Client.subscribe` for listeners. Raises ``TypeError``
+    for anything but an unwrapped ``pulsar.Consumer``, and as :class:`NackOptions` does for bad options.
     """
     if not isinstance(consumer, pulsar.Consumer):
         raise TypeError(f"wrap() takes a pulsar.Consumer, got {type(consumer).__name__}")
@@ -522,17 +543,31 @@ def wrap(
         on_redelivery=on_redelivery,
         native_delay_ms=native_delay_ms,
     )
-    if native_delay_ms > 1_000:
+    late_ms, short_late_ms = _wrap_lateness_ms(options.native_delay_ms)
+    if options.native_delay_ms > NATIVE_DELAY_MS and late_ms > 2**options.precision_bits:
         _log.warning(
-            "wrapped consumer has a %d ms native nack delay: redeliveries are precise to about %d ms only; "
-            "subscribe with negative_ack_redelivery_delay_ms=%d",
-            native_delay_ms,
-            native_delay_ms // 3,
+            "wrapped consumer has a %d ms native nack delay: nacks come back up to ~%d ms after they are due "
+            "(up to ~%d ms for delays near 0; never sooner than %d ms after the nack); subscribe with "
+            "negative_ack_redelivery_delay_ms=%d for ~%d ms",
+            options.native_delay_ms,
+            late_ms,
+            short_late_ms,
+            options.native_delay_ms,
             NATIVE_DELAY_MS,
+            _wrap_lateness_ms(NATIVE_DELAY_MS)[0],
         )
     wrapped = NackConsumer()
     wrapped._attach(consumer, options)
     return wrapped
+
+
+def _wrap_lateness_ms(native_delay_ms: int) -> tuple[int, int]:
+    """How late a wrapped consumer with this native delay redelivers, at most (ms, give or take the timer's
+    few ms): for delays of at least ``native_delay_ms``, and for a delay near 0. From :class:`NativeTiming`:
+    a forward may wait two native check intervals for its slot, and the native tracker needs its latency."""
+    timing = NativeTiming(native_delay_ms)
+    slot_ms = 2 * timing.interval_ms
+    return slot_ms, timing.latency_ms + slot_ms
 
 
 def _redelivery_count(message: Any) -> int:
@@ -541,12 +576,18 @@ def _redelivery_count(message: Any) -> int:
     return target[1].redelivery_count() if target is not None and target[1] is not None else 0
 
 
-def _check_delay(value: Any, name: str) -> float:
-    """A delay in ms (int/float >= 0, or a timedelta), as float ms; else TypeError/ValueError naming it."""
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds() * 1000.0
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise TypeError(f"{name} must be a number of milliseconds, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return float(value)
+def _check_delay(value: Any, name: str, *, official: bool = False) -> float:
+    """A delay in ms: finite and >= 0; else ``TypeError``/``ValueError`` naming ``name``.
+
+    A per-call delay (``official=False``) may be an int, float, numpy number or ``datetime.timedelta``;
+    returned as float ms. The official client's ``negative_ack_redelivery_delay_ms`` (``official=True``)
+    must be an int (numpy ints too), returned as an int: a wrong type raises ``ValueError`` (as
+    ``pulsar.Client.subscribe``'s ``_check_type``), an int beyond 64 bits ``TypeError`` (as its C++
+    binding), a negative one ``ValueError`` (the official client has no check for that).
+    """
+    if official:
+        delay = check_int(value, name, type_error=ValueError)
+        if delay > 2**63 - 1:
+            raise TypeError(f"{name} must fit in a 64-bit int, got {delay}")
+        return delay
+    return check_ms(value, name, timedelta=True)

@@ -14,6 +14,7 @@ import datetime
 import time
 from typing import Any, Literal
 
+import numpy as np
 import pulsar
 
 __all__ = ["DelayLimitExceeded", "DelayLimitedProducer", "OnDelayLimit", "limit_delay"]
@@ -32,12 +33,17 @@ class DelayLimitExceeded(ValueError):
         )
 
 
-def check_limit_options(max_delay_ms: int, on_limit: str, name: str = "max_redelivery_delay_ms") -> None:
-    """Validate a (limit, policy) pair of options; 0 means no limit."""
-    if isinstance(max_delay_ms, bool) or not isinstance(max_delay_ms, int) or max_delay_ms < 0:
+def check_limit_options(max_delay_ms: int, on_limit: str, name: str = "max_redelivery_delay_ms") -> int:
+    """Validate a (limit, policy) pair of options; 0 means no limit. Returns the limit as an ``int``
+    (numpy integers are accepted). ``TypeError`` for a limit that is no int (bool included), ``ValueError``
+    for a negative one or another policy, naming the option."""
+    if isinstance(max_delay_ms, bool) or not isinstance(max_delay_ms, int | np.integer):
+        raise TypeError(f"{name} must be an int >= 0 (0 = no limit), got {type(max_delay_ms).__name__}")
+    if max_delay_ms < 0:
         raise ValueError(f"{name} must be an int >= 0 (0 = no limit), got {max_delay_ms!r}")
-    if on_limit not in ("error", "clamp"):
+    if not isinstance(on_limit, str) or on_limit not in ("error", "clamp"):
         raise ValueError(f"on_delay_limit must be 'error' or 'clamp', got {on_limit!r}")
+    return int(max_delay_ms)
 
 
 def limit_delay(delay_ms: float, max_delay_ms: int, on_limit: OnDelayLimit) -> float:
@@ -71,13 +77,16 @@ class DelayLimitedProducer(pulsar.Producer):  # type: ignore[misc]  # pulsar is 
         deliver_after = kwargs.get("deliver_after", args[8] if len(args) > 8 else None)
         if not self.max_delivery_delay_ms:
             return
+        # A wrong type raises ValueError, as the official send's own check (_check_type_or_none) does.
         if deliver_after is not None:
             if not isinstance(deliver_after, datetime.timedelta):
-                raise TypeError(
+                raise ValueError(
                     f"deliver_after must be a datetime.timedelta, got {type(deliver_after).__name__}"
                 )
             limit_delay(deliver_after.total_seconds() * 1000.0, self.max_delivery_delay_ms, "error")
         if deliver_at is not None:
-            if isinstance(deliver_at, bool) or not isinstance(deliver_at, int | float):
-                raise TypeError(f"deliver_at must be a UTC timestamp in ms, got {type(deliver_at).__name__}")
+            if not isinstance(deliver_at, int):
+                raise ValueError(
+                    f"deliver_at must be a UTC timestamp in ms (int), got {type(deliver_at).__name__}"
+                )
             limit_delay(deliver_at - time.time() * 1000.0, self.max_delivery_delay_ms, "error")

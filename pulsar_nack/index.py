@@ -305,11 +305,12 @@ class TimeBucketIndex:
     """
 
     def __init__(self, precision_bits: int = 8, rounding: Rounding = "floor") -> None:
-        if isinstance(precision_bits, bool) or not isinstance(precision_bits, int):
+        if isinstance(precision_bits, bool) or not isinstance(precision_bits, int | np.integer):
             raise TypeError(f"precision_bits must be an int, got {type(precision_bits).__name__}")
         if not 0 <= precision_bits <= MAX_PRECISION_BITS:
             raise ValueError(f"precision_bits must be in 0..{MAX_PRECISION_BITS}, got {precision_bits}")
-        if rounding not in ("floor", "ceil"):
+        precision_bits = int(precision_bits)
+        if not isinstance(rounding, str) or rounding not in ("floor", "ceil"):
             raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
         self._precision_bits = precision_bits
         self._rounding: Rounding = rounding
@@ -387,11 +388,9 @@ class TimeBucketIndex:
         every nack). A wrong ``fresh`` makes an id pending twice.
         Raises ``ValueError``/``TypeError`` naming the bad parameter; the index is then unchanged.
         """
-        try:
-            bucket = (due_ms + self._round_up) & self._mask
-        except TypeError:
-            _check_due(due_ms)
-            raise
+        if type(due_ms) is not int or due_ms < 0:  # bools, floats, negatives: rejected, whatever rounding
+            due_ms = _check_due(due_ms)
+        bucket = (due_ms + self._round_up) & self._mask
         if type(entry_id) is not int or type(ledger_id) is not int:
             entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
         with self._lock:

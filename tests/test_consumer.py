@@ -280,7 +280,7 @@ def test_wrap_an_existing_consumer(nack_client: Client, unique_topic: str) -> No
         consumer.acknowledge(message)
     consumer.close()
     with pytest.raises(TypeError):
-        pulsar_nack.wrap("not a consumer")  # type: ignore[arg-type]
+        pulsar_nack.wrap("not a consumer", native_delay_ms=pulsar_nack.NATIVE_DELAY_MS)  # type: ignore[arg-type]
 
 
 def test_close_during_a_blocked_flush_does_not_deadlock(nack_client: Client, unique_topic: str) -> None:
