@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench-index bench-broker bench-cost bench-consumer
+.PHONY: run test bench-index bench-broker bench-cost bench-consumer bench-timer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,3 +40,7 @@ bench-consumer: $(VENV)/.installed-bench
 	$(BIN)/python bench/nack_path.py
 	$(BIN)/python bench/batch_drain.py
 	$(BIN)/python bench/summary.py
+
+# Issue 10's timer figures: CPU per forwarded id and forward lateness at k = 0, 4, 8.
+bench-timer: $(VENV)/.installed-bench
+	$(BIN)/python bench/timer_cost.py

@@ -297,8 +297,8 @@ class NackBridge:
         """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.
 
         Returns how long (seconds) the caller should wait before closing the native consumer, so that
-        flushed ids reach the broker (0 when nothing was flushed). May block while a flush hook runs
-        (bounded by the timer's close timeout).
+        flushed ids reach the broker (0 when nothing was flushed). Returns at once otherwise: a flush hook
+        in progress on the timer thread is not waited for.
         """
         if self.tracker.closed:
             return 0.0

@@ -20,6 +20,9 @@ Exposed per ``topic``/``subscription`` (``pulsar_nack`` is the default namespace
 ``pulsar_nack_redelivered_total``               counter  messages handed to the application again
 ``pulsar_nack_held_back_total``                 counter  arrivals held back: their nack is still pending
 ``pulsar_nack_dropped_total``                   counter  arrivals dropped: acked or not redelivered
+``pulsar_nack_reforwarded_total``               counter  forwards repeated: copy came early or never
+``pulsar_nack_abandoned_total``                 counter  forwards given up after repeating
+``pulsar_nack_timer_failures_total``            counter  timer thread failures (logged; restarted)
 ==============================================  =======  ===============================================
 
 Consumers sharing a topic and subscription (a Shared subscription consumed in parallel) are one series:
@@ -56,6 +59,7 @@ _COUNTERS = (
     ("dropped", "dropped", "Arrivals dropped: acked already, or not part of the redelivery."),
     ("reforwarded", "reforwarded", "Forwards repeated because their copy came early or never came."),
     ("abandoned", "abandoned", "Forwards given up after repeating (the broker still holds the messages)."),
+    ("timer_failures", "timer_failures", "Failures of the redelivery timer thread (each logged; restarted)."),
 )
 _LATENESS = ("redelivery_lateness_seconds", "Redelivery arrival minus due time, recent redeliveries.")
 

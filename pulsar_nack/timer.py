@@ -12,6 +12,18 @@ time reaches them. Only *non-empty* buckets enter a heap ordered by expiration, 
 Complexity: :meth:`TimerWheel.schedule` and :meth:`Timeout.cancel` are O(1), plus O(log m) for the m
 non-empty buckets when a bucket becomes non-empty; firing is O(1) per timeout per wheel level.
 
+Range: a deadline more than :data:`MAX_WAIT_MS` (2**32 ms, ~50 days) ahead is parked at that horizon and
+placed again when the horizon is reached (once per ~50 days), so the wheel never has more than
+``log(MAX_WAIT_MS / tick_ms) / log(wheel_size) + 1`` levels (4 at the defaults) and the thread never waits
+longer than a ``Condition`` can. Deadlines must be finite.
+
+The thread starts on the first :meth:`~TimerWheel.schedule` (a wheel nothing is scheduled on costs no
+thread) and ends at :meth:`~TimerWheel.close`. It never holds a reference to anything but the wheel and
+the callbacks, so an owner that schedules weak callbacks (see :func:`weak_callback`) can be collected and
+close the wheel from a ``weakref.finalize``. Should the thread's loop ever raise (a clock that fails, say),
+the failure is logged and counted in :attr:`~TimerWheel.failures` and the loop starts again: timeouts keep
+firing.
+
 Callbacks run on the timer thread, outside the wheel's lock, one at a time. A callback may schedule,
 cancel, or :meth:`~TimerWheel.close` the wheel. A timeout never fires before its deadline (deadlines are
 rounded up to whole ticks); it fires late by the time the thread needs to wake up plus the callbacks
@@ -26,11 +38,39 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
-__all__ = ["Timeout", "TimerWheel", "monotonic_ms"]
+__all__ = ["MAX_WAIT_MS", "Timeout", "TimerWheel", "check_finite", "monotonic_ms", "weak_callback"]
 
 _log = logging.getLogger(__name__)
+#: The furthest ahead the wheel places a timeout; one due later is re-placed when this horizon is reached.
+MAX_WAIT_MS = 2**32
+_RESTART_PAUSE_S = (0.001, 1.0)  # pause before restarting a failed loop: doubles while failures repeat
+
+
+def check_finite(value: float, name: str) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is a finite number of ms (inf, NaN and ints
+    beyond a float's range are not)."""
+    try:
+        if math.isfinite(value):
+            return
+    except OverflowError:
+        pass
+    raise ValueError(f"{name} must be a finite number of milliseconds, got {value!r}")
+
+
+def weak_callback(method: Callable[[], object]) -> Callable[[], None]:
+    """A callback that calls the bound ``method`` while its object lives and does nothing after: a timer
+    holding it does not keep the object alive. O(1)."""
+    ref = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = ref()
+        if bound is not None:
+            bound()
+
+    return call
 
 
 def monotonic_ms() -> float:
@@ -105,8 +145,9 @@ class TimerWheel:
     """Schedules callbacks at absolute deadlines (ms on ``clock``) and fires them on one thread.
 
     ``tick_ms``: resolution of the finest wheel (deadlines round up to it); ``wheel_size``: buckets per
-    level. ``clock``: a monotonic millisecond clock, injectable for tests. With ``start=False`` no thread
-    runs and the owner calls :meth:`run_due` itself (deterministic tests with a fake clock).
+    level. ``clock``: a monotonic millisecond clock, injectable for tests. The thread starts on the first
+    :meth:`schedule`; with ``start=False`` it never does and the owner calls :meth:`run_due` itself
+    (deterministic tests with a fake clock).
     """
 
     def __init__(
@@ -129,26 +170,31 @@ class TimerWheel:
         self._ready: list[Timeout] = []  # due on arrival; fired by the next run
         self._pending = 0
         self._closed = False
+        self._failures = 0
+        self._name = name
+        self._start = start
         self._thread: threading.Thread | None = None
-        if start:
-            self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-            self._thread.start()
 
     # -- public API -----------------------------------------------------------------------------------
 
     def schedule(self, deadline_ms: float, callback: Callable[[], object]) -> Timeout:
-        """Run ``callback`` on the timer thread once ``clock() >= deadline_ms``. O(1) amortized."""
+        """Run ``callback`` on the timer thread once ``clock() >= deadline_ms``. O(1) amortized.
+
+        ``deadline_ms`` must be finite (else ``ValueError``); one beyond :data:`MAX_WAIT_MS` from now is
+        parked at that horizon and placed again from there. Starts the thread on first use.
+        """
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        if (
-            isinstance(deadline_ms, bool)
-            or not isinstance(deadline_ms, int | float)
-            or deadline_ms != deadline_ms
-        ):
+        if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int | float):
             raise TypeError(f"deadline_ms must be a number of milliseconds, got {deadline_ms!r}")
+        if isinstance(deadline_ms, float):
+            check_finite(deadline_ms, "deadline_ms")
         with self._cond:
             if self._closed:
                 raise RuntimeError("TimerWheel is closed")
+            if self._thread is None and self._start:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
             tick = self._wheel.tick
             timeout = Timeout(self, -(-math.ceil(deadline_ms) // tick) * tick, callback)
             head = self._heap[0][0] if self._heap else None
@@ -188,6 +234,11 @@ class TimerWheel:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def failures(self) -> int:
+        """How often the thread's loop raised (each logged, and the loop restarted)."""
+        return self._failures
+
     def close(self, timeout: float | None = 10.0) -> bool:
         """Cancel everything and stop the thread; True once it has stopped.
 
@@ -223,8 +274,10 @@ class TimerWheel:
         return math.floor(self._clock())
 
     def _place(self, timeout: Timeout) -> None:
-        found = self._wheel.bucket_for(timeout.deadline_ms)
-        if found is None or timeout.deadline_ms <= self._now():
+        """File ``timeout`` in its bucket; one beyond the horizon in the horizon's (re-placed from there)."""
+        now = self._now()
+        found = self._wheel.bucket_for(min(timeout.deadline_ms, now + MAX_WAIT_MS))
+        if found is None or timeout.deadline_ms <= now:
             self._ready.append(timeout)
             timeout._bucket = _READY
             return
@@ -283,7 +336,29 @@ class TimerWheel:
         return due
 
     def _run(self) -> None:
-        """The timer thread: sleep until the earliest non-empty bucket, fire, repeat."""
+        """The timer thread: run :meth:`_loop`; should it raise, log, count, pause briefly and run it again
+        (the pause doubles while failures repeat within a minute), so redelivery never stops silently."""
+        pause = _RESTART_PAUSE_S[0]
+        while True:
+            started = time.monotonic()
+            try:
+                self._loop()
+                return
+            except Exception:
+                self._failures += 1
+                _log.exception(
+                    "timer thread %r failed (%d so far); restarting it", self._name, self._failures
+                )
+            if time.monotonic() - started > 60.0:
+                pause = _RESTART_PAUSE_S[0]
+            with self._cond:
+                if self._closed:
+                    return
+                self._cond.wait(pause)
+            pause = min(2 * pause, _RESTART_PAUSE_S[1])
+
+    def _loop(self) -> None:
+        """Sleep until the earliest non-empty bucket, fire, repeat; return once closed."""
         cond = self._cond
         while True:
             with cond:

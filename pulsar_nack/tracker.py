@@ -1,9 +1,16 @@
 """The client-side nack tracker: TimeBucket index + timer wheel + forwarding of due ids.
 
-Data flows one way: ``schedule`` (a nack) → :class:`~pulsar_nack.index.TimeBucketIndex` → a
-:class:`~pulsar_nack.timer.TimerWheel` timeout per bucket → ``forward(due_ids)``, which the consumer
-layer turns into native ``negative_acknowledge`` calls (the only per-id redelivery the official Python
-client has).
+Data flows one way: ``schedule`` (a nack) → :class:`~pulsar_nack.index.TimeBucketIndex` → one
+:class:`~pulsar_nack.timer.TimerWheel` timeout, armed for the earliest pending bucket → ``forward(due_ids)``,
+which the consumer layer turns into native ``negative_acknowledge`` calls (the only per-id redelivery the
+official Python client has). Each firing forwards every bucket due by then and re-arms for the next one, so
+the timer's work is proportional to the forwards, never to the buckets: at most one callback per forward
+(plus one per compaction and arrival sweep), none for a bucket already forwarded.
+
+Lifecycle, like the official consumer's: the timer thread starts with the first nack; the timer holds the
+tracker only weakly, so a tracker dropped without :meth:`NackTracker.close` is collected, which closes its
+timer and ends the thread. ``forward`` (and with it the consumer's ``on_redelivery`` hook) runs without any
+of the tracker's or timer's locks held, and :meth:`NackTracker.close` never waits for it.
 
 When forwards happen is decided by :class:`NativeTiming`, a model of the native tracker's timer (see
 there): a bucket's ids are forwarded one native latency before the bucket's time, and only at moments that
@@ -16,9 +23,10 @@ copies of batch messages the application acked or holds are not handed out again
 
 from __future__ import annotations
 
-import functools
 import logging
+import math
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,8 +35,7 @@ import numpy as np
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.memory import python_bytes
-from pulsar_nack.timer import Timeout, TimerWheel, monotonic_ms
+from pulsar_nack.timer import Timeout, TimerWheel, check_finite, monotonic_ms, weak_callback
 
 __all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict"]
 
@@ -36,10 +43,6 @@ _log = logging.getLogger(__name__)
 #: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
 #: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
 NATIVE_DELAY_MS = 102
-
-
-#: A timeout's share of its wheel bucket's dict (key + value + hash slots at 2/3 load).
-_WHEEL_SLOT_BYTES = 48
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class NackStats:
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
-    memory_bytes: int  # index + arrival filter + armed timeouts (Python objects + CRoaring heap)
+    memory_bytes: int  # index + arrival filter (Python objects + CRoaring heap)
     nacked: int  # ids scheduled
     forwarded: int  # entries handed to the native client for redelivery
     redelivered: int  # messages handed to the application again after a forward
@@ -100,13 +103,16 @@ class NackStats:
     abandoned: int  # forwards given up after repeating (logged; the broker still holds the messages)
     lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
     lateness_p99_ms: float | None
+    timer_failures: int = 0  # times the timer thread failed and was restarted (each logged)
 
 
 class NackTracker:
     """Schedules nacked ids and forwards them to ``forward`` when due; classifies arrivals. Thread-safe.
 
-    ``forward`` is called on the timer thread with the due ids, once per flush; it must not block for
-    long (it delays the next flush) and may be called concurrently with :meth:`schedule`.
+    ``forward`` is called on the timer thread with the due ids, once per flush, without any lock held; it
+    must not block for long (it delays the next flush) and may be called concurrently with :meth:`schedule`.
+    A tracker that creates its own wheel (``wheel=None``) starts its thread on the first nack and ends it
+    at :meth:`close` or when the tracker is collected.
     """
 
     def __init__(
@@ -143,8 +149,12 @@ class NackTracker:
         self._clock = clock
         self._owns_wheel = wheel is None
         self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
+        # A dropped tracker closes its own wheel (the wheel holds the tracker only through weak callbacks).
+        self._finalizer = weakref.finalize(self, self._wheel.close, 0.0) if self._owns_wheel else None
+        self._on_timer = weak_callback(self._fire)
         self._lock = threading.Lock()
-        self._armed: dict[int, Timeout] = {}  # bucket time → its timeout
+        self._timeout: Timeout | None = None  # the forward timeout, armed for ...
+        self._armed_bucket: float = math.inf  # ... this bucket (the earliest pending one); inf: none
         self._last_forward = -float("inf")
         self._forwarded = 0
         self._closed = False
@@ -155,9 +165,12 @@ class NackTracker:
         self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
     ) -> int | None:
         """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time, or None for a batch
-        message the application has acked (nothing to redeliver). O(1) typically."""
+        message the application has acked (nothing to redeliver). O(1) typically.
+
+        ``due_ms`` must be finite (else ``ValueError``); the timer waits for one far ahead in steps."""
         if self._closed:
             raise RuntimeError("the consumer is closed")
+        check_finite(due_ms, "due_ms")
         fresh = self.arrivals.pending(ledger_id, entry_id, batch_index, topic)
         if fresh is None:
             return None
@@ -166,10 +179,16 @@ class NackTracker:
         except BaseException:
             self.arrivals.withdraw(ledger_id, entry_id, batch_index, topic)
             raise
-        if bucket not in self._armed:  # most nacks land in an armed bucket: no lock needed to see that
+        # Most nacks land at or after the armed bucket: no lock needed to see that.
+        if bucket < self._armed_bucket or self._compaction is None:
             with self._lock:
-                if bucket not in self._armed and not self._closed:
-                    self._arm(bucket, bucket - self.lead_ms)
+                if not self._closed:
+                    if bucket < self._armed_bucket:
+                        self._arm(bucket)
+                    if self._compaction is None:  # nacks moved on: buckets may have gone cold
+                        self._compaction = self._wheel.schedule(
+                            self._clock() + self.compact_after_ms, weak_callback(self._compact)
+                        )
         return bucket
 
     def _refile(self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
@@ -188,11 +207,17 @@ class NackTracker:
             self.index.remove(ledger_id, entry_id, batch_index, topic)
         return copies, ack_entry
 
-    def _arm(self, bucket: int, at_ms: float) -> None:
-        """One timeout per bucket (lock held); a new bucket also means an older one may have gone cold."""
-        self._armed[bucket] = self._wheel.schedule(at_ms, functools.partial(self._fire, bucket))
-        if self._compaction is None:
-            self._compaction = self._wheel.schedule(self._clock() + self.compact_after_ms, self._compact)
+    def _arm(self, bucket: float, at_ms: float | None = None) -> None:
+        """(Lock held.) Arm the one forward timeout for ``bucket`` (inf: disarm), at ``at_ms`` or else at
+        the first moment :class:`NativeTiming` allows a forward one native latency before it. O(1)."""
+        if self._timeout is not None:
+            self._timeout.cancel()
+            self._timeout = None
+        self._armed_bucket = bucket
+        if bucket != math.inf:
+            if at_ms is None:
+                at_ms = self.native.forward_at(bucket - self.lead_ms, self._last_forward)
+            self._timeout = self._wheel.schedule(at_ms, self._on_timer)
 
     def _compact(self) -> None:
         """Timer thread: compact the buckets nacks have moved on from (off the nack path)."""
@@ -203,41 +228,50 @@ class NackTracker:
 
     # -- the timer path ----------------------------------------------------------------------------
 
-    def _fire(self, bucket: int) -> None:
-        """Timer thread: forward everything that must arrive by ``now + lead``."""
+    def _fire(self) -> None:
+        """Timer thread: forward everything that must arrive by ``now + lead``, re-arm for the next bucket.
+        O(due buckets × ledgers + due ids)."""
         now = self._clock()
         with self._lock:
-            self._armed.pop(bucket, None)
-            if self._closed:
-                return
+            timeout = self._timeout
+            if self._closed or timeout is None or timeout.pending:
+                return  # a timeout cancelled while it was being fired: the armed one is still to come
+            bucket = self._armed_bucket
+            self._timeout, self._armed_bucket = None, math.inf
             at = self.native.forward_at(now, self._last_forward)
-            if at > now:
-                self._arm(bucket, at)  # now would delay the last forward's redelivery, or starve the timer
+            if at > now:  # a flush in between: now would delay its redelivery, or starve the native timer
+                self._arm(bucket, at)
                 return
-        self.flush(now, target=bucket)
+        self.flush(now, target=int(bucket))
 
     def flush(self, now: float | None = None, target: int | None = None, everything: bool = False) -> int:
-        """Forward due ids (all pending ids with ``everything``) now; returns how many entries went."""
+        """Forward due ids (all pending ids with ``everything``) now; returns how many entries went. Re-arms
+        the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets)."""
         now = self._clock() if now is None else now
         due = self.index.pop_due(2**62 if everything else int(now + self.lead_ms))
-        if not due:
-            return 0
         target = int(now + self.lead_ms) if target is None else target
         forwarded = 0
         for ids in due:
             self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, target)
             forwarded += len(ids.entry_ids)
         with self._lock:
-            self._last_forward = now
-            self._forwarded += forwarded
-            if self._sweep is None and not self._closed:
-                sweep_at = self.arrivals.sweep_due
-                if sweep_at is not None:
-                    self._sweep = self._wheel.schedule(sweep_at + 1, self._sweep_arrivals)
-        try:
-            self._forward(due)
-        except Exception:
-            _log.exception("forwarding %d due entries to the native client failed", forwarded)
+            if due:
+                self._last_forward = now
+                self._forwarded += forwarded
+            if not self._closed:
+                if self._sweep is None and due:
+                    sweep_at = self.arrivals.sweep_due
+                    if sweep_at is not None:
+                        self._sweep = self._wheel.schedule(sweep_at + 1, weak_callback(self._sweep_arrivals))
+                following = self.index.next_due_ms()
+                following_bucket = math.inf if following is None else following
+                if following_bucket != self._armed_bucket:  # no timeout left for a bucket now drained
+                    self._arm(following_bucket)
+        if due:
+            try:
+                self._forward(due)
+            except Exception:
+                _log.exception("forwarding %d due entries to the native client failed", forwarded)
         return forwarded
 
     def _sweep_arrivals(self) -> None:
@@ -257,25 +291,29 @@ class NackTracker:
             self._sweep = None
             sweep_at = self.arrivals.sweep_due
             if sweep_at is not None and not self._closed:
-                self._sweep = self._wheel.schedule(max(sweep_at, self._clock()) + 1, self._sweep_arrivals)
+                self._sweep = self._wheel.schedule(
+                    max(sweep_at, self._clock()) + 1, weak_callback(self._sweep_arrivals)
+                )
 
     # -- lifecycle and stats --------------------------------------------------------------------------
 
     def close(self, flush: bool = False) -> None:
-        """Stop the timer; forward every pending id first when ``flush``, else drop them. Idempotent."""
+        """Stop the timer; forward every pending id first when ``flush``, else drop them. Idempotent.
+
+        Returns at once whatever the timer thread is doing: a forward (an application hook) in progress is
+        not waited for — it may be waiting for a lock the caller holds — and the thread ends after it."""
         if self._closed:
             return
         if flush:
             self.flush(everything=True)
-        self._closed = True
         with self._lock:
-            armed = list(self._armed.values())
-            armed.extend(t for t in (self._compaction, self._sweep) if t is not None)
-            self._armed.clear()
-        for timeout in armed:
+            self._closed = True
+            timeouts = [t for t in (self._timeout, self._compaction, self._sweep) if t is not None]
+            self._timeout, self._armed_bucket = None, math.inf
+        for timeout in timeouts:
             timeout.cancel()
-        if self._owns_wheel:
-            self._wheel.close()
+        if self._finalizer is not None:
+            self._finalizer()  # closes the wheel without waiting for its thread
         self.clear()
 
     def clear(self) -> None:
@@ -284,24 +322,9 @@ class NackTracker:
         self.arrivals.clear()
 
     def _memory_bytes(self) -> int:
-        """The index, the arrival filter and the armed buckets' timeouts. O(index objects)."""
+        """The index and the arrival filter (the timer holds at most three timeouts). O(index objects)."""
         index_bytes: int = self.index.memory_usage().total_bytes
-        return index_bytes + self.arrivals.memory_bytes() + self._timer_bytes()
-
-    def _timer_bytes(self) -> int:
-        """One timeout per armed bucket: the ``_armed`` dict plus, per bucket (from one sample), its key,
-        the timeout, its callback and deadline, and its slot in the wheel's bucket dict. O(1)."""
-        with self._lock:
-            total = python_bytes(self._armed)
-            sample = next(iter(self._armed.items()), None)
-            count = len(self._armed)
-        if sample is None:
-            return total
-        bucket, timeout = sample
-        callback = timeout.callback
-        per = python_bytes(bucket) + python_bytes(timeout) + python_bytes(timeout.deadline_ms)
-        per += python_bytes(callback) + python_bytes(getattr(callback, "args", ())) + _WHEEL_SLOT_BYTES
-        return total + count * per
+        return index_bytes + self.arrivals.memory_bytes()
 
     @property
     def closed(self) -> bool:
@@ -325,4 +348,5 @@ class NackTracker:
             abandoned=counts.abandoned,
             lateness_p50_ms=p50,
             lateness_p99_ms=p99,
+            timer_failures=self._wheel.failures,
         )

@@ -108,6 +108,7 @@ def test_exposition_text_has_every_gauge_and_counter() -> None:
     assert samples[("pulsar_nack_redelivered_total", labels())] == 3
     assert samples[("pulsar_nack_held_back_total", labels())] == 1
     assert samples[("pulsar_nack_dropped_total", labels())] == 0
+    assert samples[("pulsar_nack_timer_failures_total", labels())] == 0
     stats = consumer.tracker.stats(False)
     assert stats.lateness_p50_ms is not None and stats.lateness_p99_ms is not None
     p50 = samples[("pulsar_nack_redelivery_lateness_seconds", labels(quantile="0.5"))]

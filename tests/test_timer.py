@@ -1,13 +1,15 @@
-"""TimerWheel: fake-clock behaviour, re-arming, closing from and during callbacks, real-clock lateness."""
+"""TimerWheel: fake-clock behaviour, re-arming, closing from and during callbacks, real-clock lateness;
+far and non-finite deadlines, a failing loop, the lazily started thread."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 import pytest
 
-from pulsar_nack.timer import TimerWheel, monotonic_ms
+from pulsar_nack.timer import MAX_WAIT_MS, TimerWheel, monotonic_ms
 
 
 class FakeClock:
@@ -192,3 +194,96 @@ def test_bad_schedule_arguments() -> None:
     with pytest.raises(TypeError, match="deadline_ms"):
         wheel.schedule("soon", lambda: None)  # type: ignore[arg-type]
     assert len(wheel) == 0
+
+
+@pytest.mark.parametrize("deadline", [math.inf, -math.inf, math.nan])
+def test_non_finite_deadlines_are_rejected(deadline: float) -> None:
+    wheel = TimerWheel(start=False)
+    with pytest.raises(ValueError, match="deadline_ms must be a finite"):
+        wheel.schedule(deadline, lambda: None)
+    with pytest.raises(ValueError, match="deadline_ms must be a finite"):
+        wheel.schedule_after(deadline, lambda: None)
+    assert len(wheel) == 0 and wheel.next_deadline_ms() is None
+
+
+def _levels(wheel: TimerWheel) -> int:
+    level, count = wheel._wheel, 0
+    while level is not None:
+        level, count = level.overflow, count + 1
+    return count
+
+
+def test_a_deadline_beyond_the_horizon_is_parked_there_and_fires_on_time() -> None:
+    """10**13 ms (317 years) and 1e300 ms ahead: placed at most MAX_WAIT_MS ahead (few wheel levels, a
+    wait a Condition can do), re-placed each time the horizon is reached, fired exactly at the deadline."""
+    clock = FakeClock(0)
+    wheel = TimerWheel(clock=clock, start=False)
+    fired: list[float] = []
+    far = 10**13
+    wheel.schedule(far, lambda: fired.append(clock.now))
+    forever = wheel.schedule(1e300, lambda: fired.append(-1.0))
+    assert _levels(wheel) <= 4, "levels for a 2**32 ms horizon at 1 ms x 512, not ~110 for 1e300"
+    head = wheel.next_deadline_ms()
+    assert head is not None and head <= MAX_WAIT_MS
+    steps = 0
+    while not fired and steps < 2 * far // MAX_WAIT_MS:  # jump from horizon to horizon
+        head = wheel.next_deadline_ms()
+        assert head is not None and head - clock.now <= MAX_WAIT_MS
+        clock.now = min(head, far)
+        wheel.run_due()
+        steps += 1
+    assert fired == [far], "fires at its deadline, not at a horizon"
+    # once per horizon, give or take the rounding of the coarsest level's ticks
+    assert far // MAX_WAIT_MS <= steps <= far // MAX_WAIT_MS * 1.1, "re-placed once per horizon"
+    assert forever.pending and len(wheel) == 1 and _levels(wheel) <= 4
+
+
+def test_a_far_deadline_does_not_kill_the_thread() -> None:
+    """Once a 10**13 ms timeout headed the wheel, Condition.wait raised OverflowError and the thread died:
+    every later timeout was filed and never fired."""
+    wheel = TimerWheel()
+    done = threading.Event()
+    try:
+        wheel.schedule_after(10**13, lambda: None)
+        time.sleep(0.05)  # the thread goes to sleep for the far one
+        wheel.schedule_after(20, done.set)
+        assert done.wait(5.0)
+        assert wheel.failures == 0, "no failure to recover from"
+    finally:
+        assert wheel.close()
+
+
+def test_a_failing_loop_is_restarted_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """Anything raising in the thread's loop (here the clock, once) must not stop later timeouts."""
+    failed = threading.Event()
+
+    def flaky_clock() -> float:
+        if threading.current_thread().name == "flaky" and not failed.is_set():
+            failed.set()
+            raise OSError("clock source gone")
+        return monotonic_ms()
+
+    wheel = TimerWheel(clock=flaky_clock, name="flaky")
+    fired: list[int] = []
+    done = threading.Event()
+    try:
+        wheel.schedule_after(10, lambda: fired.append(1))
+        assert failed.wait(5.0)
+        wheel.schedule_after(30, lambda: fired.append(2))
+        wheel.schedule_after(60, done.set)
+        assert done.wait(5.0), "the thread went on after the failure"
+    finally:
+        assert wheel.close()
+    assert fired == [1, 2]
+    assert wheel.failures == 1
+    assert "restarting it" in caplog.text and "clock source gone" in caplog.text
+
+
+def test_the_thread_starts_on_the_first_schedule_and_ends_at_close() -> None:
+    wheel = TimerWheel()
+    assert wheel._thread is None, "no thread for a wheel nothing is scheduled on"
+    wheel.schedule_after(60_000, lambda: None)
+    thread = wheel._thread
+    assert thread is not None and thread.is_alive()
+    assert wheel.close()
+    assert not thread.is_alive()

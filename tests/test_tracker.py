@@ -1,14 +1,21 @@
-"""NackTracker without a broker: forwarding times (fake clock), the arrival verdicts, backoff and limits."""
+"""NackTracker without a broker: forwarding times (fake clock), the arrival verdicts, backoff and limits;
+the timer's cost, a failing or far timer, a dropped tracker, closing while a hook blocks."""
 
 from __future__ import annotations
 
+import gc
 import itertools
+import math
+import threading
+import time
+import weakref
 from collections.abc import Sequence
 
 import pytest
 
 from pulsar_nack import DueIds, MultiplierRedeliveryBackoff, NativeTiming, TimerWheel
 from pulsar_nack.delay_limit import DelayLimitExceeded, limit_delay
+from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker, Verdict
 
 
@@ -23,12 +30,19 @@ class FakeClock:
 class Harness:
     """A tracker on a fake clock with a wheel driven by hand; records every forward."""
 
-    def __init__(self, precision_bits: int = 0) -> None:
+    def __init__(self, precision_bits: int = 0, quiet: bool = False) -> None:
+        """``quiet``: no compaction or arrival sweep within the test (every timer callback is a forward's)."""
         self.clock = FakeClock()
         self.wheel = TimerWheel(clock=self.clock, start=False)
         self.forwards: list[tuple[float, list[tuple[str, int, int, tuple[int, ...] | None]]]] = []
+        self.callbacks = 0
+        quiet_ms = 10**9 if quiet else None
         self.tracker = NackTracker(
-            self.record, precision_bits=precision_bits, clock=self.clock, wheel=self.wheel
+            self.record,
+            precision_bits=precision_bits,
+            clock=self.clock,
+            wheel=self.wheel,
+            **({"compact_after_ms": quiet_ms, "linger_ms": quiet_ms} if quiet_ms else {}),
         )
 
     def record(self, due: Sequence[DueIds]) -> None:
@@ -38,7 +52,7 @@ class Harness:
     def run_until(self, until: float) -> None:
         while self.clock.now < until:
             self.clock.now += 1
-            self.wheel.run_due()
+            self.callbacks += self.wheel.run_due()
 
 
 # -- NativeTiming ---------------------------------------------------------------------------------
@@ -266,3 +280,190 @@ def test_buckets_left_behind_are_compacted_by_the_timer() -> None:
     assert not h.forwards, "nothing due yet: only compaction ran"
     assert h.tracker.index.memory_usage().total_bytes < heavy / 2
     assert len(h.tracker.index) == 20_000
+
+
+# -- the timer's cost: proportional to the forwards ----------------------------------------------
+
+
+@pytest.mark.parametrize("precision_bits", [0, 4, 8])
+def test_timer_callbacks_are_one_per_forward_not_per_bucket(precision_bits: int) -> None:
+    """5,000 one-ms-apart due times: at k = 0 they are 5,000 buckets, due faster than the native timer
+    allows forwards (every 68 ms). Each timer callback forwards something; there are no more callbacks
+    than buckets (before: every bucket's timeout re-armed itself until a forward took its ids — 4.3M
+    callbacks for 100k buckets)."""
+    h = Harness(precision_bits, quiet=True)
+    start = h.clock.now
+    ids = 5_000
+    for entry_id in range(ids):
+        h.tracker.schedule(start + 1_000 + entry_id, 1, entry_id)
+    buckets = h.tracker.index.bucket_count
+    h.run_until(start + 1_000 + ids + 1_000)
+    assert sum(len(forwarded) for _, forwarded in h.forwards) == ids and len(h.tracker.index) == 0
+    assert h.callbacks == len(h.forwards), "every callback forwards"
+    assert h.callbacks <= buckets + 2
+    assert h.callbacks <= ids / 68 + 3, "at most one forward per native-grid slot, whatever k"
+
+
+def test_no_callback_for_a_bucket_already_drained() -> None:
+    h = Harness(precision_bits=0, quiet=True)
+    start = h.clock.now
+    for i in range(3):
+        h.tracker.schedule(start + 1_000 + i, 1, i)
+    h.clock.now = start + 1_000
+    assert h.tracker.flush() == 3  # drains all three buckets
+    h.run_until(start + 3_000)
+    assert h.callbacks == 0, "the drained buckets' timeout went with them"
+    h.tracker.schedule(h.clock.now + 500, 1, 9)  # and the timer still serves later nacks
+    h.run_until(h.clock.now + 1_000)
+    assert h.callbacks == 1 and [ids for _, ids in h.forwards][-1] == [("", 1, 9, None)]
+
+
+def test_an_acked_bucket_costs_one_callback_and_the_next_bucket_still_fires() -> None:
+    h = Harness(precision_bits=0, quiet=True)
+    start = h.clock.now
+    h.tracker.schedule(start + 1_000, 1, 1)
+    h.tracker.schedule(start + 2_000, 1, 2)
+    h.tracker.acked(1, 1)  # bucket start + 1000 is empty now
+    h.run_until(start + 3_000)
+    assert [(t - start, ids) for t, ids in h.forwards] == [(2_000 - 102, [("", 1, 2, None)])]
+    assert h.callbacks == 2
+
+
+# -- far, non-finite, failing ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "due", [math.inf, -math.inf, math.nan, pytest.param(10**400, id="int-beyond-float")]
+)
+def test_a_non_finite_due_time_is_rejected_naming_it(due: float) -> None:
+    h = Harness()
+    with pytest.raises(ValueError, match="due_ms must be a finite"):
+        h.tracker.schedule(due, 1, 1)
+    assert len(h.tracker.index) == 0 and len(h.wheel) == 0
+    assert h.tracker.arrivals.idle, "nothing half-filed"
+
+
+def test_a_nack_centuries_ahead_does_not_stop_redelivery() -> None:
+    """A real timer thread: a nack 10**13 ms (317 years) ahead heads the wheel, then a short one."""
+    forwarded = threading.Event()
+    tracker = NackTracker(lambda _due: forwarded.set(), precision_bits=0)
+    try:
+        tracker.schedule(tracker._clock() + 10**13, 1, 1)
+        tracker.schedule(tracker._clock() + 1e300, 1, 2)
+        time.sleep(0.05)  # the thread goes to sleep for the far bucket
+        tracker.schedule(tracker._clock() + 150, 1, 3)
+        assert forwarded.wait(5.0), "the short nack is forwarded"
+        assert tracker.stats().timer_failures == 0
+        assert len(tracker.index) == 2
+    finally:
+        tracker.close()
+
+
+def test_a_failing_timer_thread_is_restarted_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    """The clock fails once on the timer thread: the failure is logged and counted in the stats, and
+    nacks filed after it are still forwarded."""
+    failed = threading.Event()
+
+    def flaky_clock() -> float:
+        if threading.current_thread().name == "pulsar-nack-redelivery" and not failed.is_set():
+            failed.set()
+            raise OSError("clock source gone")
+        return monotonic_ms()
+
+    forwards: list[list[int]] = []
+    done = threading.Event()
+
+    def forward(due: Sequence[DueIds]) -> None:
+        forwards.append([e for d in due for e in d.entry_ids.tolist()])
+        if [4] in forwards:
+            done.set()
+
+    tracker = NackTracker(forward, precision_bits=0, clock=flaky_clock)
+    try:
+        tracker.schedule(flaky_clock() + 150, 1, 1)
+        assert failed.wait(5.0)
+        tracker.schedule(flaky_clock() + 300, 1, 4)
+        assert done.wait(5.0), "forwarding went on after the failure"
+        assert tracker.stats().timer_failures == 1
+    finally:
+        tracker.close()
+    assert forwards == [[1], [4]]
+    assert "restarting it" in caplog.text
+
+
+# -- lifecycle --------------------------------------------------------------------------------------
+
+
+def test_a_tracker_starts_its_thread_on_the_first_nack() -> None:
+    tracker = NackTracker(lambda _due: None)
+    try:
+        assert tracker._wheel._thread is None, "no thread before a nack"
+        tracker.schedule(tracker._clock() + 60_000, 1, 1)
+        thread = tracker._wheel._thread
+        assert thread is not None and thread.is_alive()
+    finally:
+        tracker.close()
+    thread.join(5.0)
+    assert not thread.is_alive(), "close ends it"
+
+
+def test_a_dropped_unclosed_tracker_is_collected_and_its_thread_ends() -> None:
+    """As the official consumer is: the timer must not keep the tracker (and the consumer) alive."""
+    forwards: list[int] = []
+    tracker: NackTracker | None = NackTracker(lambda due: forwards.append(len(due)))
+    assert tracker is not None
+    tracker.schedule(tracker._clock() + 60_000, 1, 1)  # pending: its bucket is armed
+    tracker.schedule(tracker._clock(), 1, 2)  # and one forwarded at once
+    deadline = time.monotonic() + 5.0
+    while not forwards and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert forwards == [1] and len(tracker.index) == 1
+    thread = tracker._wheel._thread
+    assert thread is not None and thread.is_alive()
+    dropped = weakref.ref(tracker)
+    tracker = None
+    gc.collect()
+    assert dropped() is None, "collected although nacks were pending and its timer armed"
+    thread.join(5.0)
+    assert not thread.is_alive(), "its timer thread ended"
+
+
+def test_close_does_not_wait_for_a_hook_blocked_on_the_callers_lock() -> None:
+    """apache/pulsar #23650's shape: the forward hook waits for a lock the thread calling close() holds.
+    close() must return at once (it used to wait 10 s for the timer), and the hook runs without the
+    tracker's or the timer's locks (else close() would deadlock: run on a thread here, so that the test
+    fails instead of hanging)."""
+    app_lock = threading.Lock()
+    entered = threading.Event()
+    left = threading.Event()
+    locks_held: list[bool] = []
+    elapsed: list[float] = []
+    tracker = NackTracker(lambda _due: hook(), precision_bits=0)
+
+    def hook() -> None:
+        locks_held.append(tracker._lock.locked() or tracker._wheel._cond._lock.locked())  # type: ignore[attr-defined]
+        entered.set()
+        with app_lock:
+            left.set()
+
+    def closer() -> None:
+        with app_lock:
+            tracker.schedule(tracker._clock(), 1, 1)
+            if entered.wait(5.0):
+                started = time.monotonic()
+                tracker.close()
+                elapsed.append(time.monotonic() - started)
+
+    closing = threading.Thread(target=closer, daemon=True)
+    closing.start()
+    closing.join(8.0)
+    assert not closing.is_alive(), "close() deadlocked with the hook"
+    assert entered.is_set() and len(elapsed) == 1
+    assert elapsed[0] < 3.0, f"close() waited {elapsed[0]:.1f} s for the hook"
+    assert tracker.closed
+    assert left.wait(5.0), "the hook finished once the lock was free"
+    thread = tracker._wheel._thread
+    assert thread is not None
+    thread.join(5.0)
+    assert not thread.is_alive()
+    assert locks_held == [False]
