@@ -164,15 +164,29 @@ def _walk_bitmap(address: int) -> int | None:
 
 def bitmap64_heap_bytes(bitmap: Any) -> int:
     """CRoaring's heap for a 64-bit bitmap (an adaptive radix tree of containers), estimated from its
-    statistics: the container payloads plus, per container, its struct and tree leaf and a share of
-    the tree's inner nodes. O(1)."""
+    statistics — the 64-bit bitmap has no layout we can walk. O(1).
+
+    A model fitted to glibc's in-use bytes around building 2,000 bitmaps of each shape the index makes
+    (members ``entry << 10 | batch index`` of consecutive entries: 1–16 containers), within 10 % there
+    (``tests/test_memory.py`` checks it): the bitmap and its tree root, ~60 bytes per container for the
+    first 16 (container struct and tree leaf), ~100 beyond (inner tree nodes), and array payloads with
+    their growth headroom (~1.8 bytes per payload byte).
+    """
     stats = bitmap.get_statistics()
+    containers = stats["n_containers"]
+    if not containers:
+        return _BITMAP64_EMPTY
     payload = (
         stats["n_bytes_array_containers"]
         + stats["n_bytes_run_containers"]
         + stats["n_bytes_bitset_containers"]
     )
-    return int(64 + stats["n_containers"] * (32 + 32 + 64) + payload)
+    tree = 60 * min(containers, 16) + 100 * max(containers - 16, 0)
+    return int(_BITMAP64_BASE + tree + 1.8 * payload)
+
+
+_BITMAP64_BASE = 321  # the roaring64 struct and the tree's root, with glibc's chunk headers
+_BITMAP64_EMPTY = 208  # measured like the rest
 
 
 def _estimate_bitmap(bitmap: BitMap) -> int:

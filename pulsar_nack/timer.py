@@ -120,7 +120,9 @@ class _Wheel:
         self.size = size
         self.interval = tick * size
         self.current = start - start % tick
-        self.buckets = [_Bucket() for _ in range(size)]
+        # Buckets are made on first use: a level for far deadlines (minutes, hours) holds a handful of
+        # timeouts, and 1024 empty buckets would cost ~120 KB where the list of slots costs 8 KB.
+        self.buckets: list[_Bucket | None] = [None] * size
         self.overflow: _Wheel | None = None
 
     def bucket_for(self, deadline: int) -> tuple[_Bucket, int] | None:
@@ -129,7 +131,11 @@ class _Wheel:
             return None
         if deadline < self.current + self.interval:
             virtual = deadline // self.tick
-            return self.buckets[virtual % self.size], virtual * self.tick
+            slot = virtual % self.size
+            bucket = self.buckets[slot]
+            if bucket is None:
+                bucket = self.buckets[slot] = _Bucket()
+            return bucket, virtual * self.tick
         if self.overflow is None:
             self.overflow = _Wheel(self.interval, self.size, self.current)
         return self.overflow.bucket_for(deadline)

@@ -1,0 +1,56 @@
+"""pulsar_nack.memory: the estimates ``nack_stats().memory_bytes`` is built from agree with the heap.
+
+Each measurement runs in a fresh process set up for heap measurement (``MEASURING_ENV``: no glibc thread
+cache), as the benchmarks do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pulsar_nack.memory import MEASURING_ENV
+
+_PROBE = """
+import gc, json, sys
+from pyroaring import BitMap64
+from pulsar_nack.memory import bitmap64_heap_bytes, heap_in_use, python_bytes
+per = int(sys.argv[1])
+def build(n):
+    out = []
+    for b in range(n):
+        bitmap = BitMap64()
+        for e in range(per):  # members of consecutive entries, as the index keeps them: entry << 10 | index
+            bitmap.add((b * per + e) << 10 | (e * 7 % 100))
+        out.append(bitmap)
+    return out
+build(50)
+gc.collect()
+before = heap_in_use()
+bitmaps = build(2000)
+gc.collect()
+measured = heap_in_use() - before
+estimated = sum(bitmap64_heap_bytes(b) + python_bytes(b) for b in bitmaps) + python_bytes(bitmaps)
+print(json.dumps({"measured": measured, "estimated": estimated}))
+"""
+
+
+@pytest.mark.parametrize("members", [0, 1, 10, 85, 300, 1000])
+def test_bitmap64_estimate_is_within_10_percent_of_the_heap(members: int) -> None:
+    """The batch-member bitmaps of the index: 0 to 1000 members (1 to 16 Roaring containers)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(members)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, **MEASURING_ENV},
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["measured"] > 0
+    error = result["estimated"] / result["measured"] - 1
+    assert abs(error) <= 0.10, result
