@@ -11,6 +11,8 @@
 Without Java 17+ (or without Maven before the first resolution) the tests that need Apache Pulsar
 are skipped, and the terminal summary says so in a section of its own. With
 ``PULSAR_NACK_REQUIRE_APACHE=1`` (set on CI) they fail instead.
+
+The sweep's ``spark`` and ``spark_rows`` come from ``spark_fixtures.py``, loaded as a plugin.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from typing import Any
 import pytest
 
 from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone, apache_pulsar_available
+
+# The sweep's fixtures (``spark``, ``spark_rows``), defined once for the session.
+pytest_plugins = ["spark_fixtures"]
 
 BROKER_KINDS = ("lite", "apache")
 _SKIP_PREFIX = "Apache Pulsar unavailable"
