@@ -1,7 +1,7 @@
 """Shared fixtures: the two real brokers (pulsar-lite and Apache Pulsar standalone), topics, clients.
 
-* ``pulsar_lite`` -- session-scoped, started :class:`~pulsar_nack.broker.PulsarLite`.
-* ``apache_pulsar`` -- session-scoped, started :class:`~pulsar_nack.broker.PulsarStandalone`
+* ``pulsar_lite`` -- session-scoped, started :class:`~pulsar_nack.testing.PulsarLite`.
+* ``apache_pulsar`` -- session-scoped, started :class:`~harness.standalone.PulsarStandalone`
   (started once, on first use; the first run ever resolves Apache Pulsar with Maven).
 * ``broker`` -- parametrized over both (ids ``lite`` and ``apache``). Mark a test
   ``@pytest.mark.apache_only`` or ``@pytest.mark.lite_only`` to run it against one of them only.
@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone, apache_pulsar_available
+from harness.maven import apache_pulsar_available
+from harness.standalone import PulsarStandalone
+from pulsar_nack.testing import Broker, PulsarLite
 
 # The sweep's fixtures (``spark``, ``spark_rows``), defined once for the session.
 pytest_plugins = ["spark_fixtures"]
