@@ -19,7 +19,7 @@ run: $(VENV)/.installed-broker
 	$(BIN)/pulsar-nack demo
 
 test: $(VENV)/.installed-test,dev
-	$(BIN)/ruff check pulsar_nack tests bench examples
+	$(BIN)/ruff check pulsar_nack tests bench examples harness spark
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

@@ -1,6 +1,6 @@
 """Benchmark: what the two test brokers cost — start, restart and stop times, memory, download size.
 
-For pulsar-lite (the embedded default) and Apache Pulsar standalone (from Maven Central, `broker/`):
+For pulsar-lite (the embedded default) and Apache Pulsar standalone (from Maven Central, `harness/broker/`):
 ``rounds`` cold starts in fresh data folders, a restart (same data) and a stop each; resident memory after
 start (VmRSS of the broker's PID); for Apache Pulsar the size of its resolved classpath — the jars the
 first run downloads into ~/.m2.
@@ -51,20 +51,17 @@ def measure(broker_type: Any, rounds: int) -> dict[str, Any]:
 
 
 def classpath_size(project: Path) -> dict[str, Any]:
-    from pulsar_nack.broker import _classpath_file
+    from harness.maven import classpath_file
 
-    entries = [Path(p) for p in _classpath_file(project).read_text().strip().split(":") if p]
+    entries = [Path(p) for p in classpath_file(project).read_text().strip().split(":") if p]
     jars = [p for p in entries if p.suffix == ".jar" and p.is_file()]
     return {"jars": len(jars), "bytes": sum(p.stat().st_size for p in jars)}
 
 
 def main(argv: list[str]) -> int:
-    from pulsar_nack.broker import (
-        PulsarLite,
-        PulsarStandalone,
-        _default_maven_project,
-        apache_pulsar_available,
-    )
+    from harness.maven import apache_pulsar_available, default_maven_project
+    from harness.standalone import PulsarStandalone
+    from pulsar_nack.testing import PulsarLite
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -80,7 +77,7 @@ def main(argv: list[str]) -> int:
     ok, reason = apache_pulsar_available()
     if ok:
         results["brokers"]["Apache Pulsar"] = measure(PulsarStandalone, args.rounds)
-        results["apache_classpath"] = classpath_size(_default_maven_project())
+        results["apache_classpath"] = classpath_size(default_maven_project())
     else:
         results["apache_skipped"] = reason
     report.save_json("brokers", results)
@@ -117,7 +114,7 @@ def render(results: dict[str, Any]) -> str:
             "",
             f"Apache Pulsar's first run downloads its classpath into ~/.m2: {classpath['jars']} jars, "
             f"{classpath['bytes'] / 1e6:.0f} MB (plus Maven's own plugins); later runs read the cached "
-            "`broker/target/classpath.txt` and start without Maven.",
+            "`harness/broker/target/classpath.txt` and start without Maven.",
         ]
     else:
         parts += ["", f"Apache Pulsar not measured: {results['apache_skipped']}"]

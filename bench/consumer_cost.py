@@ -630,11 +630,14 @@ def main(argv: list[str]) -> int:
     args.batching = [v == "on" for v in _choices(args.batching, ("on", "off"), "batching")]
     with tempfile.TemporaryDirectory(prefix="consumer-cost-") as snapshot:
         wrapper = snapshot_wrapper(args.wrapper_rev, Path(snapshot))
-        # this process (brokers) and every consumer process import the snapshot, not the working tree
+        # the brokers come from this working tree (imported before the snapshot goes on the path, so they
+        # work whichever revision is measured); every consumer process imports the snapshot
+        import harness.standalone  # noqa: F401
+        import pulsar_nack.testing  # noqa: F401
+
         args.wrapper_path = snapshot
         sys.path.insert(0, snapshot)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (snapshot, os.environ.get("PYTHONPATH")) if p)
-        os.environ.setdefault("PULSAR_NACK_BROKER_PROJECT", str(report.ROOT / "broker"))
         results = run(args, argv, wrapper)
     report.save_json("consumer_cost", results)
     markdown = render(results)
@@ -667,7 +670,7 @@ def run(args: argparse.Namespace, argv: list[str], wrapper: dict[str, Any]) -> d
         },
         "brokers": {},
     }
-    from pulsar_nack.broker import PulsarStandalone
+    from harness.standalone import PulsarStandalone
 
     for label, broker_type in _brokers(args.brokers.split(",")):
         print(f"starting {label} ...", file=sys.stderr)

@@ -49,7 +49,7 @@ BASELINE_SCALAR_IDS = 2_000_000
 
 def _tracker(contender: str, k: int) -> Any:
     from pulsar_nack import TimeBucketIndex
-    from pulsar_nack.baselines import HashMapTracker, TripleLongHeap
+    from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
 
     if contender == "index":
         return TimeBucketIndex(k)
@@ -58,7 +58,7 @@ def _tracker(contender: str, k: int) -> Any:
 
 def probe(payload: dict[str, Any]) -> dict[str, Any]:
     from pulsar_nack.memory import heap_in_use
-    from pulsar_nack.workloads import Workload
+    from pulsar_nack.sweep.workloads import Workload
 
     kind, contender = payload["kind"], payload.get("contender", "index")
     x, k, share, n = payload["x"], payload["k"], payload["share"], payload["n"]
@@ -296,7 +296,7 @@ def render(results: dict[str, Any]) -> str:
         "## TimeBucket index vs Java PIP-393 and the old designs",
         "",
         f"`python bench/index_memory.py --n {n}` — {n:,} ids per case, 50,000 entries per ledger, the blog's "
-        "workload (`pulsar_nack/workloads.py`); Java = `Long2ObjectAVLTreeMap<Long2ObjectOpenHashMap<"
+        "workload (`pulsar_nack/sweep/workloads.py`); Java = `Long2ObjectAVLTreeMap<Long2ObjectOpenHashMap<"
         "Roaring64Bitmap>>` in a fresh JVM per case (`bench/java`), same ids.",
         "",
         report.machine_line(results["machine"]),

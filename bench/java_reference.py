@@ -3,12 +3,12 @@
 Builds ``bench/java`` (a Maven project: fastutil 8.5.11 + RoaringBitmap 1.6.19) into a runnable
 jar and runs one fresh JVM per case. The JVM fills
 ``Long2ObjectAVLTreeMap<Long2ObjectOpenHashMap<Roaring64Bitmap>>`` with the ids of
-``pulsar_nack.workloads.Workload(x, n, entries_per_ledger, nack_share)`` (bucket key
+``pulsar_nack.sweep.workloads.Workload(x, n, entries_per_ledger, nack_share)`` (bucket key
 ``due & (-1 << k)``) and reports retained heap before/after ``runOptimize()`` and insert and drain
 ns per id as one JSON object (see ``bench/java/README.md``).
 
 Only the standard library is needed, except by :func:`self_check` / :func:`python_checksum`, which
-import ``pulsar_nack.workloads`` (numpy) to compare the Java generator with the Python one.
+import ``pulsar_nack.sweep.workloads`` (numpy) to compare the Java generator with the Python one.
 
 Usage: ``python bench/java_reference.py [--check] [--quick]`` prints the blog's grid as a table.
 """
@@ -131,13 +131,13 @@ def run_case(
 def python_checksum(
     x: int, n: int, entries_per_ledger: int = 50_000, nack_share: float = 1.0
 ) -> dict[str, Any]:
-    """The checksum the Java program prints, computed with ``pulsar_nack.workloads`` (numpy)."""
+    """The checksum the Java program prints, computed with ``pulsar_nack.sweep.workloads`` (numpy)."""
     repo_root = str(JAVA_DIR.parent.parent)
     if repo_root not in sys.path:
         sys.path.insert(0, repo_root)
     import numpy as np
 
-    from pulsar_nack.workloads import Workload
+    from pulsar_nack.sweep.workloads import Workload
 
     w = Workload(x=x, n=n, entries_per_ledger=entries_per_ledger, nack_share=nack_share)
     due, ledgers, entries = w.generate()
@@ -200,7 +200,7 @@ def main(argv: list[str]) -> int:
     build()
     if "--check" in argv:
         self_check()
-        print("self_check: Java ids == pulsar_nack.workloads ids")
+        print("self_check: Java ids == pulsar_nack.sweep.workloads ids")
     n = 1_000_000 if "--quick" in argv else 10_000_000
     print(
         "| x,k | share | buckets | bitmaps | retained MB | B/id | runOptimize MB | roaring est MB "

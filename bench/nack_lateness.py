@@ -230,7 +230,9 @@ def memory_probe(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _brokers(names: list[str]) -> list[tuple[str, Any]]:
-    from pulsar_nack.broker import PulsarLite, PulsarStandalone, apache_pulsar_available
+    from harness.maven import apache_pulsar_available
+    from harness.standalone import PulsarStandalone
+    from pulsar_nack.testing import PulsarLite
 
     found: list[tuple[str, Any]] = []
     for name in names:

@@ -157,7 +157,7 @@ def measure(service_url: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    from pulsar_nack.broker import PulsarLite
+    from pulsar_nack.testing import PulsarLite
 
     facts = report.machine()
     with PulsarLite() as broker:

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import report
 
-from pulsar_nack.sweep import findings
+from pulsar_nack.sweep.report import findings
 
 MASTERS = ("local[1]", "local[2]")
 BUDGET_S = 60.0

@@ -24,7 +24,7 @@ import uuid
 import pulsar
 
 from pulsar_nack import MultiplierRedeliveryBackoff, aio
-from pulsar_nack.broker import broker_url
+from pulsar_nack.testing import broker_url
 
 
 def positive_int(text: str) -> int:

@@ -23,7 +23,7 @@ import uuid
 import pulsar
 
 import pulsar_nack
-from pulsar_nack.broker import broker_url
+from pulsar_nack.testing import broker_url
 
 
 def positive_int(text: str) -> int:

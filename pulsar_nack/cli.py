@@ -1,8 +1,9 @@
 """The ``pulsar-nack`` command line.
 
-Each subcommand is one ``_register_<name>`` function (adds its parser, sets ``run``) and one
-``_<name>(args)`` function (does the work, returns the exit status); :data:`_SUBCOMMANDS` lists the
-registrations. Heavy imports (pyspark, matplotlib) happen inside the subcommand that needs them.
+Each subcommand is one registration function (adds its parser, sets ``run``: ``_register_sweep`` here,
+:func:`pulsar_nack.demo.register`) and one function that does the work and returns the exit status;
+:data:`_SUBCOMMANDS` lists the registrations. Heavy imports (pyspark, matplotlib) happen inside the
+subcommand that needs them.
 
     pulsar-nack demo [--service-url URL] [--messages N] ...   (pulsar_nack.demo)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pulsar_nack.demo import register as _register_demo
+from pulsar_nack import demo
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -38,7 +39,7 @@ def _register_sweep(subcommands: argparse._SubParsersAction[argparse.ArgumentPar
         "--grid",
         default="default",
         help="'default' (48 (x, k) points + 2 baselines, 200k ids each), 'small' (12 quick points) or a "
-        "JSON grid file (format: pulsar_nack.analysis.parse_grid; default: %(default)s)",
+        "JSON grid file (format: pulsar_nack.sweep.grid.parse_grid; default: %(default)s)",
     )
     parser.add_argument(
         "--master",
@@ -54,14 +55,14 @@ def _register_sweep(subcommands: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from pulsar_nack.analysis import GridError, load_grid
+    from pulsar_nack.sweep.grid import GridError, load_grid
 
     try:
         points = load_grid(args.grid)
     except GridError as error:
         raise UsageError(f"--grid: {error}") from None
     if args.master is not None:
-        from pulsar_nack.sweep import check_master
+        from pulsar_nack.sweep.spark import check_master
 
         try:
             check_master(args.master)
@@ -70,7 +71,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out: {args.out} exists and is not a folder")
 
-    from pulsar_nack.sweep import run
+    from pulsar_nack.sweep.spark import run
 
     result = run(args.grid, points, args.out, master=args.master, progress=not args.no_progress)
     info = result.info
@@ -86,7 +87,7 @@ def _sweep(args: argparse.Namespace) -> int:
 # -- the command ---------------------------------------------------------------------------------------
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
-    _register_demo,
+    demo.register,
     _register_sweep,
 )
 

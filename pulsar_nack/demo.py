@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import pulsar
 
     import pulsar_nack
-    from pulsar_nack.broker import broker_url
+    from pulsar_nack.testing import broker_url
 
     rng = random.Random(args.seed)
     with ExitStack() as stack:

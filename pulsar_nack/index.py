@@ -24,6 +24,7 @@ whole call.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping
@@ -34,7 +35,9 @@ import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 from sortedcontainers import SortedDict
 
-__all__ = ["MAX_ENTRY_ID", "MAX_PRECISION_BITS", "DueIds", "Rounding", "TimeBucketIndex"]
+from pulsar_nack.memory import MemoryUsage, bitmap64_heap_bytes, bitmap_heap_bytes, python_bytes
+
+__all__ = ["MAX_ENTRY_ID", "MAX_PRECISION_BITS", "DueIds", "Rounding", "TimeBucketIndex", "as_id_arrays"]
 
 #: Entry ids are stored in 32-bit Roaring bitmaps. Pulsar caps entries per ledger with the int setting
 #: ``managedLedgerMaxEntriesPerLedger`` (default 50,000), so real entry ids are far below this.
@@ -443,7 +446,7 @@ class TimeBucketIndex:
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
         anything changes. Ids with a batch index >= 0 go through the per-id path.
         """
-        due, ledgers, entries, batches = _as_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
+        due, ledgers, entries, batches = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, got {type(topic).__name__}")
         if len(entries) == 0:
@@ -636,12 +639,68 @@ class TimeBucketIndex:
                         counts[f"{kind}_containers"] += stats[f"n_{kind}_containers"]
         return counts
 
-    def memory_usage(self) -> Any:
-        """Bytes held by the index: see :func:`pulsar_nack.memory.index_memory`. O(objects)."""
-        from pulsar_nack.memory import index_memory
+    def memory_usage(self) -> MemoryUsage:
+        """Bytes held by the index: Python objects at the sizes the allocator hands out
+        (:func:`~pulsar_nack.memory.python_bytes`) and CRoaring's C heap
+        (:func:`~pulsar_nack.memory.bitmap_heap_bytes`), by part. O(objects in the index).
 
+        Shared objects (a bucket's int key stored in several places, a topic string) count once; small
+        ints that CPython caches count nothing.
+        """
         with self._lock:
-            return index_memory(self)
+            return self._walk_memory()
+
+    def _walk_memory(self) -> MemoryUsage:
+        """:meth:`memory_usage`'s walk of the live structure (caller holds the lock)."""
+        seen: set[int] = set()
+        parts = {"schedule": 0, "buckets": 0, "ledgers": 0, "batch_members": 0, "bitmap_objects": 0}
+        roaring = 0
+
+        def once(obj: object) -> int:
+            if id(obj) in seen or (isinstance(obj, int) and -5 <= obj <= 256 and type(obj) is int):
+                return 0
+            seen.add(id(obj))
+            return python_bytes(obj)
+
+        def key_bytes(key: object) -> int:
+            if isinstance(key, tuple):
+                return once(key) + once(key[0]) + once(key[1])
+            return once(key)
+
+        schedule = self._schedule
+        # Fixed part: the index object, its attributes' holders, SortedDict's per-instance bound methods.
+        for holder in (self, self._lock, schedule, schedule._list):
+            parts["schedule"] += once(holder)
+            attributes = getattr(holder, "__dict__", None)
+            if attributes is not None:
+                parts["schedule"] += once(attributes)
+                parts["schedule"] += sum(once(v) for v in attributes.values() if inspect.ismethod(v))
+        parts["schedule"] += _sorted_list_bytes(schedule._list)
+        for bucket, slots in schedule.items():
+            parts["schedule"] += once(bucket)
+            parts["buckets"] += python_bytes(slots)
+            for key, entries in slots.items():
+                parts["buckets"] += key_bytes(key)
+                parts["bitmap_objects"] += once(entries)
+                if isinstance(entries, BitMap):
+                    roaring += bitmap_heap_bytes(entries)
+                elif not isinstance(entries, _Run):
+                    raise TypeError(f"unexpected entries type {type(entries).__name__}")
+        parts["ledgers"] += python_bytes(self._ledgers)
+        for key, record in self._ledgers.items():
+            parts["ledgers"] += key_bytes(key) + once(record)
+            if isinstance(record, _Ledger):
+                parts["ledgers"] += python_bytes(record.buckets) + python_bytes(record.entries)
+                parts["ledgers"] += once(record.lo) + once(record.hi)
+        parts["batch_members"] += python_bytes(self._members)
+        for slot, members in self._members.items():
+            parts["batch_members"] += once(slot) + once(members) + once(members.bitmap)
+            roaring += bitmap64_heap_bytes(members.bitmap)
+            if members.wide:
+                parts["batch_members"] += python_bytes(members.wide)
+                parts["batch_members"] += sum(once(e) + once(m) for e, m in members.wide.items())
+        parts["schedule"] += python_bytes(self._cold)
+        return MemoryUsage(sum(parts.values()), roaring, len(self), parts)
 
     # -- internals: the add path ------------------------------------------------------------------
 
@@ -1018,15 +1077,22 @@ def _due_ids(key: LedgerKey, parts: list[tuple[Entries, _Members | None]]) -> Du
     return DueIds(topic, ledger_id, entry_ids, batch_indexes)
 
 
-def _as_arrays(
-    due_ms: Any, ledger_ids: Any, entry_ids: Any, batch_indexes: Any
+def as_id_arrays(
+    due_ms: Any, ledger_ids: Any, entry_ids: Any, batch_indexes: Any = None
 ) -> tuple[
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
     npt.NDArray[np.uint32],
     npt.NDArray[np.int64] | None,
 ]:
-    """Validate and broadcast add_many's inputs (no state is touched here)."""
+    """Validate and broadcast :meth:`TimeBucketIndex.add_many`'s inputs into typed arrays. O(n).
+
+    Each input is a one-dimensional array-like of integers or a scalar; they are broadcast to one
+    length and returned as ``(due_ms int64, ledger_ids int64, entry_ids uint32, batch_indexes int64 or
+    None)``. Raises TypeError for non-integer input and ValueError for unequal lengths or values out of
+    range (negative times or ledgers, entry ids above :data:`MAX_ENTRY_ID`, batch indexes below -1,
+    ledger ids of 2**63 or more). Any tracker with an ``add_many`` of the same signature can use it.
+    """
     named = {"due_ms": due_ms, "ledger_ids": ledger_ids, "entry_ids": entry_ids}
     if batch_indexes is not None:
         named["batch_indexes"] = batch_indexes
@@ -1104,3 +1170,11 @@ def _runs(
 def _run_starts(buckets: npt.NDArray[np.int64], ledgers: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     change = (buckets[1:] != buckets[:-1]) | (ledgers[1:] != ledgers[:-1])
     return np.concatenate(([0], np.flatnonzero(change) + 1))
+
+
+def _sorted_list_bytes(inner: Any) -> int:
+    """A SortedList's storage: its sublists, maxes and positional index."""
+    total = python_bytes(inner._lists) + python_bytes(inner._maxes)
+    total += sum(python_bytes(sub) for sub in inner._lists)
+    total += python_bytes(inner._index)
+    return total

@@ -2,11 +2,12 @@
 
 Two views that must agree (the benchmark checks they do, within a few per cent):
 
-* **From inside** — :func:`index_memory` walks a :class:`~pulsar_nack.index.TimeBucketIndex`: Python
-  objects at the size CPython's allocator really hands out (pymalloc blocks are multiples of 16 bytes;
-  objects over 512 bytes go to ``malloc``), and CRoaring's C heap read from each bitmap's
-  ``roaring_bitmap_t`` with glibc's ``malloc_usable_size``. ``sys.getsizeof`` and ``pympler.asizeof``
-  report a bitmap's *serialized* size instead, which is neither an upper nor a lower bound.
+* **From inside** — ``TimeBucketIndex.memory_usage()`` walks the index with these primitives:
+  :func:`python_bytes` counts Python objects at the size CPython's allocator really hands out (pymalloc
+  blocks are multiples of 16 bytes; objects over 512 bytes go to ``malloc``), :func:`bitmap_heap_bytes`
+  CRoaring's C heap read from each bitmap's ``roaring_bitmap_t`` with glibc's ``malloc_usable_size``.
+  ``sys.getsizeof`` and ``pympler.asizeof`` report a bitmap's *serialized* size instead, which is neither
+  an upper nor a lower bound.
 * **From outside** — :func:`heap_in_use` is what the process holds right now: pymalloc's allocated
   blocks plus glibc's in-use chunks (``mallinfo2``). The two are disjoint (pymalloc arenas are mmap-ed,
   not malloc-ed), so a delta of ``heap_in_use()`` around building a structure in a fresh process is its
@@ -19,20 +20,23 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import inspect
 import os
 import re
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyroaring import AbstractBitMap, AbstractBitMap64, BitMap
 
-if TYPE_CHECKING:
-    from pulsar_nack.index import TimeBucketIndex
-
-__all__ = ["MEASURING_ENV", "MemoryUsage", "bitmap_heap_bytes", "heap_in_use", "index_memory", "python_bytes"]
+__all__ = [
+    "MEASURING_ENV",
+    "MemoryUsage",
+    "bitmap64_heap_bytes",
+    "bitmap_heap_bytes",
+    "heap_in_use",
+    "python_bytes",
+]
 
 #: Environment for a process that measures with :func:`heap_in_use`: no glibc tcache, whose freed
 #: chunks mallinfo2 would count as in use.
@@ -206,7 +210,8 @@ _SMALL_REQUEST = 512  # pymalloc serves requests up to this size from its pools
 
 
 def python_bytes(obj: object) -> int:
-    """Bytes the allocator hands out for ``obj`` itself (not what it refers to)."""
+    """Bytes the allocator hands out for ``obj`` itself (a dict's or list's table included), not what it
+    refers to. O(1)."""
     size = sys.getsizeof(obj)
     if isinstance(obj, AbstractBitMap | AbstractBitMap64):
         size = type(obj).__basicsize__  # getsizeof reports the serialized size here
@@ -217,78 +222,6 @@ def _allocated(size: int) -> int:
     if size <= _SMALL_REQUEST:
         return (size + 15) & ~15
     return (size + _CHUNK_HEADER + 15) & ~15
-
-
-def _container_bytes(container: Any) -> int:
-    """A dict/list/SortedDict's own storage (dicts and lists keep their tables in a separate block)."""
-    return _allocated(sys.getsizeof(container))
-
-
-def index_memory(index: TimeBucketIndex) -> MemoryUsage:
-    """Walk ``index`` (caller holds its lock) and add up what it holds. O(objects in the index).
-
-    Shared objects (a bucket's int key stored in several places, a topic string) count once; small
-    ints that CPython caches count nothing.
-    """
-    from pulsar_nack.index import _Ledger, _Run
-
-    seen: set[int] = set()
-    parts = {"schedule": 0, "buckets": 0, "ledgers": 0, "batch_members": 0, "bitmap_objects": 0}
-    roaring = 0
-
-    def once(obj: object) -> int:
-        if id(obj) in seen or (isinstance(obj, int) and -5 <= obj <= 256 and type(obj) is int):
-            return 0
-        seen.add(id(obj))
-        return python_bytes(obj)
-
-    def key_bytes(key: object) -> int:
-        if isinstance(key, tuple):
-            return once(key) + once(key[0]) + once(key[1])
-        return once(key)
-
-    schedule = index._schedule
-    # Fixed part: the index object, its attributes' holders, SortedDict's per-instance bound methods.
-    for holder in (index, index._lock, schedule, schedule._list):
-        parts["schedule"] += once(holder)
-        attributes = getattr(holder, "__dict__", None)
-        if attributes is not None:
-            parts["schedule"] += once(attributes)
-            parts["schedule"] += sum(once(v) for v in attributes.values() if inspect.ismethod(v))
-    parts["schedule"] += _sorted_list_bytes(schedule._list)
-    for bucket, slots in schedule.items():
-        parts["schedule"] += once(bucket)
-        parts["buckets"] += _container_bytes(slots)
-        for key, entries in slots.items():
-            parts["buckets"] += key_bytes(key)
-            parts["bitmap_objects"] += once(entries)
-            if isinstance(entries, BitMap):
-                roaring += bitmap_heap_bytes(entries)
-            elif not isinstance(entries, _Run):
-                raise TypeError(f"unexpected entries type {type(entries).__name__}")
-    parts["ledgers"] += _container_bytes(index._ledgers)
-    for key, record in index._ledgers.items():
-        parts["ledgers"] += key_bytes(key) + once(record)
-        if isinstance(record, _Ledger):
-            parts["ledgers"] += _container_bytes(record.buckets) + _container_bytes(record.entries)
-            parts["ledgers"] += once(record.lo) + once(record.hi)
-    parts["batch_members"] += _container_bytes(index._members)
-    for slot, members in index._members.items():
-        parts["batch_members"] += once(slot) + once(members) + once(members.bitmap)
-        roaring += bitmap64_heap_bytes(members.bitmap)
-        if members.wide:
-            parts["batch_members"] += _container_bytes(members.wide)
-            parts["batch_members"] += sum(once(e) + once(m) for e, m in members.wide.items())
-    parts["schedule"] += _container_bytes(index._cold)
-    return MemoryUsage(sum(parts.values()), roaring, len(index), parts)
-
-
-def _sorted_list_bytes(inner: Any) -> int:
-    """A SortedList's storage: its sublists, maxes and positional index."""
-    total = _container_bytes(inner._lists) + _container_bytes(inner._maxes)
-    total += sum(_container_bytes(sub) for sub in inner._lists)
-    total += _container_bytes(inner._index)
-    return total
 
 
 # -- from outside -----------------------------------------------------------------------------------

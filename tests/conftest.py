@@ -1,7 +1,7 @@
 """Shared fixtures: the two real brokers (pulsar-lite and Apache Pulsar standalone), topics, clients.
 
-* ``pulsar_lite`` -- session-scoped, started :class:`~pulsar_nack.broker.PulsarLite`.
-* ``apache_pulsar`` -- session-scoped, started :class:`~pulsar_nack.broker.PulsarStandalone`
+* ``pulsar_lite`` -- session-scoped, started :class:`~pulsar_nack.testing.PulsarLite`.
+* ``apache_pulsar`` -- session-scoped, started :class:`~harness.standalone.PulsarStandalone`
   (started once, on first use; the first run ever resolves Apache Pulsar with Maven).
 * ``broker`` -- parametrized over both (ids ``lite`` and ``apache``). Mark a test
   ``@pytest.mark.apache_only`` or ``@pytest.mark.lite_only`` to run it against one of them only.
@@ -11,6 +11,8 @@
 Without Java 17+ (or without Maven before the first resolution) the tests that need Apache Pulsar
 are skipped, and the terminal summary says so in a section of its own. With
 ``PULSAR_NACK_REQUIRE_APACHE=1`` (set on CI) they fail instead.
+
+The sweep's ``spark`` and ``spark_rows`` come from ``spark_fixtures.py``, loaded as a plugin.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from typing import Any
 
 import pytest
 
-from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone, apache_pulsar_available
+from harness.maven import apache_pulsar_available
+from harness.standalone import PulsarStandalone
+from pulsar_nack.testing import Broker, PulsarLite
+
+# The sweep's fixtures (``spark``, ``spark_rows``), defined once for the session.
+pytest_plugins = ["spark_fixtures"]
 
 BROKER_KINDS = ("lite", "apache")
 _SKIP_PREFIX = "Apache Pulsar unavailable"

@@ -8,7 +8,8 @@ from typing import Any
 import pulsar
 import pytest
 
-from pulsar_nack.broker import Broker, PulsarLite, PulsarStandalone
+from harness.standalone import PulsarStandalone
+from pulsar_nack.testing import Broker, PulsarLite
 
 
 def produce(

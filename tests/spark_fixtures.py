@@ -1,7 +1,7 @@
 """Helpers of the sweep tests: the session's one SparkSession and a comparison of measured rows.
 
-Import the fixture into a test module (``from spark_fixtures import spark_fixture``) and ask for
-``spark``; being session-scoped, it starts one JVM for the whole test session.
+conftest.py loads this module as a plugin, so any test can ask for ``spark`` and ``spark_rows``; being
+session-scoped, they start one JVM and measure the ``small`` grid once for the whole test session.
 """
 
 from __future__ import annotations
@@ -11,7 +11,11 @@ from typing import Any
 
 import pytest
 
-from pulsar_nack.analysis import MEMORY_COLUMNS, TIMING_COLUMNS
+from pulsar_nack.sweep.grid import load_grid
+from pulsar_nack.sweep.measure import MEMORY_COLUMNS, TIMING_COLUMNS
+
+#: The ``small`` grid: a dozen quick points that touch every axis.
+SMALL = load_grid("small")
 
 #: How far two measurements of the same memory may differ (see MEMORY_COLUMNS): the index's walk by
 #: allocator rounding (tens of bytes), a heap delta also by what else the process allocated meanwhile.
@@ -22,10 +26,18 @@ HEAP_DELTA_TOLERANCE = (8192, 0.05)
 @pytest.fixture(scope="session", name="spark")
 def spark_fixture() -> Iterator[Any]:
     """A light local[2] SparkSession for the whole test session (started on first use)."""
-    from pulsar_nack.sweep import spark_session
+    from pulsar_nack.sweep.spark import spark_session
 
     with spark_session("local[2]") as session:
         yield session
+
+
+@pytest.fixture(scope="session", name="spark_rows")
+def spark_rows_fixture(spark: Any) -> list[dict[str, Any]]:
+    """The rows of the ``small`` grid, measured once on the session's Spark."""
+    from pulsar_nack.sweep.spark import sweep
+
+    return sweep(spark, SMALL, progress=False)
 
 
 def assert_rows_agree(got: Sequence[dict[str, Any]], want: Sequence[dict[str, Any]]) -> None:

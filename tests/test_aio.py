@@ -19,7 +19,7 @@ import pytest
 
 import pulsar_nack
 from pulsar_nack import MultiplierRedeliveryBackoff, aio
-from pulsar_nack.broker import Broker
+from pulsar_nack.testing import Broker
 
 SHARED = pulsar.ConsumerType.Shared
 TEST_TIMEOUT_S = 60

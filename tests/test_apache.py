@@ -13,8 +13,8 @@ import pulsar
 import pytest
 from messaging import nothing_more, own_broker, produce, receive_all
 
+from harness.standalone import PulsarStandalone
 from pulsar_nack import Client, DelayLimitExceeded
-from pulsar_nack.broker import PulsarStandalone
 
 # nack_client runs on Apache Pulsar only; each test is marked `apache` per item (conftest), so that
 # the pulsar-lite case of the restart test below is not.

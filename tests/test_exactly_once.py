@@ -47,8 +47,8 @@ import pulsar
 import pytest
 from messaging import leftover, produce_bursts, receive_all
 
+from harness.standalone import PulsarStandalone
 from pulsar_nack import Client
-from pulsar_nack.broker import PulsarStandalone
 
 SHARED = pulsar.ConsumerType.Shared
 SUB = "sub"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pulsar_nack.broker import Broker
+from pulsar_nack.testing import Broker
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 LIMIT_S = 30

@@ -242,7 +242,7 @@ _FRESH_PROCESS = """
 import gc, json, sys
 from pulsar_nack import TimeBucketIndex
 from pulsar_nack.memory import heap_in_use
-from pulsar_nack.workloads import Workload
+from pulsar_nack.sweep.workloads import Workload
 x, k, share, compact, n = json.loads(sys.argv[1])
 due, ledgers, entries = Workload(x=x, n=n, nack_share=share).generate()
 warm_up = TimeBucketIndex(k)  # first-use allocations of numpy/pyroaring/sortedcontainers are not the index's

@@ -34,8 +34,8 @@ from pulsar_nack import (
     NativeTiming,
     TimeBucketIndex,
 )
-from pulsar_nack.broker import PulsarLite
 from pulsar_nack.consumer import _wrap_lateness_ms
+from pulsar_nack.testing import PulsarLite
 
 NAN, INF = math.nan, math.inf
 #: Not-a-number-of-ms values every ms parameter rejects by type (bool is no number here).

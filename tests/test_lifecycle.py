@@ -12,7 +12,7 @@ from typing import Any
 import pulsar
 
 import pulsar_nack
-from pulsar_nack.broker import PulsarLite
+from pulsar_nack.testing import PulsarLite
 
 
 def _drop_unclosed(client_type: Any, service_url: str, topic: str) -> tuple[bool, bool]:

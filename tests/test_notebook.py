@@ -7,7 +7,7 @@ from pathlib import Path
 import nbformat
 import pyarrow.parquet as pq
 
-from pulsar_nack.analysis import load_grid
+from pulsar_nack.sweep.grid import load_grid
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "spark" / "memory_sweep.ipynb"
 

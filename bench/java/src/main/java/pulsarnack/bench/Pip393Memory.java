@@ -18,7 +18,7 @@ import org.roaringbitmap.longlong.Roaring64Bitmap;
  *
  * <p>Structure: {@code Long2ObjectAVLTreeMap<Long2ObjectOpenHashMap<Roaring64Bitmap>>}, bucket key
  * {@code due & (-1L << k)} (floor, as Pulsar) or the next multiple of 2^k (ceil). Ids are generated
- * exactly like {@code pulsar_nack.workloads.Workload(x, n, entriesPerLedger, nackShare).generate()}.
+ * exactly like {@code pulsar_nack.sweep.workloads.Workload(x, n, entriesPerLedger, nackShare).generate()}.
  *
  * <p>Usage: {@code java -XX:+UseSerialGC -Xmx4g -jar pip393-memory.jar x k n entriesPerLedger
  * nackShare [floor|ceil]}. Prints one JSON object on stdout; diagnostics go to stderr.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pulsar_nack.baselines import HashMapTracker, TripleLongHeap
+from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
 
 TRACKERS = [HashMapTracker, TripleLongHeap]
 

@@ -1,28 +1,18 @@
-"""The real-broker harness (pulsar_nack.broker) against pulsar-lite and Apache Pulsar standalone."""
+"""The broker life cycle (pulsar_nack.testing.Broker) against pulsar-lite and Apache Pulsar standalone, and
+pulsar-lite's own options."""
 
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pulsar
 import pytest
 
-from pulsar_nack.broker import (
-    Broker,
-    BrokerError,
-    PulsarLite,
-    PulsarStandalone,
-    apache_pulsar_available,
-    java_available,
-    start_broker,
-)
+from harness.standalone import start_broker
+from pulsar_nack.testing import Broker, PulsarLite
 
 RECEIVE_MS = 1_000  # one bounded receive()
 QUIET = pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn)
@@ -219,67 +209,7 @@ def _pid_exists(pid: int) -> bool:
 
 
 # --------------------------------------------------------------------------------------------
-# Apache Pulsar only
-
-
-@pytest.mark.apache_only
-def test_partitioned_topic_via_rest(broker: Broker, pulsar_client: Any, unique_topic: str) -> None:
-    assert isinstance(broker, PulsarStandalone)
-    broker.create_partitioned_topic(unique_topic, 3)
-    name = unique_topic.split("/")[-1]
-    meta = broker.admin("GET", f"/admin/v2/persistent/public/default/{name}/partitions")
-    assert meta["partitions"] == 3
-    with pytest.raises(BrokerError, match="409"):
-        broker.create_partitioned_topic(unique_topic, 3)
-
-    consumer = _subscribe(pulsar_client, unique_topic)
-    producer = pulsar_client.create_producer(
-        unique_topic,
-        batching_enabled=False,
-        message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution,
-    )
-    sent = [f"p-{i:02d}".encode() for i in range(30)]
-    for payload in sent:
-        producer.send(payload)
-    producer.close()
-    got = _receive_n(consumer, 30, within_s=30)
-    for msg in got:
-        consumer.acknowledge(msg)
-    assert sorted(m.data() for m in got) == sent
-    partitions = {m.topic_name().rsplit("-partition-", 1)[1] for m in got}
-    assert partitions == {"0", "1", "2"}
-    assert _nothing_more(consumer)
-
-
-@pytest.mark.apache_only
-@pytest.mark.parametrize("delay_s", [0.3, 2.0])
-def test_deliver_after_is_honoured(
-    broker: Broker, pulsar_client: Any, unique_topic: str, delay_s: float
-) -> None:
-    # 0.3 s: below Pulsar's default 1 s tick, only honoured with the harness's strict delivery
-    consumer = _subscribe(pulsar_client, unique_topic)
-    producer = pulsar_client.create_producer(unique_topic, batching_enabled=False)
-    sent_at = time.monotonic()
-    producer.send(b"later", deliver_after=timedelta(seconds=delay_s))
-    producer.send(b"now")
-    first = consumer.receive(timeout_millis=10_000)
-    consumer.acknowledge(first)
-    assert first.data() == b"now"
-    second = consumer.receive(timeout_millis=10_000)
-    waited = time.monotonic() - sent_at
-    consumer.acknowledge(second)
-    assert second.data() == b"later"
-    assert delay_s <= waited < delay_s + 2.0, waited
-    producer.close()
-
-
-def test_misnamed_apache_settings_are_rejected() -> None:
-    with pytest.raises(ValueError, match="delayedDeliveryMaxDelayInMillis"):
-        PulsarStandalone(settings={"delayedDeliveryMaxDeliveryDelayInMillis": 1000})
-
-
-# --------------------------------------------------------------------------------------------
-# pulsar-lite only, and plain unit checks
+# pulsar-lite only
 
 
 @pytest.mark.lite_only
@@ -304,29 +234,3 @@ def test_lite_default_partitions_and_own_data_dir(tmp_path: Path, unique_topic: 
             client.close()
     assert (tmp_path / "lite").is_dir()  # a caller's data dir is kept
     assert (tmp_path / "lite" / "pulsar-lite.log").is_file()
-
-
-def test_java_available_reports_the_java_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """java_available() agrees with what `java -version` on this machine says: the version it names is the
-    one installed, and it is refused below the minimum."""
-    monkeypatch.delenv("JAVA_HOME", raising=False)
-    java = shutil.which("java")
-    ok, reason = java_available()
-    if java is None:
-        assert not ok and "no `java`" in reason
-        assert not apache_pulsar_available()[0]
-        return
-    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30, check=False)
-    major = int(re.search(r'version "(\d+)', out.stderr + out.stdout).group(1))  # type: ignore[union-attr]
-    assert ok == (major >= 17), reason
-    if ok:
-        assert reason.startswith("java ") and java in reason and str(major) in reason
-    too_old = f"{java} is Java {major}; Apache Pulsar 4.0 needs Java {major + 1}+"
-    assert java_available(min_version=major + 1) == (False, too_old)
-    if not ok:
-        assert not apache_pulsar_available()[0]
-
-
-def test_start_broker_rejects_unknown_kind() -> None:
-    with pytest.raises(ValueError, match="unknown broker kind"):
-        start_broker("kafka")  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""The Spark job: partitions, rows equal to an in-process run, Parquet, progress, the report, the CLI."""
+"""The Spark job: partitions, rows equal to an in-process run, Parquet, progress, the session, the CLI."""
 
 from __future__ import annotations
 
@@ -11,29 +11,12 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from spark_fixtures import assert_rows_agree, spark_fixture  # noqa: F401 (provides the `spark` fixture)
+from spark_fixtures import SMALL, assert_rows_agree
 
-from pulsar_nack.analysis import COLUMNS, GridPoint, load_grid, measure
 from pulsar_nack.cli import main
-from pulsar_nack.sweep import (
-    RunInfo,
-    check_master,
-    figures,
-    findings,
-    points_rdd,
-    spark_session,
-    summary_table,
-    sweep,
-    write_parquet,
-    write_report,
-)
-
-SMALL = load_grid("small")
-
-
-@pytest.fixture(scope="module")
-def spark_rows(spark: Any) -> list[dict[str, Any]]:
-    return sweep(spark, SMALL, progress=False)
+from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.measure import COLUMNS, measure
+from pulsar_nack.sweep.spark import check_master, points_rdd, spark_session, sweep, write_parquet
 
 
 def test_one_partition_per_point_in_grid_order(spark: Any) -> None:
@@ -67,58 +50,6 @@ def test_progress_bar_counts_every_point(spark: Any, capsys: pytest.CaptureFixtu
     rows = sweep(spark, points, progress=True)
     assert [row["x"] for row in rows] == [1, 2, 3]
     assert "3/3" in capsys.readouterr().err
-
-
-def test_report_draws_every_plot_and_tables_every_point(
-    spark_rows: list[dict[str, Any]], tmp_path: Path
-) -> None:
-    info = RunInfo(
-        grid="small",
-        master="local[2]",
-        points=len(SMALL),
-        ids=240_000,
-        spark_version="4",
-        python="3.11",
-        date="today",
-        start_s=1.0,
-        sweep_s=2.0,
-        stop_s=0.5,
-        parquet_s=0.1,
-        report_s=0.0,
-        total_s=0.0,
-    )
-    report = write_report(spark_rows, tmp_path, info)
-    text = report.read_text()
-    for name in ("bytes_per_id", "buckets", "memory_vs_precision", "contenders"):
-        assert (tmp_path / f"{name}.png").stat().st_size > 10_000
-        assert f"]({name}.png)" in text
-    headers, cells = summary_table(spark_rows)
-    assert len(cells) == len(SMALL) and "| " + " | ".join(headers) + " |" in text
-    assert "index x=8 k=10 sparse 0.1" in text and "hashmap x=8 k=10" in text
-    html = (tmp_path / "report.html").read_text()
-    assert html.count("<img ") == 4 and html.count("<tr>") == len(SMALL) + 1
-    for sentence in findings(spark_rows):
-        assert sentence in text
-
-
-def test_findings_come_from_the_numbers(spark_rows: list[dict[str, Any]]) -> None:
-    notes = findings(spark_rows)
-    # small grid, dense reference rows: x ∈ {1, 8} × k ∈ {4, 8, 12} and (8, 10) without compaction
-    worst = max(
-        (r for r in spark_rows if r["contender"] == "index" and r["nack_share"] == 1 and r["batch"] == 1),
-        key=lambda r: r["bytes_before_compact"] / r["n"] / r["theory_bytes_per_id"],
-    )
-    assert any(f"M = {worst['ids_per_bucket']:,}" in note for note in notes)
-    hashmap = next(r for r in spark_rows if r["contender"] == "hashmap")
-    assert any(f"holds {hashmap['bytes_per_id']:.1f} B/id" in note for note in notes)
-
-
-def test_plots_need_their_rows() -> None:
-    baselines_only = [measure(GridPoint(contender="heap", n=1_000))]
-    assert figures(baselines_only) == {}
-    assert findings(baselines_only) == []
-    index_only = [measure(GridPoint(x=8, k=k, n=2_000)) for k in (4, 8)]
-    assert set(figures(index_only)) == {"bytes_per_id", "buckets", "memory_vs_precision", "contenders"}
 
 
 @pytest.mark.parametrize(

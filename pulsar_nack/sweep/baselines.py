@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pulsar_nack.index import DueIds, _as_arrays
+from pulsar_nack.index import DueIds, as_id_arrays
 
 __all__ = ["HashMapTracker", "TripleLongHeap"]
 
@@ -54,7 +54,7 @@ class HashMapTracker:
     def add_many(
         self, due_ms: Any, ledger_ids: Any, entry_ids: Any, batch_indexes: Any = None, topic: str = ""
     ) -> None:
-        due, ledgers, entries, _ = _as_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
+        due, ledgers, entries, _ = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
         with self._lock:
             self._due.update(
                 zip(
@@ -117,7 +117,7 @@ class TripleLongHeap:
         self, due_ms: Any, ledger_ids: Any, entry_ids: Any, batch_indexes: Any = None, topic: str = ""
     ) -> None:
         """Append in bulk; if the new triples are not all >= the heap's and sorted, re-heapify by sorting."""
-        due, ledgers, entries, _ = _as_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
+        due, ledgers, entries, _ = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
         block = np.stack([due, ledgers, entries.astype(np.int64)], axis=1)
         with self._lock:
             n = self._size

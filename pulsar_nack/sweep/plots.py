@@ -1,0 +1,223 @@
+"""The sweep report's plots (matplotlib, drawn off-screen): bytes/id against M = x·2^k with PIP-393's
+curve, buckets against k, memory against precision, the index against the baselines and the Java
+structure. Each plot function takes the measured rows and returns None when they lack its data.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from matplotlib.figure import Figure
+
+from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, reference_rows
+
+__all__ = [
+    "JAVA_PIP393_10M",
+    "PLOTS",
+    "figures",
+    "plot_buckets",
+    "plot_bytes_per_id",
+    "plot_contenders",
+    "plot_memory_vs_precision",
+]
+
+#: The Java PIP-393 structure (fastutil AVL map → open hash map → Roaring64Bitmap) with 10M ids of the same
+#: workload, retained heap in MB (10^6 B) without and with ``runOptimize`` — measured on this machine kind
+#: with ``bench/java``. Keyed by (x, k).
+JAVA_PIP393_10M: Final[dict[tuple[int, int], tuple[float, float]]] = {
+    (1, 10): (29.28, 7.86),
+    (4, 10): (22.18, 2.00),
+    (8, 10): (11.96, 1.03),
+    (8, 15): (2.02, 0.08),
+    (1, 8): (55.72, 31.30),
+    (8, 8): (24.86, 3.96),
+}
+_JAVA_IDS = 10_000_000
+
+_BEFORE, _AFTER, _THEORY = "#1f77b4", "#d62728", "#555555"
+_VARIANT_COLOURS: Final = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+def _variants(rows: Sequence[Row]) -> list[Row]:
+    """Index rows off the reference workload (sparse, batched, ceil) or measured without compaction."""
+    reference = {id(row) for row in reference_rows(rows)}
+    return [row for row in rows if row["contender"] == "index" and id(row) not in reference]
+
+
+def plot_bytes_per_id(rows: Sequence[Row]) -> Figure | None:
+    """Bytes per id against M = x·2^k (log-log): before and after compaction, PIP-393's curve, variants."""
+    reference = reference_rows(rows)
+    if not reference:
+        return None
+    figure = Figure(figsize=(10, 5), layout="constrained")
+    axes = figure.add_subplot()
+    m = [number(row["ids_per_bucket"]) for row in reference]
+    axes.scatter(m, [per_id(r, "bytes_before_compact") for r in reference], c=_BEFORE, label="index, plain")
+    compacted = [row for row in reference if row["compact"]]
+    axes.scatter(
+        [number(r["ids_per_bucket"]) for r in compacted],
+        [number(r["bytes_per_id"]) for r in compacted],
+        c=_AFTER,
+        marker="s",
+        label="index after compact()",
+    )
+    for ledger_size in sorted({int(number(r["entries_per_ledger"])) for r in reference}):
+        low, high = math.floor(8 * math.log2(min(m))), math.ceil(8 * math.log2(max(m)))
+        grid_m = [2 ** (e / 8) for e in range(low, high + 1)]
+        axes.plot(
+            grid_m,
+            [pip393_bytes_per_id(value, ledger_size) for value in grid_m],
+            c=_THEORY,
+            ls="--",
+            label=f"PIP-393 theory ({ledger_size:,} entries/ledger)",
+        )
+    axes.axhline(1 / 8, c=_THEORY, ls=":", lw=1, label="1 bit per id")
+    for row, colour in zip(_variants(rows), itertools.cycle(_VARIANT_COLOURS)):
+        axes.scatter(
+            number(row["ids_per_bucket"]),
+            number(row["bytes_per_id"]),
+            c=colour,
+            marker="^",
+            label=GridPoint.from_row(row).label(),
+        )
+    axes.set(xscale="log", yscale="log", xlabel="M = x·2^k (ids per bucket)", ylabel="bytes per id")
+    axes.set_title("Index memory per id against bucket size")
+    axes.grid(True, which="major", alpha=0.3)
+    axes.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1))
+    return figure
+
+
+def plot_buckets(rows: Sequence[Row]) -> Figure | None:
+    """Buckets against k, one line per rate x, with the expected ceil(n / x·2^k) dashed."""
+    reference = reference_rows(rows)
+    if not reference:
+        return None
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    axes = figure.add_subplot()
+    for x, series in _by_rate(reference).items():
+        ks = [number(r["k"]) for r in series]
+        line = axes.plot(ks, [number(r["buckets"]) for r in series], marker="o", label=f"x = {x} ids/ms")[0]
+        expected = [max(1.0, math.ceil(number(r["n"]) / number(r["ids_per_bucket"]))) for r in series]
+        axes.plot(ks, expected, ls="--", c=line.get_color(), alpha=0.6)
+    axes.set(yscale="log", xlabel="k (precision bits; buckets of 2^k ms)", ylabel="buckets")
+    axes.set_title("Buckets against precision (dashed: n / x·2^k)")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    return figure
+
+
+def plot_memory_vs_precision(rows: Sequence[Row], rates: int = 4) -> Figure | None:
+    """Retained MB against k for up to ``rates`` rates x (spread over the grid's); dashed: not compacted."""
+    by_rate = _by_rate(reference_rows(rows))
+    if not by_rate:
+        return None
+    chosen = sorted(by_rate)
+    if len(chosen) > rates:
+        chosen = [chosen[round(i * (len(chosen) - 1) / (rates - 1))] for i in range(rates)]
+    figure = Figure(figsize=(8, 5), layout="constrained")
+    axes = figure.add_subplot()
+    for x in chosen:
+        series = by_rate[x]
+        plain = axes.plot(
+            [number(r["k"]) for r in series],
+            [number(r["bytes_before_compact"]) / 1e6 for r in series],
+            ls="--",
+            alpha=0.6,
+        )[0]
+        compacted = [r for r in series if r["compact"]]
+        axes.plot(
+            [number(r["k"]) for r in compacted],
+            [number(r["retained_bytes"]) / 1e6 for r in compacted],
+            marker="o",
+            c=plain.get_color(),
+            label=f"x = {x}",
+        )
+    n = sorted({int(number(r["n"])) for r in reference_rows(rows)})
+    axes.set(
+        yscale="log",
+        xlabel="k (precision bits)",
+        ylabel=f"retained MB ({', '.join(f'{v:,}' for v in n)} ids)",
+    )
+    axes.set_title("Index memory against precision (solid: compacted, dashed: plain)")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize="small")
+    return figure
+
+
+def _by_rate(reference: Sequence[Row]) -> dict[int, list[Row]]:
+    series: dict[int, list[Row]] = {}
+    for row in reference:
+        series.setdefault(int(number(row["x"])), []).append(row)
+    return {x: sorted(rows, key=lambda r: number(r["k"])) for x, rows in sorted(series.items())}
+
+
+def _contender_cases(rows: Sequence[Row]) -> list[Row]:
+    """Reference rows at the (x, k) of the Java measurements; if none match, up to ``_MAX_CASES`` reference
+    rows spread over M."""
+    reference = reference_rows(rows)
+    java = [row for row in reference if (row["x"], row["k"]) in JAVA_PIP393_10M]
+    if java or len(reference) <= _MAX_CASES:
+        return java or reference
+    step = (len(reference) - 1) / (_MAX_CASES - 1)
+    return [reference[round(i * step)] for i in range(_MAX_CASES)]
+
+
+_MAX_CASES: Final = 8
+
+
+def plot_contenders(rows: Sequence[Row]) -> Figure | None:
+    """Bytes per id of the index (plain and compacted) and the Java structure at the Java cases; the
+    baselines (which do not depend on x or k) as horizontal lines."""
+    cases = _contender_cases(rows)
+    baselines = [row for row in rows if row["contender"] != "index"]
+    if not cases:
+        return None
+    figure = Figure(figsize=(9, 5), layout="constrained")
+    axes = figure.add_subplot()
+    series: list[tuple[str, Callable[[Row], float | None]]] = [
+        ("index, plain", lambda r: per_id(r, "bytes_before_compact")),
+        ("index, compacted", lambda r: number(r["bytes_per_id"]) if r["compact"] else None),
+        ("Java PIP-393, 10M ids", lambda r: _java_per_id(r, 0)),
+        ("Java + runOptimize, 10M ids", lambda r: _java_per_id(r, 1)),
+    ]
+    width = 0.8 / len(series)
+    for i, (label, value) in enumerate(series):
+        points = [(j, value(row)) for j, row in enumerate(cases)]
+        shown = [(j, v) for j, v in points if v is not None]
+        if shown:
+            offset = (i - (len(series) - 1) / 2) * width
+            axes.bar([j + offset for j, _ in shown], [v for _, v in shown], width, label=label)
+    for row, style in zip(baselines, ("-", "-.", ":"), strict=False):
+        axes.axhline(
+            number(row["bytes_per_id"]), c="black", ls=style, lw=1, label=f"{row['contender']} (measured)"
+        )
+    axes.set_xticks(range(len(cases)), [f"x={r['x']}\nk={r['k']}" for r in cases])
+    axes.set(yscale="log", ylabel="bytes per id")
+    axes.set_title("Index against the Java PIP-393 structure and the old designs")
+    axes.grid(True, axis="y", alpha=0.3)
+    axes.legend(fontsize="small")
+    return figure
+
+
+def _java_per_id(row: Row, column: int) -> float | None:
+    java = JAVA_PIP393_10M.get((int(number(row["x"])), int(number(row["k"]))))
+    return None if java is None else java[column] * 1e6 / _JAVA_IDS
+
+
+#: Plot file stem → (title in the report, plot function).
+PLOTS: Final[dict[str, tuple[str, Callable[[Sequence[Row]], Figure | None]]]] = {
+    "bytes_per_id": ("Bytes per id against M = x·2^k", plot_bytes_per_id),
+    "buckets": ("Buckets against k", plot_buckets),
+    "memory_vs_precision": ("Memory against precision", plot_memory_vs_precision),
+    "contenders": ("The index against the baselines and the Java structure", plot_contenders),
+}
+
+
+def figures(rows: Sequence[Row]) -> dict[str, Figure]:
+    """Every plot the rows allow, by file stem (a grid without index rows, say, has no bytes/id plot)."""
+    drawn = {name: plot(rows) for name, (_, plot) in PLOTS.items()}
+    return {name: figure for name, figure in drawn.items() if figure is not None}
+
