@@ -37,7 +37,16 @@ from sortedcontainers import SortedDict
 
 from pulsar_nack.memory import MemoryUsage, bitmap64_heap_bytes, bitmap_heap_bytes, python_bytes
 
-__all__ = ["MAX_ENTRY_ID", "MAX_PRECISION_BITS", "DueIds", "Rounding", "TimeBucketIndex", "as_id_arrays"]
+__all__ = [
+    "MAX_BATCH_INDEX",
+    "MAX_ENTRY_ID",
+    "MAX_PRECISION_BITS",
+    "MEMBER_BITS",
+    "DueIds",
+    "Rounding",
+    "TimeBucketIndex",
+    "as_id_arrays",
+]
 
 #: Entry ids are stored in 32-bit Roaring bitmaps. Pulsar caps entries per ledger with the int setting
 #: ``managedLedgerMaxEntriesPerLedger`` (default 50,000), so real entry ids are far below this.

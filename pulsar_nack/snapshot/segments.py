@@ -1,0 +1,916 @@
+"""PIP-195's segment life cycle on the client: pending nacks in immutable segment files, only the segments
+due soon in memory.
+
+A :class:`SegmentStore` answers the nack index's calls (``add``, ``remove``, ``pop_due``, ``next_due_ms``,
+``due_of``, ``pending_mask``) over three places an id can be:
+
+* the **mutable** index (PIP-195's *LastMutableBucket*): nacks not yet written anywhere;
+* the **loaded** index (the broker's shared queue): ids of segments due soon, read back into a
+  :class:`~pulsar_nack.index.TimeBucketIndex` at their own bucket times;
+* **unloaded** segments: on storage only; memory keeps their metadata (name, min/max due time, id count)
+  and one run-optimized membership bitmap of entry ids per ledger (PIP-195's ``delayedIndexBitMaps``),
+  so that acks and re-nacks can be matched without reading them.
+
+Life cycle. :meth:`SegmentStore.maintain` (call it from a timer) *seals* the mutable index once it holds
+``min_ids_per_segment`` ids, spans ``max_segment_span_ms``, or ``checkpoint_interval_ms`` passed since the
+last seal; sealing cuts it into segments of at most that many ids / that time step (PIP-195: 5,000 ids,
+300 s) and writes each through a :class:`~pulsar_nack.snapshot.storage.SnapshotStorage`. Segments due
+within ``load_ahead_ms`` are loaded while the loaded ids stay under ``max_loaded_ids``; a segment whose
+earliest bucket is due is loaded whatever the budget (its ids are due: a memory bound never makes a nack
+late). A loaded segment whose last bucket has been popped is deleted. When more than ``max_segments``
+segments are unloaded, up to ``max_merge_inputs`` (4) adjacent ones with the fewest ids are merged; the
+merged file names the segments it *supersedes*, and the old files are deleted only after it is written —
+a crash at any point leaves either the old files or the new one in charge (restore deletes superseded
+files). A failed write falls back to memory (the ids stay loaded, a warning is logged, the write is
+retried by ``maintain``).
+
+Removals (an ack, or the pop of a second copy) of an id in a sealed segment go to that segment's
+*deletion* bitmap, which is applied when the segment is loaded, merged or rewritten (a segment with
+``rewrite_deleted_ratio`` of its ids deleted is rewritten); the membership bitmap is never mutated, so it
+may be run-optimized, while the deletion bitmap, which is, never is (the broker's #26117).
+
+Due times are **wall-clock epoch milliseconds**: they must mean the same after a restart.
+
+:meth:`SegmentStore.restore` after a restart: every segment's metadata and membership are read, ids whose
+due time has passed are due at once (for a client a passed due time means *redeliver now*, not *drop*:
+the broker has redelivered the message already, and the consumer must hold it back only until then), the
+first live segments are loaded within the budget, the rest stay on storage. A corrupt segment is deleted
+with a warning that says how many nacks were lost.
+
+Durability: ids nacked since the last seal are in memory only (at most ``checkpoint_interval_ms`` worth);
+removals of ids in segments are persisted only when the segment is rewritten or merged — after a crash an
+acked id may come back (redelivering an acked message is a no-op at the broker).
+
+Thread safety: every public method takes one lock; storage I/O happens under it (call :meth:`maintain`
+off the nack path).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap
+
+from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.snapshot.format import (
+    Group,
+    ReadLimits,
+    Segment,
+    SnapshotCorrupt,
+    decode_segment,
+    encode_segment,
+    groups_from_rows,
+    read_header,
+)
+from pulsar_nack.snapshot.storage import SnapshotStorage, SnapshotStorageError
+
+__all__ = ["LATENCY_BOUNDS_MS", "OpStats", "RestoreReport", "SegmentConfig", "SegmentStore", "SnapshotStats"]
+
+_log = logging.getLogger(__name__)
+
+Key = tuple[str, int]  # (topic, ledger id)
+_NAME = re.compile(r"seg-(?P<seq>[0-9a-f]{16})\.pnk")
+_EMPTY = BitMap()
+
+#: PIP-195's latency histogram bounds (ms); the last bucket is the overflow.
+LATENCY_BOUNDS_MS = (50, 100, 500, 1_000, 5_000, 30_000, 60_000)
+
+
+@dataclass(frozen=True)
+class SegmentConfig:
+    """When to seal, cut, load and merge. Defaults follow PIP-195 where it has a counterpart:
+    ``delayedDeliveryMaxIndexesPerBucketSnapshotSegment`` (5,000) and
+    ``delayedDeliveryMaxTimeStepPerBucketSnapshotSegmentSeconds`` (300)."""
+
+    min_ids_per_segment: int = 5_000
+    max_segment_span_ms: int = 300_000
+    checkpoint_interval_ms: int = 1_000
+    max_loaded_ids: int = 1_000_000
+    load_ahead_ms: int = 60_000
+    max_segments: int = 64
+    max_merge_inputs: int = 4
+    rewrite_deleted_ratio: float = 0.5
+    limits: ReadLimits = field(default_factory=ReadLimits)
+
+    def __post_init__(self) -> None:
+        for name in ("min_ids_per_segment", "max_segment_span_ms", "max_segments"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_merge_inputs < 2:
+            raise ValueError(f"max_merge_inputs must be >= 2, got {self.max_merge_inputs}")
+        if not 0 < self.rewrite_deleted_ratio <= 1:
+            raise ValueError(f"rewrite_deleted_ratio must be in (0, 1], got {self.rewrite_deleted_ratio}")
+        if min(self.checkpoint_interval_ms, self.max_loaded_ids, self.load_ahead_ms) < 0:
+            raise ValueError("checkpoint_interval_ms, max_loaded_ids and load_ahead_ms must be >= 0")
+
+
+@dataclass
+class OpStats:
+    """Count, failures and latency of one kind of snapshot operation (PIP-195's ``op_count`` with states
+    succeed/failed, and ``op_latency_ms`` with its buckets)."""
+
+    succeeded: int = 0
+    failed: int = 0
+    total_ms: float = 0.0
+    max_ms: float = 0.0
+    #: counts per upper bound in :data:`LATENCY_BOUNDS_MS`, plus the overflow last
+    histogram: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BOUNDS_MS) + 1))
+
+    def record(self, elapsed_ms: float, ok: bool) -> None:
+        if ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        self.total_ms += elapsed_ms
+        self.max_ms = max(self.max_ms, elapsed_ms)
+        slot = next((i for i, bound in enumerate(LATENCY_BOUNDS_MS) if elapsed_ms <= bound), -1)
+        self.histogram[slot] += 1
+
+
+@dataclass
+class SnapshotStats:
+    """PIP-195's metrics, client side: gauges at the time of :meth:`SegmentStore.stats`, counters since
+    the store was made."""
+
+    segments_total: int = 0
+    segments_loaded: int = 0
+    segments_unpersisted: int = 0
+    bytes_total: int = 0
+    ids_in_memory: int = 0
+    ids_on_storage: int = 0
+    create: OpStats = field(default_factory=OpStats)
+    load: OpStats = field(default_factory=OpStats)
+    delete: OpStats = field(default_factory=OpStats)
+    merge: OpStats = field(default_factory=OpStats)
+    fallbacks: int = 0
+    corrupt_segments: int = 0
+    lost_ids: int = 0
+    forced_loads: int = 0
+
+
+@dataclass(frozen=True)
+class RestoreReport:
+    segments: int
+    ids: int
+    loaded_ids: int
+    corrupt_segments: int
+    lost_ids: int
+    superseded_removed: int
+
+
+@dataclass
+class _Record:
+    """What memory keeps of a segment."""
+
+    seq: int
+    min_due: int
+    max_due: int
+    count: int
+    nbytes: int
+    has_members: bool
+    membership: dict[Key, BitMap]  # frozen: run-optimized once, never mutated
+    supersedes: tuple[int, ...] = ()
+    loaded: bool = False
+    persisted: bool = True
+    pending: bytes | None = None  # the encoded file, while its write is to be retried
+    deleted: dict[Key, BitMap] = field(default_factory=dict)  # whole-entry removals; mutated, never optimized
+    deleted_members: dict[Key, set[tuple[int, int]]] = field(default_factory=dict)
+    deleted_count: int = 0
+    popped_through: int | None = None  # loaded: every bucket <= this was popped
+    dirty: bool = False  # removals or pops not yet in the file
+
+    @property
+    def name(self) -> str:
+        return segment_name(self.seq)
+
+    def holds(self, key: Key, entry_id: int) -> bool:
+        """Entry-level membership, deletions applied. O(1) bitmap probes."""
+        members = self.membership.get(key)
+        if members is None or entry_id not in members:
+            return False
+        gone = self.deleted.get(key)
+        return gone is None or entry_id not in gone
+
+    @property
+    def live(self) -> int:
+        return self.count - self.deleted_count
+
+
+def segment_name(seq: int) -> str:
+    return f"seg-{seq:016x}.pnk"
+
+
+class SegmentStore:
+    """Pending nacks over the mutable index, the loaded index and segment files. See the module docstring.
+
+    Complexities (S = segments, S_l = segments holding a given ledger): :meth:`add` and :meth:`remove` —
+    the index's cost plus O(S_l) bitmap probes; :meth:`pop_due` — the index's plus O(due ids) when
+    segments are loaded; :meth:`next_due_ms` — O(log B + S); seal/load/merge — O(ids involved).
+    """
+
+    def __init__(
+        self,
+        storage: SnapshotStorage,
+        config: SegmentConfig | None = None,
+        *,
+        precision_bits: int = 8,
+        rounding: Rounding = "floor",
+    ) -> None:
+        self.storage = storage
+        self.config = config if config is not None else SegmentConfig()
+        self._mutable = TimeBucketIndex(precision_bits, rounding)
+        self._loaded = TimeBucketIndex(precision_bits, rounding)
+        self._mask = -1 << precision_bits
+        self._round_up = (1 << precision_bits) - 1 if rounding == "ceil" else 0
+        self._records: dict[int, _Record] = {}
+        self._by_key: dict[Key, set[int]] = {}
+        self._dupes: dict[Key, BitMap] = {}  # entries that may be pending in the mutable index and a segment
+        self._undeleted: dict[int, tuple[int, ...]] = {}  # seq → its supersedes, of files whose delete failed
+        self._next_seq = 1
+        self._last_seal: float | None = None
+        self._lock = threading.RLock()
+        self._stats = SnapshotStats()
+
+    # -- the index's calls ------------------------------------------------------------------------------
+
+    def add(self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int:
+        """Schedule one id (earliest due wins); returns the bucket it is due at, or — when an unloaded
+        segment already holds it no later — that segment's first bucket (a lower bound to wake up at).
+
+        The new due time is compared with each unloaded segment's time range *before* its membership is
+        consulted (#26230): membership alone says neither when nor whether the copy is still pending.
+        """
+        with self._lock:
+            bucket = (int(due_ms) + self._round_up) & self._mask
+            key = (topic, ledger_id)
+            loaded_due = self._loaded.due_of(ledger_id, entry_id, batch_index, topic)
+            if loaded_due is not None:
+                if loaded_due <= bucket:
+                    return loaded_due
+                self._loaded.remove(ledger_id, entry_id, batch_index, topic)
+                self._mark_deleted(key, entry_id, batch_index, "loaded")  # only the copy just replaced
+            covered: int | None = None
+            for rec in self._holding(key):
+                if rec.loaded:
+                    continue  # the loaded index answered for it (membership may be stale: popped ids)
+                if bucket < rec.min_due:
+                    if rec.holds(key, entry_id):
+                        self._delete_in(rec, key, entry_id, batch_index)  # the new nack is earlier
+                elif rec.holds(key, entry_id):
+                    if rec.max_due <= bucket and not rec.has_members:
+                        covered = rec.min_due if covered is None else min(covered, rec.min_due)
+                    else:  # maybe earlier, maybe later: keep both, the first popped retires the other
+                        self._dupes.setdefault(key, BitMap()).add(entry_id)
+            if covered is not None:
+                return covered
+            return self._mutable.add(bucket, ledger_id, entry_id, batch_index, topic)
+
+    def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
+        """Forget a pending id (acked) wherever it is; True if it was pending somewhere. O(S_l)."""
+        with self._lock:
+            key = (topic, ledger_id)
+            removed = self._mutable.remove(ledger_id, entry_id, batch_index, topic)
+            removed = self._loaded.remove(ledger_id, entry_id, batch_index, topic) or removed
+            removed = self._mark_deleted(key, entry_id, batch_index, "all") or removed
+            if batch_index < 0 and key in self._dupes:
+                self._dupes[key].discard(entry_id)
+            return removed
+
+    def pop_due(self, now_ms: int) -> list[DueIds]:
+        """Remove and return every id due by ``now_ms``: segments that are due are loaded first (whatever
+        the memory budget), loaded segments fully popped are deleted from storage."""
+        with self._lock:
+            self._load_ahead(now_ms)
+            from_loaded = self._loaded.pop_due(now_ms)
+            for ids in from_loaded:
+                self._consumed(ids)
+            due = self._mutable.pop_due(now_ms) + from_loaded
+            if self._dupes:
+                for ids in due:  # a second copy may sit in an unloaded segment: retire it
+                    key = (ids.topic, ids.ledger_id)
+                    dup = self._dupes.get(key)
+                    if not dup:
+                        continue
+                    for entry in dup & BitMap(ids.entry_ids):
+                        indexes = ids.batch_indexes.get(entry)
+                        if indexes is None:
+                            self._mark_deleted(key, entry, -1, "unloaded")
+                            dup.discard(entry)
+                        else:
+                            for index in indexes:
+                                self._mark_deleted(key, entry, index, "unloaded")
+            for rec in [r for r in self._records.values() if r.loaded and r.min_due <= now_ms]:
+                if rec.max_due <= now_ms:
+                    self._retire(rec)
+                else:
+                    rec.popped_through, rec.dirty = now_ms, True
+            return due
+
+    def next_due_ms(self) -> int | None:
+        """The earliest bucket time pending anywhere — unloaded segments included (#26080), so a timer
+        armed with it wakes up for ids that are still on storage. O(log B + S)."""
+        with self._lock:
+            times = [self._mutable.next_due_ms(), self._loaded.next_due_ms()]
+            times += [r.min_due for r in self._records.values() if not r.loaded and r.live > 0]
+            known = [t for t in times if t is not None]
+            return min(known) if known else None
+
+    def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
+        """The bucket an id is due at; for an id in an unloaded segment, that segment's first bucket (a
+        lower bound: the exact time is on storage). None if not pending."""
+        with self._lock:
+            found = [
+                self._mutable.due_of(ledger_id, entry_id, batch_index, topic),
+                self._loaded.due_of(ledger_id, entry_id, batch_index, topic),
+            ]
+            key = (topic, ledger_id)
+            found += [r.min_due for r in self._holding(key) if not r.loaded and r.holds(key, entry_id)]
+            known = [t for t in found if t is not None]
+            return min(known) if known else None
+
+    def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
+        """As :meth:`TimeBucketIndex.pending_mask`; an entry in an unloaded segment counts as whole (-1)."""
+        with self._lock:
+            key = (topic, ledger_id)
+            if any(not r.loaded and r.holds(key, entry_id) for r in self._holding(key)):
+                return -1
+            masks = (
+                self._mutable.pending_mask(ledger_id, entry_id, topic),
+                self._loaded.pending_mask(ledger_id, entry_id, topic),
+            )
+            return -1 if -1 in masks else masks[0] | masks[1]
+
+    def __len__(self) -> int:
+        """Pending ids (an id pending in two places counts twice). O(S)."""
+        with self._lock:
+            unloaded = sum(r.live for r in self._records.values() if not r.loaded)
+            return len(self._mutable) + len(self._loaded) + unloaded
+
+    def items(self) -> Iterator[tuple[int, str, int, npt.NDArray[np.uint32]]]:
+        """``(bucket, topic, ledger, entry ids)`` of the ids in memory (mutable and loaded). O(n)."""
+        with self._lock:
+            rows = list(self._mutable) + list(self._loaded)
+        yield from rows
+
+    # -- life cycle -----------------------------------------------------------------------------------
+
+    def maintain(self, now_ms: int) -> None:
+        """Timer work: retry failed writes and deletes, seal when due, load ahead, rewrite segments with
+        many deletions, merge when there are too many segments. O(ids sealed/loaded/merged)."""
+        with self._lock:
+            self._retry(now_ms)
+            cfg = self.config
+            if len(self._mutable):
+                first = self._mutable.next_due_ms()
+                last = max((b for b, *_ in self._mutable), default=first)
+                if len(self._mutable) >= cfg.min_ids_per_segment or (
+                    first is not None and last is not None and last - first >= cfg.max_segment_span_ms
+                ):
+                    self.checkpoint(now_ms)
+            if self._last_seal is None or now_ms - self._last_seal >= cfg.checkpoint_interval_ms:
+                self.checkpoint(now_ms)
+            self._load_ahead(now_ms)
+            for rec in [r for r in self._records.values() if r.persisted and r.live <= 0]:
+                self._retire(rec)
+            for rec in [
+                r
+                for r in self._records.values()
+                if r.persisted and not r.loaded and r.deleted_count >= cfg.rewrite_deleted_ratio * r.count
+            ]:
+                self._merge([rec])
+            while self._merge_once():
+                pass
+
+    def checkpoint(self, now_ms: int) -> int:
+        """Persist the state now (also at close): seal every id of the mutable index into segments, and
+        rewrite the segments that had ids removed or popped since they were written (so that a restart
+        never brings back an acked or redelivered copy that a later nack of the same id would then
+        precede). Returns how many ids were sealed. O(ids sealed + ids of rewritten segments)."""
+        with self._lock:
+            self._last_seal = now_ms
+            rows = []
+            bucket = self._mutable.next_due_ms()
+            while bucket is not None:
+                for ids in self._mutable.pop_due(bucket):
+                    masks = {e: _mask(ix) for e, ix in ids.batch_indexes.items()}
+                    rows.append((bucket, ids.topic, ids.ledger_id, BitMap(ids.entry_ids), masks or None))
+                bucket = self._mutable.next_due_ms()
+            sealed = 0
+            for groups in self._cut(groups_from_rows(rows)):
+                sealed += sum(len(g.entries) for g in groups)
+                self._create(groups, now_ms)
+            for rec in [r for r in self._records.values() if r.dirty and r.persisted]:
+                self._merge([rec])
+            return sealed
+
+    def restore(self, now_ms: int) -> RestoreReport:
+        """Read every segment on storage into an empty store (see the module docstring). O(total size)."""
+        with self._lock:
+            if self._records or len(self._mutable) or len(self._loaded):
+                raise RuntimeError("restore() needs an empty store")
+            try:
+                names = self.storage.list()
+            except SnapshotStorageError as exc:
+                _log.warning("cannot list snapshot segments (%s): starting with no pending nacks", exc)
+                return RestoreReport(0, 0, 0, 0, 0, 0)
+            segments: list[Segment] = []
+            sizes: dict[int, int] = {}
+            corrupt = lost = 0
+            for name in names:
+                match = _NAME.fullmatch(name)
+                if match is None:
+                    continue
+                seq = int(match["seq"], 16)
+                self._next_seq = max(self._next_seq, seq + 1)
+                started = time.perf_counter()
+                try:
+                    data = self.storage.get(name)
+                except SnapshotStorageError as exc:
+                    self._stats.load.record(_ms(started), False)
+                    _log.warning("cannot read snapshot segment %s (%s): not restored", name, exc)
+                    continue
+                try:
+                    segment = decode_segment(data, self.config.limits)
+                    if segment.seq != seq:
+                        raise SnapshotCorrupt(f"segment {name} holds sequence number {segment.seq}")
+                except SnapshotCorrupt as exc:
+                    self._stats.load.record(_ms(started), False)
+                    corrupt += 1
+                    lost += self._lost(name, data, exc)
+                    self._delete_file(name)
+                    continue
+                self._stats.load.record(_ms(started), True)
+                segments.append(segment)
+                sizes[seq] = len(data)
+            superseded = {s for seg in segments for s in seg.supersedes}
+            removed = 0
+            for seg in [s for s in segments if s.seq in superseded]:
+                self._delete_file(segment_name(seg.seq))  # an interrupted merge: its output is in charge
+                removed += 1
+            segments = sorted(
+                (s for s in segments if s.seq not in superseded), key=lambda s: (s.min_due_ms, s.seq)
+            )
+            seen: dict[Key, BitMap] = {}
+            budget = self.config.max_loaded_ids
+            for seg in segments:
+                rec = self._record(seg, sizes[seg.seq])
+                for key, members in rec.membership.items():  # ids in two segments: a second copy
+                    before = seen.get(key)
+                    if before is not None:
+                        both = before & members
+                        if both:
+                            self._dupes.setdefault(key, BitMap()).update(both)
+                        before |= members
+                    else:
+                        seen[key] = BitMap(members)
+                self._add_record(rec)
+                horizon = now_ms + self.config.load_ahead_ms
+                fits = len(self._loaded) + rec.count <= budget
+                if rec.min_due <= now_ms or (rec.min_due <= horizon and fits):
+                    self._fill(rec, seg)
+            self._dupes = {k: v for k, v in self._dupes.items() if v}
+            ids = sum(r.count for r in self._records.values())
+            return RestoreReport(len(self._records), ids, len(self._loaded), corrupt, lost, removed)
+
+    def close(self, now_ms: int) -> None:
+        """Seal what is left in memory (a clean shutdown loses nothing)."""
+        self.checkpoint(now_ms)
+
+    def stats(self) -> SnapshotStats:
+        """A copy of the counters with the gauges filled in. O(S)."""
+        with self._lock:
+            recs = self._records.values()
+            return replace(
+                self._stats,
+                segments_total=len(self._records),
+                segments_loaded=sum(1 for r in recs if r.loaded),
+                segments_unpersisted=sum(1 for r in recs if not r.persisted),
+                bytes_total=sum(r.nbytes for r in recs if r.persisted),
+                ids_in_memory=len(self._mutable) + len(self._loaded),
+                ids_on_storage=sum(r.live for r in recs if not r.loaded),
+                create=replace(self._stats.create, histogram=list(self._stats.create.histogram)),
+                load=replace(self._stats.load, histogram=list(self._stats.load.histogram)),
+                delete=replace(self._stats.delete, histogram=list(self._stats.delete.histogram)),
+                merge=replace(self._stats.merge, histogram=list(self._stats.merge.histogram)),
+            )
+
+    def segments(self) -> list[tuple[str, int, int, int, bool]]:
+        """``(name, min due, max due, live ids, loaded)`` of every segment, by min due. O(S log S)."""
+        with self._lock:
+            return [
+                (r.name, r.min_due, r.max_due, r.live, r.loaded)
+                for r in sorted(self._records.values(), key=lambda r: (r.min_due, r.seq))
+            ]
+
+    # -- internals: creating, loading, retiring ---------------------------------------------------------
+
+    def _cut(self, groups: list[Group]) -> Iterator[list[Group]]:
+        """Split bucket-ordered groups into segments: a new one starts when the current one holds
+        ``min_ids_per_segment`` ids or the next group is ``max_segment_span_ms`` past its first bucket."""
+        current: list[Group] = []
+        count = 0
+        for group in groups:
+            if current and (
+                count >= self.config.min_ids_per_segment
+                or group.bucket_ms - current[0].bucket_ms >= self.config.max_segment_span_ms
+            ):
+                yield current
+                current, count = [], 0
+            current.append(group)
+            count += len(group.entries)
+        if current:
+            yield current
+
+    def _create(self, groups: list[Group], now_ms: int) -> None:
+        seq = self._next_seq
+        self._next_seq += 1
+        segment = Segment(seq, tuple(groups))
+        data = encode_segment(segment)
+        rec = self._record(segment, len(data))
+        started = time.perf_counter()
+        try:
+            self.storage.put(rec.name, data)
+            self._stats.create.record(_ms(started), True)
+        except SnapshotStorageError as exc:
+            self._stats.create.record(_ms(started), False)
+            self._stats.fallbacks += 1
+            _log.warning(
+                "cannot write snapshot segment %s (%s): its %d nacks stay in memory only",
+                rec.name,
+                exc,
+                rec.count,
+            )
+            rec.persisted, rec.pending = False, data
+        self._add_record(rec)
+        horizon = now_ms + self.config.load_ahead_ms
+        if (
+            not rec.persisted
+            or rec.min_due <= now_ms
+            or (rec.min_due <= horizon and len(self._loaded) + rec.count <= self.config.max_loaded_ids)
+        ):
+            self._fill(rec, segment)
+
+    def _record(self, segment: Segment, nbytes: int) -> _Record:
+        membership: dict[Key, BitMap] = {}
+        has_members = False
+        for g in segment.groups:
+            key = (g.topic, g.ledger_id)
+            if key in membership:
+                membership[key] |= g.entries
+            else:
+                membership[key] = BitMap(g.entries)
+            has_members = has_members or bool(g.members) or bool(g.wide)
+        for bitmap in membership.values():  # fresh and never mutated again: safe to optimize
+            bitmap.run_optimize()
+            bitmap.shrink_to_fit()
+        return _Record(
+            seq=segment.seq,
+            min_due=segment.min_due_ms,
+            max_due=segment.max_due_ms,
+            count=segment.id_count,
+            nbytes=nbytes,
+            has_members=has_members,
+            membership=membership,
+            supersedes=segment.supersedes,
+        )
+
+    def _add_record(self, rec: _Record) -> None:
+        self._records[rec.seq] = rec
+        for key in rec.membership:
+            self._by_key.setdefault(key, set()).add(rec.seq)
+
+    def _drop_record(self, rec: _Record) -> None:
+        self._records.pop(rec.seq, None)
+        for key in rec.membership:
+            seqs = self._by_key.get(key)
+            if seqs is not None:
+                seqs.discard(rec.seq)
+                if not seqs:
+                    del self._by_key[key]
+
+    def _holding(self, key: Key) -> list[_Record]:
+        return [self._records[s] for s in self._by_key.get(key, ())]
+
+    def _load_ahead(self, now_ms: int) -> None:
+        """Load every unloaded segment that is due (forced) and, within the budget, those due within
+        ``load_ahead_ms``, earliest first."""
+        horizon = now_ms + self.config.load_ahead_ms
+        waiting = sorted(
+            (r for r in self._records.values() if not r.loaded and r.min_due <= horizon),
+            key=lambda r: (r.min_due, r.seq),
+        )
+        for rec in waiting:
+            forced = rec.min_due <= now_ms
+            if not forced and len(self._loaded) + rec.live > self.config.max_loaded_ids:
+                break
+            if forced and len(self._loaded) + rec.live > self.config.max_loaded_ids:
+                self._stats.forced_loads += 1
+            self._load(rec)
+
+    def _load(self, rec: _Record) -> bool:
+        started = time.perf_counter()
+        try:
+            data = self.storage.get(rec.name)
+            segment = decode_segment(data, self.config.limits)
+            if segment.seq != rec.seq:
+                raise SnapshotCorrupt(f"segment {rec.name} holds sequence number {segment.seq}")
+        except SnapshotStorageError as exc:
+            self._stats.load.record(_ms(started), False)
+            _log.warning("cannot read snapshot segment %s (%s); retrying later", rec.name, exc)
+            return False
+        except SnapshotCorrupt as exc:
+            self._stats.load.record(_ms(started), False)
+            self._stats.corrupt_segments += 1
+            self._stats.lost_ids += rec.live
+            _log.warning("snapshot segment %s is corrupt (%s): %d nacks lost", rec.name, exc, rec.live)
+            self._drop_record(rec)
+            self._delete_file(rec.name)
+            return False
+        self._stats.load.record(_ms(started), True)
+        self._fill(rec, segment)
+        return True
+
+    def _fill(self, rec: _Record, segment: Segment) -> None:
+        """Put a segment's ids (deletions applied, second copies resolved) into the loaded index."""
+        filled: dict[Key, BitMap] = {}  # entries this call put into the loaded index
+        for g in segment.groups:
+            key = (g.topic, g.ledger_id)
+            entries = g.entries - rec.deleted.get(key, _EMPTY)
+            masks = g.batch_masks()
+            for entry, index in rec.deleted_members.get(key, ()):
+                if entry in masks:
+                    masks[entry] &= ~(1 << index)
+                    if not masks[entry]:
+                        del masks[entry]
+                        entries.discard(entry)
+            dup = self._dupes.get(key)
+            if dup:  # a second copy may be pending in the mutable or the loaded index: earliest wins
+                for entry in list(dup & entries):
+                    if entry in filled.get(key, _EMPTY):
+                        continue  # an earlier copy in this very segment: the loaded index keeps it
+                    for place in (self._mutable, self._loaded):
+                        other = place.due_of(g.ledger_id, entry, -1, g.topic)
+                        if other is None:
+                            continue
+                        if other <= g.bucket_ms:
+                            entries.discard(entry)
+                            masks.pop(entry, None)
+                            self._delete_in(rec, key, entry, -1)  # trimmed from this file too
+                            break
+                        place.remove(g.ledger_id, entry, -1, g.topic)
+                        if place is self._loaded:
+                            self._mark_deleted(key, entry, -1, "loaded")  # rec is not loaded yet
+            filled.setdefault(key, BitMap()).update(entries)
+            whole = entries - BitMap(masks) if masks else entries
+            if whole:
+                array = np.frombuffer(whole.to_array(), dtype=np.uint32)
+                self._loaded.add_many(g.bucket_ms, g.ledger_id, array, topic=g.topic)
+            for entry, mask in masks.items():
+                if entry in entries:
+                    for index in _indexes(mask):
+                        self._loaded.add(g.bucket_ms, g.ledger_id, entry, index, g.topic)
+        rec.loaded = True
+
+    def _retire(self, rec: _Record) -> None:
+        """A segment all of whose ids were popped or deleted: forget it, delete its file."""
+        self._drop_record(rec)
+        if rec.persisted:
+            self._delete_file(rec.name, rec.supersedes)
+
+    def _delete_file(self, name: str, supersedes: tuple[int, ...] = ()) -> bool:
+        """Delete a file — after any file it supersedes that is still around, so that a superseded file
+        can never outlive the one that replaced it (it would come back at restore)."""
+        for seq in [s for s in supersedes if s in self._undeleted]:
+            if not self._delete_file(segment_name(seq), self._undeleted[seq]):
+                self._undeleted[_seq_of(name)] = supersedes
+                return False
+            del self._undeleted[seq]
+        started = time.perf_counter()
+        try:
+            self.storage.delete(name)
+        except SnapshotStorageError as exc:
+            self._stats.delete.record(_ms(started), False)
+            _log.warning("cannot delete snapshot segment %s (%s); retrying later", name, exc)
+            self._undeleted[_seq_of(name)] = supersedes
+            return False
+        self._stats.delete.record(_ms(started), True)
+        self._undeleted.pop(_seq_of(name), None)
+        return True
+
+    def _retry(self, now_ms: int) -> None:
+        for seq, supersedes in list(self._undeleted.items()):
+            if seq in self._undeleted:
+                self._delete_file(segment_name(seq), supersedes)
+        for rec in [r for r in self._records.values() if not r.persisted]:
+            if rec.pending is None:
+                continue
+            started = time.perf_counter()
+            try:
+                self.storage.put(rec.name, rec.pending)
+            except SnapshotStorageError:
+                self._stats.create.record(_ms(started), False)
+                break
+            self._stats.create.record(_ms(started), True)
+            rec.persisted, rec.pending = True, None
+
+    # -- internals: deletions, merging ------------------------------------------------------------------
+
+    def _consumed(self, ids: DueIds) -> None:
+        """Ids popped from the loaded index: every copy of them in a loaded segment is spent (the loaded
+        index kept the earliest; later copies were covered by it), so they are recorded as deleted and a
+        rewrite trims them from the files. Bulk bitmap work: O(ids × loaded segments of the ledger / 64)."""
+        key = (ids.topic, ids.ledger_id)
+        holders = [r for r in self._holding(key) if r.loaded]
+        if not holders:
+            return
+        popped = BitMap(ids.entry_ids)
+        partial = ids.batch_indexes
+        whole = popped - BitMap(partial) if partial else popped
+        for rec in holders:
+            hit = (whole & rec.membership[key]) - rec.deleted.get(key, _EMPTY)
+            if hit:
+                gone = rec.deleted.get(key)
+                if gone is None:
+                    rec.deleted[key] = hit
+                else:
+                    gone |= hit
+                rec.deleted_count += len(hit)
+                rec.dirty = True
+            for entry, indexes in partial.items():
+                if rec.holds(key, entry):
+                    for index in indexes:
+                        self._delete_in(rec, key, entry, index)
+
+    def _mark_deleted(
+        self, key: Key, entry_id: int, batch_index: int, where: Literal["all", "loaded", "unloaded"]
+    ) -> bool:
+        """Record a removal in the segments (of the kind ``where``) whose membership holds the entry."""
+        hit = False
+        for rec in self._holding(key):
+            if (where == "loaded" and not rec.loaded) or (where == "unloaded" and rec.loaded):
+                continue
+            if rec.holds(key, entry_id):
+                self._delete_in(rec, key, entry_id, batch_index)
+                hit = True
+        return hit
+
+    def _delete_in(self, rec: _Record, key: Key, entry_id: int, batch_index: int) -> None:
+        if batch_index >= 0:
+            rec.deleted_members.setdefault(key, set()).add((entry_id, batch_index))
+            rec.dirty = True
+            return
+        gone = rec.deleted.get(key)
+        if gone is None:
+            gone = rec.deleted[key] = BitMap()
+        if _add_new(gone, entry_id):
+            rec.deleted_count += 1
+        rec.dirty = True
+
+    def _merge_once(self) -> bool:
+        """Merge up to ``max_merge_inputs`` adjacent unloaded segments with the fewest ids while more than
+        ``max_segments`` are unloaded. True if a merge happened."""
+        ordered = sorted(self._records.values(), key=lambda r: (r.min_due, r.seq))
+        eligible = [r for r in ordered if r.persisted and not r.loaded]
+        if len(eligible) <= self.config.max_segments:
+            return False
+        runs: list[list[_Record]] = [[]]
+        for rec in ordered:  # maximal runs of adjacent mergeable segments
+            if rec.persisted and not rec.loaded:
+                runs[-1].append(rec)
+            elif runs[-1]:
+                runs.append([])
+        best: list[_Record] | None = None
+        for run in runs:
+            width = min(self.config.max_merge_inputs, len(run))
+            for i in range(len(run) - width + 1 if width >= 2 else 0):
+                window = run[i : i + width]
+                if best is None or (len(window), -_live(window)) > (len(best), -_live(best)):
+                    best = window
+        return best is not None and self._merge(best)
+
+    def _merge(self, inputs: list[_Record]) -> bool:
+        """Write one segment holding the inputs' ids (their deletions and pops applied), then drop the
+        inputs. A single input is a rewrite (a loaded one stays loaded: its ids are in the loaded index
+        already). True if the new segment was written."""
+        started = time.perf_counter()
+        combined: dict[tuple[int, Key], tuple[BitMap, dict[int, int]]] = {}
+        for rec in inputs:
+            try:
+                segment = decode_segment(self.storage.get(rec.name), self.config.limits)
+            except SnapshotStorageError as exc:
+                self._stats.merge.record(_ms(started), False)
+                _log.warning("cannot read snapshot segment %s for a merge (%s)", rec.name, exc)
+                return False
+            except SnapshotCorrupt as exc:
+                self._stats.corrupt_segments += 1
+                self._stats.lost_ids += rec.live
+                _log.warning("snapshot segment %s is corrupt (%s): %d nacks lost", rec.name, exc, rec.live)
+                continue
+            for g in segment.groups:
+                if rec.popped_through is not None and g.bucket_ms <= rec.popped_through:
+                    continue
+                key = (g.topic, g.ledger_id)
+                entries = g.entries - rec.deleted.get(key, _EMPTY)
+                masks = {e: m for e, m in g.batch_masks().items() if e in entries}
+                for entry, index in rec.deleted_members.get(key, ()):
+                    if entry in masks:
+                        masks[entry] &= ~(1 << index)
+                        if not masks[entry]:
+                            del masks[entry]
+                            entries.discard(entry)
+                if not entries:
+                    continue
+                slot = combined.get((g.bucket_ms, key))
+                if slot is None:
+                    combined[(g.bucket_ms, key)] = (entries, masks)
+                    continue
+                have, have_masks = slot
+                whole = (have - BitMap(have_masks)) | (entries - BitMap(masks))
+                have |= entries
+                for entry, mask in masks.items():
+                    have_masks[entry] = have_masks.get(entry, 0) | mask
+                for entry in list(have_masks):
+                    if entry in whole:
+                        del have_masks[entry]
+        rows = [(b, k[0], k[1], e, m or None) for (b, k), (e, m) in sorted(combined.items())]
+        groups = groups_from_rows(rows)
+        pending = {s for r in inputs for s in r.supersedes if s in self._undeleted}
+        seq = self._next_seq
+        self._next_seq += 1
+        segment = Segment(seq, tuple(groups), tuple(sorted({r.seq for r in inputs} | pending)))
+        if segment.id_count > self.config.limits.max_ids:
+            self._stats.merge.record(_ms(started), False)
+            return False
+        data = encode_segment(segment)
+        rec = self._record(segment, len(data))
+        rec.loaded = len(inputs) == 1 and inputs[0].loaded
+        try:
+            if groups:
+                self.storage.put(rec.name, data)
+        except SnapshotStorageError as exc:
+            self._stats.merge.record(_ms(started), False)
+            _log.warning("cannot write merged snapshot segment %s (%s); keeping its inputs", rec.name, exc)
+            return False
+        for old in inputs:  # only now that the replacement exists
+            self._drop_record(old)
+        if groups:
+            self._add_record(rec)
+        for old in inputs:
+            self._delete_file(old.name, old.supersedes)
+        self._stats.merge.record(_ms(started), True)
+        return True
+
+    def _lost(self, name: str, data: bytes, exc: Exception) -> int:
+        try:
+            count = read_header(data, self.config.limits).id_count
+            detail = f"{count} pending nacks lost"
+        except SnapshotCorrupt:
+            count, detail = 0, "the number of nacks lost is unknown (header unreadable)"
+        self._stats.corrupt_segments += 1
+        self._stats.lost_ids += count
+        _log.warning("snapshot segment %s is corrupt (%s): %s", name, exc, detail)
+        return count
+
+
+def _mask(indexes: tuple[int, ...]) -> int:
+    mask = 0
+    for index in indexes:
+        mask |= 1 << index
+    return mask
+
+
+def _indexes(mask: int) -> Iterator[int]:
+    index = 0
+    while mask:
+        if mask & 1:
+            yield index
+        mask >>= 1
+        index += 1
+
+
+def _live(records: list[_Record]) -> int:
+    return sum(r.live for r in records)
+
+
+def _add_new(bitmap: BitMap, value: int) -> bool:
+    if value in bitmap:
+        return False
+    bitmap.add(value)
+    return True
+
+
+def _seq_of(name: str) -> int:
+    match = _NAME.fullmatch(name)
+    return int(match["seq"], 16) if match else -1
+
+
+def _ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0

@@ -1,0 +1,245 @@
+"""Where segment files live: the :class:`SnapshotStorage` protocol and its local-directory implementation.
+
+What :class:`LocalDirectoryStorage` guarantees: a ``put`` that returned survives a crash of the process or
+of the machine (the data and the directory entry are fsync-ed); a ``put`` interrupted at any point leaves
+the previous file of that name intact (write to a temp file in the same directory, flush, ``fsync``,
+``os.replace``, ``fsync`` the directory) — readers see the old bytes or the new, never a mix; files are
+created 0600 and the directory is 0700 (pending nacks name messages of the subscription); names cannot
+escape the directory. Temp files of writers that died are removed when a storage opens the directory.
+It does not guarantee anything across machines: a container rescheduled without its disk starts empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "InMemoryStorage",
+    "LocalDirectoryStorage",
+    "SnapshotStorage",
+    "SnapshotStorageError",
+    "check_name",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_TEMP_SUFFIX = ".tmp"
+_TEMP = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{16}\.tmp")
+
+
+class SnapshotStorageError(OSError):
+    """A storage operation failed (I/O error, missing file, bad name, oversized file)."""
+
+
+def check_name(name: str) -> str:
+    """Return ``name`` if it is a safe file name: ``[A-Za-z0-9][A-Za-z0-9._-]{0,127}``, no ``..``, not a
+    temp name; else raise :class:`SnapshotStorageError`. O(len(name))."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name or name.endswith(_TEMP_SUFFIX):
+        raise SnapshotStorageError(errno.EINVAL, f"invalid snapshot name {name!r}")
+    return name
+
+
+@runtime_checkable
+class SnapshotStorage(Protocol):
+    """A flat namespace of immutable blobs. Every method may raise :class:`SnapshotStorageError`.
+
+    ``put`` replaces atomically: after a crash a reader finds the old blob or the new one, whole."""
+
+    def put(self, name: str, data: bytes) -> None: ...
+
+    def get(self, name: str) -> bytes: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def list(self) -> list[str]: ...
+
+
+class LocalDirectoryStorage:
+    """Segment files in one local directory (created 0700 if missing). See the module docstring.
+
+    ``max_bytes``: ``get`` refuses larger files before reading them (a hostile file cannot make it
+    allocate more). ``fsync=False`` skips the fsyncs (tests, tmpfs): atomic still, not durable."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, max_bytes: int = 256 * 2**20, fsync: bool = True
+    ) -> None:
+        self.path = os.fspath(path)
+        self.max_bytes = int(max_bytes)
+        self.fsync = fsync
+        try:
+            os.makedirs(self.path, mode=0o700, exist_ok=True)
+            info = os.stat(self.path)
+            if not stat.S_ISDIR(info.st_mode):
+                raise SnapshotStorageError(errno.ENOTDIR, f"{self.path} is not a directory")
+            if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o700:
+                os.chmod(self.path, 0o700)
+        except SnapshotStorageError:
+            raise
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot open {self.path}: {exc}") from exc
+        self.removed_temp_files = self.clean_temp_files()
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, check_name(name))
+
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``data`` under ``name`` atomically and durably. O(len(data))."""
+        final = self._file(name)
+        temp = os.path.join(self.path, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
+        try:
+            self._write_temp(temp, data)
+            self._commit(temp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise SnapshotStorageError(exc.errno, f"cannot write snapshot {name}: {exc}") from exc
+
+    def _write_temp(self, temp: str, data: bytes) -> None:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _commit(self, temp: str, final: str) -> None:
+        os.replace(temp, final)
+        self._sync_directory()
+
+    def _sync_directory(self) -> None:
+        if not self.fsync:
+            return
+        fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def get(self, name: str) -> bytes:
+        """Read a whole file (a regular file, no symlink, at most ``max_bytes``). O(size)."""
+        path = self._file(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot read snapshot {name}: {exc}") from exc
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SnapshotStorageError(errno.EINVAL, f"snapshot {name} is not a regular file")
+            if info.st_size > self.max_bytes:
+                raise SnapshotStorageError(
+                    errno.EFBIG, f"snapshot {name} has {info.st_size} bytes, more than {self.max_bytes}"
+                )
+            chunks = []
+            left = info.st_size + 1  # one byte more: notices a file that grew meanwhile
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+            if len(data) > self.max_bytes:
+                raise SnapshotStorageError(errno.EFBIG, f"snapshot {name} grew beyond {self.max_bytes} bytes")
+            return data
+        except SnapshotStorageError:
+            raise
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot read snapshot {name}: {exc}") from exc
+        finally:
+            os.close(fd)
+
+    def delete(self, name: str) -> None:
+        """Remove a file; a missing one is not an error. O(1)."""
+        try:
+            os.unlink(self._file(name))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot delete snapshot {name}: {exc}") from exc
+        try:
+            self._sync_directory()
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot sync {self.path}: {exc}") from exc
+
+    def list(self) -> list[str]:
+        """Names of the stored files (temp files and anything that is not a valid name excluded), sorted.
+        O(directory entries)."""
+        try:
+            names = os.listdir(self.path)
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot list {self.path}: {exc}") from exc
+        return sorted(n for n in names if _valid(n) and os.path.isfile(os.path.join(self.path, n)))
+
+    def clean_temp_files(self) -> int:
+        """Remove temp files left by writers that are no longer running; returns how many. A temp file of
+        a live process (another storage on the same directory, mid-write) is left alone. O(entries)."""
+        removed = 0
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return 0
+        for entry in names:
+            match = _TEMP.fullmatch(entry)
+            if match is None:
+                continue
+            pid = int(match["pid"])
+            if pid != os.getpid() and _alive(pid):
+                continue
+            try:
+                os.unlink(os.path.join(self.path, entry))
+                removed += 1
+            except OSError:
+                pass
+        return removed
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name)
+    except SnapshotStorageError:
+        return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class InMemoryStorage:
+    """A dict of blobs, for tests and for a consumer that wants the segment life cycle without a disk.
+    Same name rules and errors as :class:`LocalDirectoryStorage`; nothing survives the process."""
+
+    def __init__(self) -> None:
+        self.blobs: dict[str, bytes] = {}
+
+    def put(self, name: str, data: bytes) -> None:
+        self.blobs[check_name(name)] = bytes(data)
+
+    def get(self, name: str) -> bytes:
+        try:
+            return self.blobs[check_name(name)]
+        except KeyError:
+            raise SnapshotStorageError(errno.ENOENT, f"no snapshot {name}") from None
+
+    def delete(self, name: str) -> None:
+        self.blobs.pop(check_name(name), None)
+
+    def list(self) -> list[str]:
+        return sorted(self.blobs)

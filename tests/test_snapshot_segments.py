@@ -1,0 +1,403 @@
+"""SegmentStore: restore against a model, the memory bound, merge/delete ordering, storage failures,
+corrupt segments, and the three broker bug fixes (#26230, #26080, #26117) as client-side tests."""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import pytest
+
+from pulsar_nack.snapshot.format import decode_segment
+from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
+from pulsar_nack.snapshot.storage import (
+    InMemoryStorage,
+    LocalDirectoryStorage,
+    SnapshotStorage,
+    SnapshotStorageError,
+)
+
+K = 4  # precision bits: 16-ms buckets
+STEP = 1 << K
+
+
+def bucket(due: int) -> int:
+    return due & ~(STEP - 1)
+
+
+class Flaky:
+    """A storage whose operations can be made to fail."""
+
+    def __init__(self, inner: SnapshotStorage) -> None:
+        self.inner = inner
+        self.fail: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+
+    def _op(self, op: str, name: str = "") -> None:
+        self.calls.append((op, name))
+        if op in self.fail:
+            raise SnapshotStorageError(5, f"injected {op} failure")
+
+    def put(self, name: str, data: bytes) -> None:
+        self._op("put", name)
+        self.inner.put(name, data)
+
+    def get(self, name: str) -> bytes:
+        self._op("get", name)
+        return self.inner.get(name)
+
+    def delete(self, name: str) -> None:
+        self._op("delete", name)
+        self.inner.delete(name)
+
+    def list(self) -> list[str]:
+        self._op("list")
+        return self.inner.list()
+
+
+@pytest.fixture(params=["directory", "memory"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> SnapshotStorage:
+    if request.param == "memory":
+        return InMemoryStorage()
+    return LocalDirectoryStorage(tmp_path / "segments", fsync=False)
+
+
+def drain(store: SegmentStore, start: int, end: int, popped: dict[tuple[str, int, int], list[int]]) -> None:
+    """Pop every STEP ms from start to end (inclusive), recording when each id came out."""
+    t = start
+    while t <= end:
+        for ids in store.pop_due(t):
+            for entry in ids.entry_ids.tolist():
+                popped.setdefault((ids.topic, ids.ledger_id, entry), []).append(t)
+        store.maintain(t)
+        t += STEP
+
+
+@pytest.mark.parametrize("seed", [7, 11, 23, 31])
+def test_restore_matches_a_model(storage: SnapshotStorage, seed: int) -> None:
+    """Random nacks, re-nacks and acks over many ledgers and topics, a restart in the middle: every id
+    pending at the last checkpoint comes out exactly once, at its earliest due bucket (or at the first
+    pop after the restart if that bucket passed while the consumer was down), never early. Ids acked or
+    popped before the restart may come back once (removals from a segment are persisted only when it is
+    rewritten, merged or fully popped) — never more than once."""
+    rng = random.Random(seed)
+    config = SegmentConfig(
+        min_ids_per_segment=200,
+        max_segment_span_ms=2_000,
+        max_loaded_ids=300,
+        load_ahead_ms=500,
+        max_segments=6,
+        checkpoint_interval_ms=100,
+    )
+    store = SegmentStore(storage, config, precision_bits=K)
+    model: dict[tuple[str, int, int], int] = {}  # id → due bucket (earliest wins)
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    gone: set[tuple[str, int, int]] = set()
+    topics = ["", "persistent://a/b/one", "persistent://a/b/two"]
+    now = 0
+    for _ in range(40):
+        for _ in range(rng.randint(0, 120)):
+            key = (rng.choice(topics), rng.randrange(5), rng.randrange(400))
+            due = now + rng.randint(0, 20_000)
+            store.add(due, key[1], key[2], topic=key[0])
+            model[key] = min(model.get(key, 2**62), bucket(due))
+        for key in rng.sample(sorted(model), k=min(len(model), rng.randint(0, 10))):
+            assert store.remove(key[1], key[2], topic=key[0])
+            del model[key]
+            gone.add(key)
+        before = {k: len(v) for k, v in popped.items()}
+        drain(store, now, now + 240, popped)
+        for key, times in popped.items():
+            if len(times) != before.get(key, 0):
+                assert len(times) == before.get(key, 0) + 1
+                assert times[-1] >= model[key]  # never early
+                del model[key]
+                gone.add(key)
+        now += 256
+    store.checkpoint(now)
+    assert len(storage.list()) >= 2
+    down_until = now + 5_000  # the consumer is down 5 s: some ids become due meanwhile
+    restarted = SegmentStore(storage, config, precision_bits=K)
+    report = restarted.restore(down_until)
+    assert report.corrupt_segments == 0
+    due_segments = sum(n for _, lo, _, n, _ in restarted.segments() if lo <= down_until)
+    assert restarted.stats().ids_in_memory <= config.max_loaded_ids + due_segments  # due ones are forced
+    after: dict[tuple[str, int, int], list[int]] = {}
+    drain(restarted, down_until, now + 40_000, after)
+    assert set(model) <= set(after) <= set(model) | gone
+    for key, times in after.items():
+        assert len(times) == 1, key
+        if key not in model:
+            continue
+        expected = max(model[key], down_until)
+        assert expected <= times[0] < expected + STEP, (key, model[key], times)
+    assert len(restarted) == 0
+    assert storage.list() == []  # every segment fully popped was deleted
+
+
+def test_batch_members_survive_a_restart(storage: SnapshotStorage) -> None:
+    store = SegmentStore(storage, SegmentConfig(load_ahead_ms=0, max_loaded_ids=0), precision_bits=K)
+    store.add(1_000, 5, 10, batch_index=2)
+    store.add(1_000, 5, 10, batch_index=1500)
+    store.add(1_000, 5, 11)
+    store.add(3_000, 5, 10, batch_index=3)
+    store.checkpoint(0)
+    again = SegmentStore(storage, SegmentConfig(load_ahead_ms=0, max_loaded_ids=0), precision_bits=K)
+    again.restore(0)
+    first = again.pop_due(1_000)
+    assert [(d.ledger_id, d.entry_ids.tolist(), dict(d.batch_indexes)) for d in first] == [
+        (5, [10, 11], {10: (2, 1500)})
+    ]
+    assert [dict(d.batch_indexes) for d in again.pop_due(3_000)] == [{10: (3,)}]
+
+
+def test_past_due_ids_are_due_at_once_and_keep_their_bucket(storage: SnapshotStorage) -> None:
+    store = SegmentStore(storage, precision_bits=K)
+    store.add(1_000, 1, 1)
+    store.add(90_000, 1, 2)
+    store.checkpoint(0)
+    again = SegmentStore(storage, precision_bits=K)
+    again.restore(50_000)  # long after 1,000
+    assert again.due_of(1, 1) == bucket(1_000)
+    assert again.next_due_ms() == bucket(1_000)
+    assert [d.entry_ids.tolist() for d in again.pop_due(50_000)] == [[1]]
+
+
+def test_memory_bound_leaves_later_segments_on_storage(storage: SnapshotStorage) -> None:
+    config = SegmentConfig(
+        min_ids_per_segment=100, max_loaded_ids=250, load_ahead_ms=10_000, max_segments=100
+    )
+    store = SegmentStore(storage, config, precision_bits=K)
+    for i in range(2_000):
+        store.add(10_000 + i * 50, 1, i)  # 100 s of nacks, 20 per second
+    store.checkpoint(0)
+    restarted = SegmentStore(storage, config, precision_bits=K)
+    report = restarted.restore(0)
+    assert report.ids == 2_000 and report.loaded_ids <= 250
+    stats = restarted.stats()
+    assert stats.segments_total == 20 and 0 < stats.segments_loaded < 20
+    assert stats.ids_in_memory <= 250 and stats.ids_on_storage + stats.ids_in_memory == 2_000
+    assert len(restarted) == 2_000
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(restarted, 0, 110_000, popped)
+    assert len(popped) == 2_000 and restarted.stats().forced_loads == 0
+
+
+def test_merge_picks_adjacent_segments_with_fewest_ids_and_deletes_after_writing(tmp_path: Path) -> None:
+    flaky = Flaky(LocalDirectoryStorage(tmp_path, fsync=False))
+    config = SegmentConfig(min_ids_per_segment=1, max_segments=4, load_ahead_ms=0, max_loaded_ids=0)
+    store = SegmentStore(flaky, config, precision_bits=K)
+    sizes = [50, 40, 3, 2, 1, 4, 60]  # the 4 adjacent with the fewest ids: 3, 2, 1, 4
+    for n, size in enumerate(sizes):
+        for i in range(size):
+            store.add(100_000 * (n + 1), n, i)
+        store.checkpoint(0)
+    assert len(flaky.inner.list()) == 7
+    flaky.fail = {"put"}
+    store.maintain(0)  # the merged file cannot be written: nothing is deleted
+    assert len(flaky.inner.list()) == 7 and ("delete", "") not in flaky.calls
+    assert store.stats().merge.failed == 1
+    flaky.fail = set()
+    flaky.calls.clear()
+    store.maintain(0)
+    puts = [i for i, (op, _) in enumerate(flaky.calls) if op == "put"]
+    deletes = [i for i, (op, _) in enumerate(flaky.calls) if op == "delete"]
+    assert len(puts) == 1 and len(deletes) == 4 and puts[0] < min(deletes)
+    live = store.segments()
+    assert [n for _, _, _, n, _ in live] == [50, 40, 10, 60]
+    merged = decode_segment(flaky.inner.get(live[2][0]))
+    assert len(merged.supersedes) == 4 and merged.id_count == 10
+    assert store.stats().merge.succeeded == 1
+
+
+def test_crash_after_merge_write_before_deletes_restores_once(tmp_path: Path) -> None:
+    flaky = Flaky(LocalDirectoryStorage(tmp_path, fsync=False))
+    config = SegmentConfig(min_ids_per_segment=1, max_segments=1, load_ahead_ms=0, max_loaded_ids=0)
+    store = SegmentStore(flaky, config, precision_bits=K)
+    for n in range(3):
+        store.add(10_000 * (n + 1), 1, n)
+        store.checkpoint(0)
+    flaky.fail = {"delete"}  # as if the process died right after writing the merged segment
+    store.maintain(0)
+    assert len(flaky.inner.list()) == 4 or len(flaky.inner.list()) == 5
+    restarted = SegmentStore(flaky.inner, config, precision_bits=K)
+    report = restarted.restore(0)
+    assert report.superseded_removed >= 3 and report.ids == 3
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(restarted, 0, 40_000, popped)
+    assert {k: len(v) for k, v in popped.items()} == {("", 1, 0): 1, ("", 1, 1): 1, ("", 1, 2): 1}
+
+
+def test_storage_failure_falls_back_to_memory(caplog: pytest.LogCaptureFixture) -> None:
+    flaky = Flaky(InMemoryStorage())
+    store = SegmentStore(flaky, SegmentConfig(load_ahead_ms=0, max_loaded_ids=0), precision_bits=K)
+    flaky.fail = {"put"}
+    for i in range(10):
+        store.add(60_000, 1, i)
+    with caplog.at_level(logging.WARNING):
+        store.checkpoint(0)
+    assert "stay in memory" in caplog.text
+    stats = store.stats()
+    assert stats.fallbacks == 1 and stats.segments_unpersisted == 1 and stats.ids_in_memory == 10
+    flaky.fail = set()
+    store.maintain(10)  # retried
+    assert store.stats().segments_unpersisted == 0 and len(flaky.inner.list()) == 1
+    assert [d.entry_ids.tolist() for d in store.pop_due(60_000)] == [list(range(10))]
+
+
+def test_corrupt_segment_is_dropped_with_a_count(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    storage = LocalDirectoryStorage(tmp_path, fsync=False)
+    store = SegmentStore(storage, SegmentConfig(min_ids_per_segment=10), precision_bits=K)
+    for i in range(30):
+        store.add(1_000 * (i // 10 + 1), 1, i)
+    store.checkpoint(0)
+    names = storage.list()
+    assert len(names) == 3
+    path = tmp_path / names[1]
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x40
+    path.write_bytes(bytes(data))
+    restarted = SegmentStore(storage, precision_bits=K)
+    with caplog.at_level(logging.WARNING):
+        report = restarted.restore(0)
+    assert report.corrupt_segments == 1 and report.lost_ids == 10 and report.ids == 20
+    assert "10 pending nacks lost" in caplog.text
+    assert names[1] not in storage.list()
+
+
+def test_stats_count_operations(storage: SnapshotStorage) -> None:
+    store = SegmentStore(storage, SegmentConfig(min_ids_per_segment=5), precision_bits=K)
+    for i in range(20):
+        store.add(1_000, i, 1)  # 20 groups (one per ledger), cut every 5 ids
+    store.checkpoint(0)
+    store.pop_due(1_000)
+    stats = store.stats()
+    assert stats.create.succeeded == 4 and stats.delete.succeeded == 4 and stats.segments_total == 0
+    assert sum(stats.create.histogram) == 4 and stats.create.total_ms >= 0
+
+
+# -- the broker's 2026 bug fixes, client side -----------------------------------------------------------
+
+
+def test_due_time_checked_before_membership_26230(storage: SnapshotStorage) -> None:
+    """broker #26230: a sealed segment's membership bitmap says an id is *in* the segment, not that it is
+    still pending — once its bucket was popped it is not. A new nack of that id, due now, must not be
+    taken for a duplicate of the popped copy (the message would never come back)."""
+    store = SegmentStore(storage, SegmentConfig(load_ahead_ms=0), precision_bits=K)
+    store.add(1_000, 1, 42)
+    store.add(9_000, 1, 43)  # keeps the segment alive after 42 is popped
+    store.checkpoint(0)
+    assert [d.entry_ids.tolist() for d in store.pop_due(1_000)] == [[42]]
+    store.add(1_100, 1, 42)  # nacked again, due at once
+    assert [d.entry_ids.tolist() for d in store.pop_due(1_200)] == [[42]]
+    # and an id whose unloaded segment copy is later: the earlier new nack wins, the old copy is dropped
+    store.add(50_000, 2, 7)
+    store.checkpoint(1_200)
+    store.add(2_000, 2, 7)
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(store, 1_200, 60_000, popped)
+    assert popped[("", 2, 7)] == [bucket(2_000)]
+
+
+def test_next_due_time_while_segments_are_unloaded_26080(storage: SnapshotStorage) -> None:
+    """broker #26080: with the in-memory queues empty and every pending id in unloaded segments, the
+    next due time is the earliest unloaded segment's first bucket — not None, not an error."""
+    config = SegmentConfig(load_ahead_ms=0, max_loaded_ids=0, min_ids_per_segment=3)
+    store = SegmentStore(storage, config, precision_bits=K)
+    for i in range(6):
+        store.add(20_000 + 10_000 * (i // 3), 1, i)
+    store.checkpoint(0)
+    assert store.stats().segments_loaded == 0 and store.stats().ids_in_memory == 0
+    assert store.next_due_ms() == 20_000
+    restarted = SegmentStore(storage, config, precision_bits=K)
+    restarted.restore(0)
+    assert restarted.stats().ids_in_memory == 0 and restarted.next_due_ms() == 20_000
+    assert restarted.pop_due(19_999) == []
+    assert [d.entry_ids.tolist() for d in restarted.pop_due(20_000)] == [[0, 1, 2]]
+    assert restarted.next_due_ms() == 30_000
+
+
+def test_deletions_trimmed_at_rewrite_live_bitmaps_never_optimized_26117(storage: SnapshotStorage) -> None:
+    """broker #26117: removals go to a deletion bitmap that is mutated and therefore never run-optimized;
+    the frozen membership bitmap is; a rewrite trims the removed ids out of the file and the bitmaps."""
+    config = SegmentConfig(
+        load_ahead_ms=0, max_loaded_ids=0, rewrite_deleted_ratio=0.5, min_ids_per_segment=10_000
+    )
+    store = SegmentStore(storage, config, precision_bits=K)
+    for i in range(4_000):
+        store.add(100_000, 1, i)
+    store.checkpoint(0)
+    (rec,) = store._records.values()
+    assert rec.membership[("", 1)].get_statistics()["n_run_containers"] == 1  # frozen: optimized
+    for i in range(1_000):
+        assert store.remove(1, i)
+    store.maintain(1)  # 25 % deleted: no rewrite yet
+    assert rec.deleted[("", 1)].get_statistics()["n_run_containers"] == 0  # live: never optimized
+    assert len(storage.list()) == 1 and len(store) == 3_000
+    assert not store.remove(1, 5)  # already removed: not pending anywhere
+    for i in range(1_000, 2_500):
+        store.remove(1, i)
+    store.maintain(2)  # 62 % deleted: rewritten
+    (new,) = store._records.values()
+    assert new.seq != rec.seq and new.deleted == {} and new.count == 1_500
+    assert list(new.membership[("", 1)]) == list(range(2_500, 4_000))
+    (name,) = storage.list()
+    assert list(decode_segment(storage.get(name)).groups[0].entries) == list(range(2_500, 4_000))
+    assert [len(d.entry_ids) for d in store.pop_due(100_000)] == [1_500]
+
+
+def test_renack_earlier_than_a_loaded_copy_wins_once(storage: SnapshotStorage) -> None:
+    store = SegmentStore(storage, SegmentConfig(load_ahead_ms=100_000), precision_bits=K)
+    store.add(5_000, 1, 1)
+    store.checkpoint(0)
+    assert store.stats().segments_loaded == 1
+    store.add(1_000, 1, 1)  # earlier: moves
+    store.add(9_000, 1, 1)  # later: no-op
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(store, 0, 10_000, popped)
+    assert popped == {("", 1, 1): [bucket(1_000)]}
+
+
+def test_a_copy_in_an_unloaded_segment_is_retired_when_the_other_pops(storage: SnapshotStorage) -> None:
+    """A re-nack inside an unloaded segment's time range cannot know whether the stored copy is earlier:
+    both stay, the first to pop retires the other — the id comes out once, at the earlier time."""
+    config = SegmentConfig(load_ahead_ms=0, max_loaded_ids=0)
+    store = SegmentStore(storage, config, precision_bits=K)
+    store.add(10_000, 1, 1)
+    store.add(30_000, 1, 2)
+    store.checkpoint(0)
+    store.add(20_000, 1, 1)  # inside [10 s, 30 s]: later than the stored copy, which the store cannot see
+    store.add(15_000, 1, 2)  # earlier than the stored copy
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(store, 0, 40_000, popped)
+    assert popped == {("", 1, 1): [bucket(10_000)], ("", 1, 2): [bucket(15_000)]}
+
+
+def test_restart_keeps_earliest_copy_across_segments(storage: SnapshotStorage) -> None:
+    config = SegmentConfig(load_ahead_ms=0, max_loaded_ids=0)
+    store = SegmentStore(storage, config, precision_bits=K)
+    store.add(10_000, 1, 1)
+    store.add(30_000, 1, 3)
+    store.checkpoint(0)
+    store.add(20_000, 1, 1)
+    store.checkpoint(1)
+    restarted = SegmentStore(storage, config, precision_bits=K)
+    restarted.restore(2)
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(restarted, 0, 40_000, popped)
+    assert popped == {("", 1, 1): [bucket(10_000)], ("", 1, 3): [bucket(30_000)]}
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError):
+        SegmentConfig(max_merge_inputs=1)
+    with pytest.raises(ValueError):
+        SegmentConfig(rewrite_deleted_ratio=0)
+    with pytest.raises(ValueError):
+        SegmentConfig(min_ids_per_segment=0)
+    assert SegmentConfig().min_ids_per_segment == 5_000 and SegmentConfig().max_segment_span_ms == 300_000
+    with pytest.raises(RuntimeError):
+        store = SegmentStore(InMemoryStorage())
+        store.add(1, 1, 1)
+        store.restore(0)
