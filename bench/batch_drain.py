@@ -85,7 +85,8 @@ def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
         thread.start()
     deadline = started + timeout_s
     while not done.wait(1.0) and time.monotonic() < deadline:
-        stats = consumer.nack_stats()
+        stats = consumer.nack_stats(with_memory=True)
+        assert stats.memory_bytes is not None, "measured: with_memory=True"
         peak["pending"] = max(peak["pending"], stats.pending)
         peak["memory_bytes"] = max(peak["memory_bytes"], stats.memory_bytes)
     drained = done.is_set()

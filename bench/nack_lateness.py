@@ -14,7 +14,10 @@ one run:
     python bench/nack_lateness.py                     # both brokers, all delays (≈ 12 min)
     python bench/nack_lateness.py --brokers lite --delays 1000
 
-Writes ``bench/results/nack_lateness.json`` and the ``broker-nacks`` section of docs/performance.md.
+Writes ``bench/results/nack_lateness.json``, the ``broker-nacks`` section of docs/performance.md and
+``pulsar_nack/data/native_nack_cost.json`` (the native client's measured bytes per pending nack, with
+date, machine, versions and commit: the figure ``pulsar-nack demo`` prints). ``--export-native-cost``
+writes only that file, from the results file of an earlier run.
 """
 
 from __future__ import annotations
@@ -39,12 +42,10 @@ SCRIPT = Path(__file__).resolve()
 PATTERNS = ("burst", "groups", "steady")
 KINDS = ("native", "wrapper")
 PRECISION_BITS = 8
-#: Native figures measured on this machine kind (shared/notes/pulsar-client.md), p99 ms.
-NATIVE_NOTES_P99 = {
-    (1000, "burst"): 341, (1000, "groups"): 337, (1000, "steady"): 1307,
-    (3000, "burst"): 15, (3000, "groups"): 1005, (3000, "steady"): 3913,
-    (9000, "burst"): 6.8, (9000, "groups"): 3007, (9000, "steady"): 11735,
-}  # fmt: skip
+#: Package data of the demo: the native client's bytes per pending nack as this benchmark measured it.
+NATIVE_COST = report.ROOT / "pulsar_nack" / "data" / "native_nack_cost.json"
+#: The broker whose native figure the file carries first: the demo's (pulsar-lite), when it was measured.
+NATIVE_COST_BROKER = "pulsar-lite"
 
 
 def _client(kind: str, service_url: str) -> Any:
@@ -219,7 +220,7 @@ def memory_probe(payload: dict[str, Any]) -> dict[str, Any]:
     retained = heap_in_use() - before
     out = {"bytes_per_nack": retained / count, "retained": retained}
     if kind == "wrapper":
-        stats = consumer.nack_stats()
+        stats = consumer.nack_stats(with_memory=True)
         out.update(buckets=stats.buckets, index_bytes=stats.memory_bytes)
     consumer.close()
     client.close()
@@ -258,10 +259,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--messages", type=int, default=200)
     parser.add_argument("--cost-messages", type=int, default=20_000)
     parser.add_argument("--memory-nacks", type=int, default=200_000)
+    parser.add_argument(
+        "--export-native-cost",
+        action="store_true",
+        help=f"only write {NATIVE_COST.relative_to(report.ROOT)} from bench/results/nack_lateness.json",
+    )
     parser.add_argument("--probe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(memory_probe(json.loads(args.probe))))
+        return 0
+    if args.export_native_cost:
+        earlier = json.loads((report.RESULTS / "nack_lateness.json").read_text())
+        print(f"wrote {export_native_cost(earlier)}")
         return 0
     delays = [int(d) for d in args.delays.split(",") if d]
     if not delays or min(delays) < 0:
@@ -272,10 +282,38 @@ def main(argv: list[str]) -> int:
         with broker_type() as broker:
             results["brokers"][label] = run_broker(broker.service_url, delays, args)
     report.save_json("nack_lateness", results)
+    export_native_cost(results)
     markdown = render(results)
     report.write_section("broker-nacks", markdown)
     print(markdown)
     return 0
+
+
+def export_native_cost(results: dict[str, Any], path: Path = NATIVE_COST) -> Path:
+    """Write the native client's measured bytes per pending nack, with its provenance, to ``path`` (the
+    demo's package data); the figures exactly as in ``results``. Raises ValueError if no broker run
+    measured memory."""
+    measured = {
+        label: figures["memory"] for label, figures in results["brokers"].items() if "memory" in figures
+    }
+    if not measured:
+        raise ValueError("the results hold no memory measurement of the native client")
+    broker = NATIVE_COST_BROKER if NATIVE_COST_BROKER in measured else next(iter(measured))
+    machine = results["machine"]
+    payload = {
+        "bytes_per_nack": measured[broker]["native"]["bytes_per_nack"],
+        "broker": broker,
+        "pending": measured[broker]["count"],
+        "by_broker": {label: memory["native"]["bytes_per_nack"] for label, memory in measured.items()},
+        "date": machine["date"],
+        "machine": f"{machine['cpu']} ({machine['cores']} cores)",
+        "versions": {"python": machine["python"], **machine["libraries"]},
+        "commit": machine["commit"],
+        "source": "bench/nack_lateness.py",
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    return path
 
 
 def run_broker(service_url: str, delays: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -318,7 +356,6 @@ _LATENESS_HEADERS = [
     "native back",
     "wrapper min / p50 / p99 / max",
     "wrapper back",
-    "native p99 (notes)",
 ]
 
 
@@ -342,7 +379,6 @@ def _lateness_row(row: dict[str, Any], goal: float) -> list[str]:
         _back(native),
         _spread(wrapper),
         _back(wrapper),
-        _ms(NATIVE_NOTES_P99.get((row["delay_ms"], row["pattern"]))),
         "✓" if ok else "✗",
     ]
 

@@ -83,7 +83,8 @@ def main(argv: list[str]) -> int:
 
 
 def _median(runs: list[dict[str, Any]], master: str, key: str) -> float:
-    return statistics.median(run[key] for run in runs if run["master"] == master)
+    values: list[float] = [run[key] for run in runs if run["master"] == master]
+    return statistics.median(values)
 
 
 def render(results: dict[str, Any]) -> str:

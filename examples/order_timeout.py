@@ -88,7 +88,7 @@ def run(service_url: str, args: argparse.Namespace) -> int:
             "order-timeouts",
             consumer_type=pulsar.ConsumerType.Shared,
             negative_ack_rounding="ceil",  # an order must never be closed before its deadline,
-            negative_ack_precision_bits=4,  # and at most one 16 ms bucket after it (default: 256 ms)
+            negative_ack_precision_bit_cnt=4,  # and at most one 16 ms bucket after it (default: 256 ms)
         )
         producer = client.create_producer(topic, batching_enabled=False)
         for i in range(args.orders):
@@ -126,7 +126,7 @@ def run(service_url: str, args: argparse.Namespace) -> int:
             return 1
         worst = max(closed.values(), default=0.0)
         print(f"summary: {len(closed)} closed, {len(paid)} paid; latest close {worst:.0f} ms after deadline")
-        stats = consumer.nack_stats(with_memory=False)
+        stats = consumer.nack_stats()
         print(f"tracker: {stats.nacked} nacked, {stats.redelivered} redelivered, {stats.pending} pending")
         consumer.close()
         producer.close()

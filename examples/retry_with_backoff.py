@@ -70,9 +70,9 @@ async def run(service_url: str, args: argparse.Namespace) -> int:
             topic,
             "workers",
             consumer_type=pulsar.ConsumerType.Shared,
-            negative_ack_backoff=backoff,
+            negative_ack_redelivery_backoff=backoff,
             negative_ack_rounding="ceil",  # never retry before the backoff delay
-            negative_ack_precision_bits=4,
+            negative_ack_precision_bit_cnt=4,
         )
         producer = await client.create_producer(topic)
         for job in range(args.jobs):
@@ -111,7 +111,7 @@ async def run(service_url: str, args: argparse.Namespace) -> int:
                 succeeded.append(name)
                 await consumer.acknowledge(message)
 
-        stats = consumer.nack_stats(with_memory=False)
+        stats = consumer.nack_stats()
         print(f"summary: {len(succeeded)} succeeded, {len(gave_up)} gave up ({', '.join(gave_up) or 'none'})")
         print(f"tracker: {stats.nacked} nacked, {stats.redelivered} redelivered, {stats.pending} pending")
         await consumer.close()

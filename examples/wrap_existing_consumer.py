@@ -57,7 +57,7 @@ def run(service_url: str, args: argparse.Namespace) -> int:
             native_delay_ms=pulsar_nack.NATIVE_DELAY_MS,  # what it was subscribed with
             negative_ack_redelivery_delay_ms=10_000,  # the default for nacks without a delay_ms
             negative_ack_rounding="ceil",
-            negative_ack_precision_bits=4,
+            negative_ack_precision_bit_cnt=4,
         )
         still_plain = isinstance(consumer, pulsar.Consumer)
         print(f"wrapped: {type(consumer).__name__}, still a pulsar.Consumer: {still_plain}")
@@ -92,7 +92,7 @@ def run(service_url: str, args: argparse.Namespace) -> int:
             consumer.acknowledge(message)
 
         expected = sorted(requested, key=requested.__getitem__)
-        stats = consumer.nack_stats(with_memory=False)
+        stats = consumer.nack_stats()
         print(f"tracker: {stats.nacked} nacked, {stats.redelivered} redelivered, {stats.pending} pending")
         consumer.close()  # stops the tracker; the plain client does not know about it
         producer.close()

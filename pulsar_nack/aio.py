@@ -29,17 +29,20 @@ import functools
 import inspect
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import _pulsar
 import pulsar
 import pulsar.asyncio
 
-from pulsar_nack.backoff import RedeliveryBackoff
-from pulsar_nack.consumer import NackBridge, NackOptions, OnClose, native_subscribe_arguments
-from pulsar_nack.delay_limit import OnDelayLimit
-from pulsar_nack.index import DueIds, Rounding
+from pulsar_nack.consumer import (
+    NackBridge,
+    NackOptions,
+    subscribe_arguments,
+    subscribe_signature,
+    with_signature,
+)
 from pulsar_nack.tracker import NackStats
 
 __all__ = ["Client", "NackConsumer"]
@@ -206,19 +209,21 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
             future.add_done_callback(_retrieve)
         self._orphans.clear()
 
-    def nack_stats(self, with_memory: bool = True) -> NackStats:
-        """Pending ids, buckets, memory, redelivery counters and lateness p50/p99 (ms).
+    def nack_stats(self, *, with_memory: bool = False) -> NackStats:
+        """Pending ids, buckets, redelivery counters and lateness p50/p99 (ms); cheap: no walk of the index.
 
-        O(1), or O(index objects) ``with_memory`` (then it runs on the event loop: pass False in hot paths).
+        ``memory_bytes`` is None unless ``with_memory=True``: O(index objects), on the event loop (keep it
+        out of hot paths).
         """
-        return self._nacks.stats(with_memory)
+        return self._nacks.stats(with_memory=with_memory)
 
 
 class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
     """A ``pulsar.asyncio.Client`` whose consumers track nacks with PIP-393's TimeBucket index.
 
     ``await subscribe(...)`` takes every argument of ``pulsar.asyncio.Client.subscribe`` plus the nack options
-    of :meth:`pulsar_nack.Client.subscribe` and returns a :class:`NackConsumer`. ``close()`` also stops the
+    of :class:`~pulsar_nack.NackOptions` (as :meth:`pulsar_nack.Client.subscribe` does) and an async
+    ``message_listener``, and returns a :class:`NackConsumer`. ``close()`` also stops the
     trackers of consumers that were not closed.
     """
 
@@ -227,34 +232,17 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
         self._nack_consumers: list[NackConsumer] = []
 
     async def subscribe(
-        self,
-        *args: Any,
-        negative_ack_precision_bits: int = 8,
-        negative_ack_rounding: Rounding = "floor",
-        negative_ack_backoff: RedeliveryBackoff | None = None,
-        max_redelivery_delay_ms: int = 0,
-        on_delay_limit: OnDelayLimit = "error",
-        on_close: OnClose = "drop",
-        on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
-        message_listener: AsyncListener | None = None,
-        **kwargs: Any,
+        self, *args: Any, message_listener: AsyncListener | None = None, **kwargs: Any
     ) -> NackConsumer:
+        """``pulsar.asyncio.Client.subscribe(*args, **kwargs)`` with the nack options (keyword-only; see
+        ``inspect.signature(pulsar_nack.aio.Client.subscribe)``) and an async ``message_listener``. Every
+        option is checked before anything is subscribed."""
         if message_listener is not None and not inspect.iscoroutinefunction(message_listener):
             raise TypeError(
                 "message_listener must be an async function (consumer, message) -> None, "
                 f"got {message_listener!r}"
             )
-        arguments, delay_ms = native_subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
-        options = NackOptions(  # validated before anything is subscribed
-            redelivery_delay_ms=delay_ms,
-            precision_bits=negative_ack_precision_bits,
-            rounding=negative_ack_rounding,
-            backoff=negative_ack_backoff,
-            max_redelivery_delay_ms=max_redelivery_delay_ms,
-            on_delay_limit=on_delay_limit,
-            on_close=on_close,
-            on_redelivery=on_redelivery,
-        )
+        arguments, options = subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
         consumer = NackConsumer(await super().subscribe(**arguments), options)
         self._nack_consumers = [c for c in self._nack_consumers if not c._nacks.tracker.closed]
         self._nack_consumers.append(consumer)
@@ -274,6 +262,10 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
 
 
 _SUBSCRIBE = inspect.signature(pulsar.asyncio.Client.subscribe)
+_LISTENER = inspect.Parameter(
+    "message_listener", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="AsyncListener | None"
+)
+with_signature(subscribe_signature(_SUBSCRIBE, _LISTENER, returns="NackConsumer"))(Client.subscribe)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, value: Any) -> None:

@@ -137,18 +137,18 @@ class MultiplierRedeliveryBackoff:
         )
 
 
-def check_backoff(backoff: Any, name: str = "negative_ack_backoff") -> None:
+def check_backoff(backoff: Any, name: str = "negative_ack_redelivery_backoff") -> None:
     """A backoff must be None or have a callable ``next``; else ``TypeError`` naming ``name``."""
     if backoff is not None and not callable(getattr(backoff, "next", None)):
         raise TypeError(f"{name} must have a callable next(redelivery_count) method, got {backoff!r}")
 
 
 def backoff_delay(
-    backoff: RedeliveryBackoff, redelivery_count: int, name: str = "negative_ack_backoff"
+    backoff: RedeliveryBackoff, redelivery_count: int, name: str = "negative_ack_redelivery_backoff"
 ) -> float:
     """``backoff.next(redelivery_count)`` as float ms, checked: a number (not bool; numpy numbers are
     fine), finite and >= 0. Else ``TypeError``/``ValueError`` naming the backoff, the count and the result,
-    e.g. ``negative_ack_backoff.next(3) returned -5``."""
+    e.g. ``negative_ack_redelivery_backoff.next(3) returned -5``."""
     value: Any = backoff.next(redelivery_count)
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise TypeError(

@@ -7,6 +7,7 @@ subcommand that needs them.
 
     pulsar-nack demo [--service-url URL] [--messages N] ...   (pulsar_nack.demo)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
+                      [--java-results FILE|none]
 """
 
 from __future__ import annotations
@@ -50,8 +51,32 @@ def _register_sweep(subcommands: argparse._SubParsersAction[argparse.ArgumentPar
     parser.add_argument(
         "--out", type=Path, default=Path("sweep-out"), help="output folder (default: %(default)s)"
     )
+    parser.add_argument(
+        "--java-results",
+        default=None,
+        metavar="FILE|none",
+        help="results file of bench/index_memory.py with the Java PIP-393 figures the report's Java bars "
+        "come from; 'none' for no Java bars (default: the repository's bench/results/index_memory.json "
+        "when it exists, else none)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(run=_sweep)
+
+
+def _java_results(value: str | None) -> Path | None:
+    """``--java-results``: the file (checked now, before Spark starts), or None for 'none' / no default."""
+    from pulsar_nack.sweep.java_results import JavaResultsError, default_java_results, load_java_results
+
+    if value is None:
+        return default_java_results()
+    if value == "none":
+        return None
+    path = Path(value)
+    try:
+        load_java_results(path)
+    except JavaResultsError as error:
+        raise UsageError(f"--java-results: {error}") from None
+    return path
 
 
 def _sweep(args: argparse.Namespace) -> int:
@@ -70,10 +95,18 @@ def _sweep(args: argparse.Namespace) -> int:
             raise UsageError(f"--master: {error}") from None
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out: {args.out} exists and is not a folder")
+    java_results = _java_results(args.java_results)
 
     from pulsar_nack.sweep.spark import run
 
-    result = run(args.grid, points, args.out, master=args.master, progress=not args.no_progress)
+    result = run(
+        args.grid,
+        points,
+        args.out,
+        master=args.master,
+        progress=not args.no_progress,
+        java_results=java_results,
+    )
     info = result.info
     print(
         f"{info.points} points ({info.ids:,} ids) on {info.master}: {info.total_s:.1f} s "
@@ -81,6 +114,7 @@ def _sweep(args: argparse.Namespace) -> int:
         f"Parquet {info.parquet_s:.1f} s, report {info.report_s:.1f} s)"
     )
     print(f"wrote {result.parquet}, {result.report} and {result.report.with_suffix('.html')}")
+    print(f"Java bars: {java_results}" if java_results else "Java bars: none (no --java-results file)")
     return 0
 
 

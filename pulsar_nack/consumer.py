@@ -19,9 +19,10 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypeVar
 
 import pulsar
 
@@ -38,7 +39,7 @@ from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.native import batch_size, entry_message_id, forward, message_id_of
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
-__all__ = ["Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
+__all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
 _MAX_LEDGER_TOPICS = 65_536
@@ -49,11 +50,30 @@ _UNTRACKED = ()
 _DELIVER = Verdict.DELIVER  # a module constant: an enum member lookup costs 65 ns on the per-message path
 
 OnClose = Literal["drop", "flush"]
+_BACKOFF = "negative_ack_redelivery_backoff"  # names the backoff in the messages of its checks
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+#: Metadata keys of a :class:`NackOptions` field that is a keyword argument of ``subscribe``/``wrap``.
+_ARGUMENT, _ALIAS = "argument", "deprecated_alias"
+
+
+def _argument(name: str, *, alias: str | None = None) -> dict[str, str | None]:
+    """The metadata of a :class:`NackOptions` field set by the keyword ``name`` of ``subscribe``/``wrap``
+    (``alias``: its deprecated former name, still accepted with a ``DeprecationWarning``)."""
+    return {_ARGUMENT: name, _ALIAS: alias}
 
 
 @dataclass(frozen=True)
 class NackOptions:
-    """How a :class:`NackConsumer` treats nacks (the ``negative_ack_*`` arguments of ``subscribe``).
+    """How a :class:`NackConsumer` treats nacks: the nack keyword arguments of ``subscribe``/``wrap``.
+
+    This class is the one definition of those arguments: each field below that names an argument (Java's
+    ``ConsumerBuilder``/PIP-393 names in snake case) is accepted by :meth:`pulsar_nack.Client.subscribe`,
+    :meth:`pulsar_nack.aio.Client.subscribe` and :func:`wrap` through :meth:`from_arguments`, and shows in
+    their signatures; adding an option is adding a field here. ``negative_ack_precision_bits`` and
+    ``negative_ack_backoff`` are deprecated aliases of ``negative_ack_precision_bit_cnt`` and
+    ``negative_ack_redelivery_backoff``.
 
     ``redelivery_delay_ms``: the default delay (the official client's ``negative_ack_redelivery_delay_ms``);
     ``precision_bits``/``rounding``: the index's buckets (see :class:`~pulsar_nack.index.TimeBucketIndex`);
@@ -61,19 +81,25 @@ class NackOptions:
     and ``on_delay_limit``: PIP-315's limit applied to every nack delay (0 = none); ``on_close``: ``"drop"``
     pending nacks at close (Java's behaviour: the broker redelivers unacked messages when the consumer
     goes) or ``"flush"`` them to the broker first; ``native_delay_ms``: the wrapped native consumer's own
-    ``negative_ack_redelivery_delay_ms``; ``on_redelivery``: called on the timer thread with the ids of each
-    flush (Java's ``onNegativeAcksSend`` interceptor).
+    ``negative_ack_redelivery_delay_ms`` (``wrap``'s own required argument); ``on_redelivery``: called on
+    the timer thread with the ids of each flush (Java's ``onNegativeAcksSend`` interceptor).
     """
 
-    redelivery_delay_ms: int = 60_000
-    precision_bits: int = 8
-    rounding: Rounding = "floor"
-    backoff: RedeliveryBackoff | None = None
-    max_redelivery_delay_ms: int = 0
-    on_delay_limit: OnDelayLimit = "error"
-    on_close: OnClose = "drop"
+    redelivery_delay_ms: int = field(default=60_000, metadata=_argument("negative_ack_redelivery_delay_ms"))
+    precision_bits: int = field(
+        default=8, metadata=_argument("negative_ack_precision_bit_cnt", alias="negative_ack_precision_bits")
+    )
+    rounding: Rounding = field(default="floor", metadata=_argument("negative_ack_rounding"))
+    backoff: RedeliveryBackoff | None = field(
+        default=None, metadata=_argument("negative_ack_redelivery_backoff", alias="negative_ack_backoff")
+    )
+    max_redelivery_delay_ms: int = field(default=0, metadata=_argument("max_redelivery_delay_ms"))
+    on_delay_limit: OnDelayLimit = field(default="error", metadata=_argument("on_delay_limit"))
+    on_close: OnClose = field(default="drop", metadata=_argument("on_close"))
     native_delay_ms: int = NATIVE_DELAY_MS
-    on_redelivery: Callable[[Sequence[DueIds]], object] | None = None
+    on_redelivery: Callable[[Sequence[DueIds]], object] | None = field(
+        default=None, metadata=_argument("on_redelivery")
+    )
 
     def __post_init__(self) -> None:
         """Check every option (docs/parameters.md), before anything is subscribed or wrapped; numpy
@@ -85,19 +111,53 @@ class NackOptions:
         fix(self, "redelivery_delay_ms", delay)
         limit = check_limit_options(self.max_redelivery_delay_ms, self.on_delay_limit)
         fix(self, "max_redelivery_delay_ms", limit)
-        check_backoff(self.backoff, "negative_ack_backoff")
+        check_backoff(self.backoff, _BACKOFF)
         if not isinstance(self.on_close, str) or self.on_close not in ("drop", "flush"):
             raise ValueError(f"on_close must be 'drop' or 'flush', got {self.on_close!r}")
         fix(self, "native_delay_ms", check_int(self.native_delay_ms, "native_delay_ms"))
         if self.on_redelivery is not None and not callable(self.on_redelivery):
             raise TypeError(f"on_redelivery must be callable or None, got {self.on_redelivery!r}")
-        try:  # the index checks them: now, before subscribe; its messages start with their name
+        try:  # the index checks them: now, before subscribe; its messages name its own parameters
             index = TimeBucketIndex(self.precision_bits, self.rounding)
         except (TypeError, ValueError) as error:
-            raise type(error)(f"negative_ack_{error}") from None
+            message = str(error).replace("precision_bits", "precision_bit_cnt", 1)
+            raise type(error)(f"negative_ack_{message}") from None
         fix(self, "precision_bits", index.precision_bits)
         if self.on_delay_limit == "error" and self.backoff is None:
             limit_delay(self.redelivery_delay_ms, self.max_redelivery_delay_ms, "error")
+
+    @classmethod
+    def from_arguments(
+        cls, arguments: Mapping[str, Any], *, caller: str, stacklevel: int = 1, **values: Any
+    ) -> NackOptions:
+        """Options from nack keyword arguments as ``subscribe``/``wrap`` take them (:data:`NACK_ARGUMENTS`),
+        plus ``values`` given by field name (what the caller knows otherwise, e.g. ``native_delay_ms``).
+
+        A deprecated alias warns (``DeprecationWarning`` naming the new name; ``stacklevel`` as for
+        ``warnings.warn``, counted from the caller of this method). Raises ``TypeError`` for a name that is
+        no nack option and for an option given both by name and by alias (``caller`` names the call), and
+        as the constructor does for a bad value. O(options).
+        """
+        unknown = [name for name in arguments if name not in NACK_ARGUMENTS]
+        if unknown:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")
+        named = [
+            (o.name, o.metadata[_ARGUMENT], o.metadata[_ALIAS])
+            for o in fields(cls)
+            if _ARGUMENT in o.metadata
+        ]
+        for _, name, alias in named:
+            if alias in arguments and name in arguments:
+                raise TypeError(f"{caller}() got both {name} and its deprecated alias {alias}: pass {name}")
+        for field_name, name, alias in named:
+            if alias is not None and alias in arguments:
+                warnings.warn(
+                    f"{alias} is deprecated: use {name}", DeprecationWarning, stacklevel=stacklevel + 1
+                )
+                values[field_name] = arguments[alias]
+            elif name in arguments:
+                values[field_name] = arguments[name]
+        return cls(**values)
 
     @property
     def native(self) -> NativeTiming:
@@ -115,12 +175,46 @@ class NackOptions:
         if delay_ms is not None:
             delay = _check_delay(delay_ms, "delay_ms")
         elif self.backoff is not None:
-            delay = backoff_delay(self.backoff, redelivery_count, "negative_ack_backoff")
+            delay = backoff_delay(self.backoff, redelivery_count, _BACKOFF)
         else:
             delay = float(self.redelivery_delay_ms)
         if self.max_redelivery_delay_ms:
             delay = limit_delay(delay, self.max_redelivery_delay_ms, self.on_delay_limit)
         return delay
+
+
+#: Every nack keyword argument ``subscribe``/``wrap`` take: each option's name and its deprecated alias.
+NACK_ARGUMENTS: frozenset[str] = frozenset(
+    name
+    for option in fields(NackOptions)
+    for name in (option.metadata.get(_ARGUMENT), option.metadata.get(_ALIAS))
+    if name is not None
+)
+
+
+def nack_parameters(*, skip: Sequence[str] = ()) -> list[inspect.Parameter]:
+    """The nack options as keyword-only parameters (their current names, defaults and types), but those in
+    ``skip``: what the signatures of ``subscribe`` and ``wrap`` show (``help()``, ``inspect.signature``)."""
+    return [
+        inspect.Parameter(
+            option.metadata[_ARGUMENT],
+            inspect.Parameter.KEYWORD_ONLY,
+            default=option.default,
+            annotation=option.type,
+        )
+        for option in fields(NackOptions)
+        if option.metadata.get(_ARGUMENT) is not None and option.metadata[_ARGUMENT] not in skip
+    ]
+
+
+def with_signature(signature: inspect.Signature) -> Callable[[_F], _F]:
+    """Give a function taking ``**options`` the signature it accepts, for ``help()`` and IDEs."""
+
+    def apply(function: _F) -> _F:
+        function.__signature__ = signature  # type: ignore[attr-defined]
+        return function
+
+    return apply
 
 
 class NackBridge:
@@ -307,8 +401,8 @@ class NackBridge:
         # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
         return self.options.native.latency_ms / 1000.0 + 0.05 if flushing else 0.0
 
-    def stats(self, with_memory: bool = True) -> NackStats:
-        return self.tracker.stats(with_memory)
+    def stats(self, *, with_memory: bool = False) -> NackStats:
+        return self.tracker.stats(with_memory=with_memory)
 
 
 class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
@@ -396,54 +490,61 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         time.sleep(self._nacks.close())
         super().close()
 
-    def nack_stats(self, with_memory: bool = True) -> NackStats:
-        """Pending ids, buckets, memory, redelivery counters and lateness p50/p99 (ms)."""
-        return self._nacks.stats(with_memory)
+    def nack_stats(self, *, with_memory: bool = False) -> NackStats:
+        """Pending ids, buckets, redelivery counters and lateness p50/p99 (ms); cheap: no walk of the index
+        (see :meth:`NackTracker.stats <pulsar_nack.tracker.NackTracker.stats>`). ``memory_bytes`` is None
+        unless ``with_memory=True``, which walks the index and the arrival filter (O(index objects), under
+        the index's lock)."""
+        return self._nacks.stats(with_memory=with_memory)
 
 
-def native_subscribe_arguments(
-    signature: inspect.Signature, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[dict[str, Any], int]:
-    """Bind ``subscribe(*args, **kwargs)`` to the official ``signature`` (a ``TypeError`` names an unknown
-    argument); returns the arguments for the native subscribe, whose nack delay is :data:`NATIVE_DELAY_MS`,
-    and the caller's ``negative_ack_redelivery_delay_ms`` (default 60000)."""
-    arguments = signature.bind(client, *args, **kwargs).arguments
+def subscribe_arguments(
+    official: inspect.Signature, client: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[dict[str, Any], NackOptions]:
+    """Split ``subscribe(*args, **kwargs)`` into the arguments of the official ``subscribe`` (bound to its
+    ``official`` signature: a ``TypeError`` names an unknown argument), whose nack delay becomes
+    :data:`NATIVE_DELAY_MS`, and the :class:`NackOptions` — the caller's ``negative_ack_redelivery_delay_ms``
+    (default 60000) and every nack option, all checked before anything is subscribed. Takes the nack
+    options out of ``kwargs``. Both clients' ``subscribe`` call it directly (deprecation warnings name
+    their caller's line)."""
+    nack = {
+        name: kwargs.pop(name)
+        for name in list(kwargs)
+        if name in NACK_ARGUMENTS and name not in official.parameters  # the delay: official, bound below
+    }
+    arguments = official.bind(client, *args, **kwargs).arguments
     arguments.pop("self")
     delay = arguments.get("negative_ack_redelivery_delay_ms", 60_000)
     arguments["negative_ack_redelivery_delay_ms"] = NATIVE_DELAY_MS
-    return arguments, delay
+    options = NackOptions.from_arguments(nack, caller="subscribe", stacklevel=3, redelivery_delay_ms=delay)
+    return arguments, options
+
+
+def subscribe_signature(
+    official: inspect.Signature, *extra: inspect.Parameter, returns: str = "NackConsumer"
+) -> inspect.Signature:
+    """``official``'s parameters, then ``extra`` and the nack options (keyword-only): what ``subscribe``
+    accepts; it returns ``returns``."""
+    parameters = [p for p in official.parameters.values() if p.name not in {e.name for e in extra}]
+    skip = list(official.parameters)  # negative_ack_redelivery_delay_ms: the official argument already
+    return official.replace(
+        parameters=[*parameters, *extra, *nack_parameters(skip=skip)], return_annotation=returns
+    )
 
 
 class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
     """A ``pulsar.Client`` whose consumers track nacks with PIP-393's TimeBucket index.
 
-    ``subscribe`` takes every argument of ``pulsar.Client.subscribe`` plus the nack options below and
-    returns a :class:`NackConsumer`; ``create_producer`` also takes ``max_delivery_delay_ms`` (PIP-315).
+    ``subscribe`` takes every argument of ``pulsar.Client.subscribe`` plus the nack options of
+    :class:`NackOptions` and returns a :class:`NackConsumer`; ``create_producer`` also takes
+    ``max_delivery_delay_ms`` (PIP-315).
     """
 
-    def subscribe(
-        self,
-        *args: Any,
-        negative_ack_precision_bits: int = 8,
-        negative_ack_rounding: Rounding = "floor",
-        negative_ack_backoff: RedeliveryBackoff | None = None,
-        max_redelivery_delay_ms: int = 0,
-        on_delay_limit: OnDelayLimit = "error",
-        on_close: OnClose = "drop",
-        on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
-        **kwargs: Any,
-    ) -> NackConsumer:
-        arguments, delay_ms = native_subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
-        options = NackOptions(
-            redelivery_delay_ms=delay_ms,
-            precision_bits=negative_ack_precision_bits,
-            rounding=negative_ack_rounding,
-            backoff=negative_ack_backoff,
-            max_redelivery_delay_ms=max_redelivery_delay_ms,
-            on_delay_limit=on_delay_limit,
-            on_close=on_close,
-            on_redelivery=on_redelivery,
-        )
+    def subscribe(self, *args: Any, **kwargs: Any) -> NackConsumer:
+        """``pulsar.Client.subscribe(*args, **kwargs)`` with the nack options of :class:`NackOptions`
+        (keyword-only; see ``inspect.signature(pulsar_nack.Client.subscribe)``); returns a
+        :class:`NackConsumer`. Every option is checked before anything is subscribed."""
+        arguments, options = subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
         consumer = NackConsumer()
         listener = arguments.get("message_listener")
         if listener is not None:
@@ -462,20 +563,18 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
                 time.sleep(consumer._nacks.close())
         super().close()
 
-    def create_producer(self, *args: Any, max_delivery_delay_ms: int = 0, **kwargs: Any) -> pulsar.Producer:
+    def create_producer(
+        self, *args: Any, max_delivery_delay_ms: int = 0, **kwargs: Any
+    ) -> pulsar.Producer | DelayLimitedProducer:
         """``pulsar.Client.create_producer``; with ``max_delivery_delay_ms`` > 0 the producer rejects
         ``deliver_after``/``deliver_at`` beyond it before sending (PIP-315, client side)."""
-        check_limit_options(max_delivery_delay_ms, "error", "max_delivery_delay_ms")
+        limit = check_limit_options(max_delivery_delay_ms, "error", "max_delivery_delay_ms")
         producer = super().create_producer(*args, **kwargs)
-        if not max_delivery_delay_ms:
-            return producer
-        limited = DelayLimitedProducer()
-        limited.__dict__.update(producer.__dict__)
-        limited.max_delivery_delay_ms = max_delivery_delay_ms
-        return limited
+        return DelayLimitedProducer(producer, limit) if limit else producer
 
 
 _SUBSCRIBE = inspect.signature(pulsar.Client.subscribe)
+with_signature(subscribe_signature(_SUBSCRIBE))(Client.subscribe)
 
 
 def _admitting_listener(
@@ -495,19 +594,7 @@ def _admitting_listener(
     return admit_then_call
 
 
-def wrap(
-    consumer: pulsar.Consumer,
-    *,
-    native_delay_ms: int,
-    negative_ack_redelivery_delay_ms: int = 60_000,
-    negative_ack_precision_bits: int = 8,
-    negative_ack_rounding: Rounding = "floor",
-    negative_ack_backoff: RedeliveryBackoff | None = None,
-    max_redelivery_delay_ms: int = 0,
-    on_delay_limit: OnDelayLimit = "error",
-    on_close: OnClose = "drop",
-    on_redelivery: Callable[[Sequence[DueIds]], object] | None = None,
-) -> NackConsumer:
+def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> NackConsumer:
     """Wrap an existing ``pulsar.Consumer``: its nacks go through the PIP-393 tracker from now on.
 
     ``native_delay_ms`` (required: the official consumer does not expose it) must be the
@@ -524,41 +611,47 @@ def wrap(
     ~70 ms of the due time, or use :meth:`Client.subscribe`, which does that itself.
 
     Logs a warning when the native timing is coarser than the index's buckets (``2·D/3`` >
-    ``2**negative_ack_precision_bits``). A ``message_listener`` set on the wrapped consumer keeps receiving
+    ``2**negative_ack_precision_bit_cnt``). A ``message_listener`` set on the wrapped consumer keeps receiving
     the plain consumer and every message: use :meth:`Client.subscribe` for listeners. Raises ``TypeError``
-    for anything but an unwrapped ``pulsar.Consumer``, and as :class:`NackOptions` does for bad options.
+    for anything but an unwrapped ``pulsar.Consumer``, and as :meth:`NackOptions.from_arguments` does for bad
+    options (nothing is taken over then). The nack options are those of :meth:`Client.subscribe`, plus
+    ``negative_ack_redelivery_delay_ms`` (default 60000): see ``inspect.signature(pulsar_nack.wrap)``.
     """
     if not isinstance(consumer, pulsar.Consumer):
         raise TypeError(f"wrap() takes a pulsar.Consumer, got {type(consumer).__name__}")
     if isinstance(consumer, NackConsumer):
         raise TypeError("this consumer is already wrapped")
-    options = NackOptions(
-        redelivery_delay_ms=negative_ack_redelivery_delay_ms,
-        precision_bits=negative_ack_precision_bits,
-        rounding=negative_ack_rounding,
-        backoff=negative_ack_backoff,
-        max_redelivery_delay_ms=max_redelivery_delay_ms,
-        on_delay_limit=on_delay_limit,
-        on_close=on_close,
-        on_redelivery=on_redelivery,
-        native_delay_ms=native_delay_ms,
-    )
-    late_ms, short_late_ms = _wrap_lateness_ms(options.native_delay_ms)
-    if options.native_delay_ms > NATIVE_DELAY_MS and late_ms > 2**options.precision_bits:
+    nack = NackOptions.from_arguments(options, caller="wrap", stacklevel=2, native_delay_ms=native_delay_ms)
+    late_ms, short_late_ms = _wrap_lateness_ms(nack.native_delay_ms)
+    if nack.native_delay_ms > NATIVE_DELAY_MS and late_ms > 2**nack.precision_bits:
         _log.warning(
             "wrapped consumer has a %d ms native nack delay: nacks come back up to ~%d ms after they are due "
             "(up to ~%d ms for delays near 0; never sooner than %d ms after the nack); subscribe with "
             "negative_ack_redelivery_delay_ms=%d for ~%d ms",
-            options.native_delay_ms,
+            nack.native_delay_ms,
             late_ms,
             short_late_ms,
-            options.native_delay_ms,
+            nack.native_delay_ms,
             NATIVE_DELAY_MS,
             _wrap_lateness_ms(NATIVE_DELAY_MS)[0],
         )
     wrapped = NackConsumer()
-    wrapped._attach(consumer, options)
+    wrapped._attach(consumer, nack)
     return wrapped
+
+
+with_signature(
+    inspect.Signature(
+        [
+            inspect.Parameter(
+                "consumer", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="pulsar.Consumer"
+            ),
+            inspect.Parameter("native_delay_ms", inspect.Parameter.KEYWORD_ONLY, annotation="int"),
+            *nack_parameters(),
+        ],
+        return_annotation="NackConsumer",
+    )
+)(wrap)
 
 
 def _wrap_lateness_ms(native_delay_ms: int) -> tuple[int, int]:

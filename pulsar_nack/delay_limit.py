@@ -11,7 +11,9 @@ raised before a message leaves the process.
 from __future__ import annotations
 
 import datetime
+import inspect
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -55,28 +57,64 @@ def limit_delay(delay_ms: float, max_delay_ms: int, on_limit: OnDelayLimit) -> f
     return delay_ms
 
 
-class DelayLimitedProducer(pulsar.Producer):  # type: ignore[misc]  # pulsar is untyped
-    """A ``pulsar.Producer`` that rejects ``deliver_after``/``deliver_at`` beyond ``max_delivery_delay_ms``.
+class DelayLimitedProducer:
+    """A producer that rejects ``deliver_after``/``deliver_at`` beyond ``max_delivery_delay_ms`` before
+    sending (PIP-315, client side). Created by :meth:`pulsar_nack.Client.create_producer`.
 
-    Created by :meth:`pulsar_nack.Client.create_producer`; everything else is ``pulsar.Producer``'s.
+    Composition: it holds the official ``pulsar.Producer`` (:attr:`producer`) and forwards every attribute
+    it does not define itself (``flush``, ``close``, ``topic``, ...) to it; only ``send`` and
+    ``send_async`` are its own. Their arguments are bound to the official methods' signatures, so
+    ``deliver_at``/``deliver_after`` are found wherever they are passed (by keyword or by position), and
+    a call the official method would reject for its arguments (``TypeError``) is rejected the same way,
+    before anything is sent.
+
+    It is **not** a ``pulsar.Producer`` subclass: ``isinstance(p, pulsar.Producer)`` is False. A subclass
+    would have to take over the official producer's private state (``_producer``, ``_schema``,
+    ``_client``: the copied ``__dict__`` this class replaced), and would hand every method a future
+    ``pulsar.Producer`` adds to the unchecked official path while claiming to be checked. Code that tests
+    for a producer with ``isinstance`` should accept ``(pulsar.Producer, DelayLimitedProducer)``; code that
+    needs the official object itself gets :attr:`producer` (which sends without the limit).
     """
 
-    max_delivery_delay_ms: int = 0
+    def __init__(self, producer: pulsar.Producer, max_delivery_delay_ms: int) -> None:
+        """``max_delivery_delay_ms``: int > 0 (numpy ints too): ``TypeError``/``ValueError`` otherwise."""
+        if not isinstance(producer, pulsar.Producer):
+            raise TypeError(f"DelayLimitedProducer wraps a pulsar.Producer, got {type(producer).__name__}")
+        limit = check_limit_options(max_delivery_delay_ms, "error", "max_delivery_delay_ms")
+        if not limit:
+            raise ValueError("max_delivery_delay_ms must be > 0 for a DelayLimitedProducer (0 = no limit)")
+        self.producer = producer
+        self.max_delivery_delay_ms = limit
 
-    def send(self, content: Any, *args: Any, **kwargs: Any) -> Any:
-        self._check(args, kwargs)
-        return super().send(content, *args, **kwargs)
+    def __getattr__(self, name: str) -> Any:
+        """Everything but ``send``/``send_async`` is the official producer's. Only called for names this
+        object lacks."""
+        if name == "producer":  # not set yet (a half-built object): no recursion
+            raise AttributeError(name)
+        return getattr(self.producer, name)
 
-    def send_async(self, content: Any, callback: Any, *args: Any, **kwargs: Any) -> None:
-        self._check(args, kwargs)
-        super().send_async(content, callback, *args, **kwargs)
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *dir(self.producer)})
 
-    def _check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        # deliver_at and deliver_after are the 8th and 9th parameters after the content (and callback).
-        deliver_at = kwargs.get("deliver_at", args[7] if len(args) > 7 else None)
-        deliver_after = kwargs.get("deliver_after", args[8] if len(args) > 8 else None)
-        if not self.max_delivery_delay_ms:
-            return
+    def __repr__(self) -> str:
+        return f"DelayLimitedProducer({self.producer!r}, max_delivery_delay_ms={self.max_delivery_delay_ms})"
+
+    def send(self, *args: Any, **kwargs: Any) -> Any:
+        """``pulsar.Producer.send``, after checking ``deliver_after``/``deliver_at`` against the limit:
+        :class:`DelayLimitExceeded` (a ``ValueError``) beyond it, ``ValueError`` for a wrong type (as the
+        official ``send``), ``TypeError`` for arguments ``send`` does not take. Nothing is sent then."""
+        self._check(_SEND.bind(self.producer, *args, **kwargs).arguments)
+        return self.producer.send(*args, **kwargs)
+
+    def send_async(self, *args: Any, **kwargs: Any) -> None:
+        """``pulsar.Producer.send_async``, checked as :meth:`send` is (before anything is queued)."""
+        self._check(_SEND_ASYNC.bind(self.producer, *args, **kwargs).arguments)
+        self.producer.send_async(*args, **kwargs)
+
+    def _check(self, arguments: Mapping[str, Any]) -> None:
+        """Raise if ``deliver_after``/``deliver_at`` in the bound ``arguments`` exceed the limit. O(1)."""
+        deliver_after = arguments.get("deliver_after")
+        deliver_at = arguments.get("deliver_at")
         # A wrong type raises ValueError, as the official send's own check (_check_type_or_none) does.
         if deliver_after is not None:
             if not isinstance(deliver_after, datetime.timedelta):
@@ -90,3 +128,7 @@ class DelayLimitedProducer(pulsar.Producer):  # type: ignore[misc]  # pulsar is 
                     f"deliver_at must be a UTC timestamp in ms (int), got {type(deliver_at).__name__}"
                 )
             limit_delay(deliver_at - time.time() * 1000.0, self.max_delivery_delay_ms, "error")
+
+
+_SEND = inspect.signature(pulsar.Producer.send)
+_SEND_ASYNC = inspect.signature(pulsar.Producer.send_async)

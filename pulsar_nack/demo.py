@@ -4,12 +4,15 @@ Starts the embedded broker (pulsar-lite on loopback) unless ``--service-url`` is
 (batched), and consumes them with a wrapped consumer that nacks a share of them: some with per-call
 delays, the rest with a backoff by redelivery count, each message failing at most ``--max-failures``
 times. The progress line shows received, nacked, pending, buckets, tracker bytes and redelivery lateness;
-the summary compares the tracker's memory per pending nack with the native client's.
+the summary compares the tracker's memory per pending nack with the native client's, as
+``bench/nack_lateness.py`` measured it (the package's ``data/native_nack_cost.json``, with the date and
+machine of that measurement; without the file the demo says the native figure is unavailable).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import threading
@@ -17,12 +20,43 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 import numpy as np
 
-#: The native client's memory per pending nack, measured on this machine kind (bench/nack_lateness.py).
-NATIVE_BYTES_PER_NACK = 448
+#: The native client's memory per pending nack as ``bench/nack_lateness.py`` measured it (package data it
+#: writes): ``bytes_per_nack``, ``date``, ``machine``, ``versions``, ``commit``, ``source``.
+NATIVE_COST_FILE: Traversable = resources.files("pulsar_nack") / "data" / "native_nack_cost.json"
+
+
+@dataclass(frozen=True)
+class NativeCost:
+    """The native client's measured bytes per pending nack, and where and when it was measured."""
+
+    bytes_per_nack: float
+    date: str
+    machine: str
+    source: str
+
+    def provenance(self) -> str:
+        return f"measured {self.date} on {self.machine} by {self.source}"
+
+
+def native_cost(path: Traversable | None = None) -> NativeCost | None:
+    """The measurement in ``path`` (default :data:`NATIVE_COST_FILE`), or None if it is missing or
+    unreadable — the demo then prints no native figure rather than a guessed one. O(file)."""
+    try:
+        data = json.loads((NATIVE_COST_FILE if path is None else path).read_text())
+        return NativeCost(
+            bytes_per_nack=float(data["bytes_per_nack"]),
+            date=str(data["date"]),
+            machine=str(data["machine"]),
+            source=str(data["source"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass
@@ -87,8 +121,8 @@ def run(args: argparse.Namespace) -> int:
             topic,
             "demo",
             consumer_type=pulsar.ConsumerType.Shared,
-            negative_ack_precision_bits=args.precision_bits,
-            negative_ack_backoff=pulsar_nack.MultiplierRedeliveryBackoff(200, args.max_delay_ms),
+            negative_ack_precision_bit_cnt=args.precision_bits,
+            negative_ack_redelivery_backoff=pulsar_nack.MultiplierRedeliveryBackoff(200, args.max_delay_ms),
         )
         # Small batches: a nack brings its whole entry back, and every sibling passes the tracker again.
         producer = client.create_producer(
@@ -145,7 +179,7 @@ def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Pr
 
 def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event) -> None:
     while not stop.wait(0.5):
-        stats = consumer.nack_stats()
+        stats = consumer.nack_stats(with_memory=True)  # a walk of the index, twice a second
         if stats.pending > progress.peak_pending:
             progress.peak_pending, progress.peak_bytes = stats.pending, stats.memory_bytes
         late = np.percentile(progress.lateness_ms, [50, 99]) if progress.lateness_ms else (float("nan"),) * 2
@@ -173,10 +207,22 @@ def _summary(progress: _Progress, stats: Any, args: argparse.Namespace) -> None:
             "by design)"
         )
     if progress.peak_pending:
-        per_nack = progress.peak_bytes / progress.peak_pending
-        native = progress.peak_pending * NATIVE_BYTES_PER_NACK
-        print(
-            f"tracker memory at the peak of {progress.peak_pending:,} pending nacks: "
-            f"{progress.peak_bytes:,} B ({per_nack:.1f} B per nack); the native client: {native:,} B "
-            f"({NATIVE_BYTES_PER_NACK} B per nack, {native / max(progress.peak_bytes, 1):.1f}× as much)"
+        print(_memory_line(progress.peak_pending, progress.peak_bytes, native_cost()))
+
+
+def _memory_line(pending: int, tracker_bytes: int, native: NativeCost | None) -> str:
+    """The summary's memory sentence: the tracker at its peak against the native client's measured cost."""
+    ours = (
+        f"tracker memory at the peak of {pending:,} pending nacks: {tracker_bytes:,} B "
+        f"({tracker_bytes / pending:.1f} B per nack)"
+    )
+    if native is None:
+        return (
+            f"{ours}; the native client's figure is unavailable (no measurement in the package: "
+            "bench/nack_lateness.py writes it)"
         )
+    total = pending * native.bytes_per_nack
+    return (
+        f"{ours}; the native client: {total:,.0f} B ({native.bytes_per_nack:.0f} B per nack, "
+        f"{native.provenance()}; {total / max(tracker_bytes, 1):.1f}× as much)"
+    )

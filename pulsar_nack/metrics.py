@@ -13,7 +13,7 @@ Exposed per ``topic``/``subscription`` (``pulsar_nack`` is the default namespace
 ==============================================  =======  ===============================================
 ``pulsar_nack_pending_ids``                     gauge    ids waiting in the index
 ``pulsar_nack_buckets``                         gauge    time buckets in the index
-``pulsar_nack_memory_bytes``                    gauge    the index's memory (cached: ``memory_ttl_s``)
+``pulsar_nack_memory_bytes``                    gauge    the index's memory, measured every ``memory_ttl_s``
 ``pulsar_nack_redelivery_lateness_seconds``     gauge    arrival − due time; ``quantile`` 0.5 and 0.99
 ``pulsar_nack_nacked_total``                    counter  ids nacked
 ``pulsar_nack_forwarded_total``                 counter  entries handed to the native client
@@ -28,6 +28,13 @@ Exposed per ``topic``/``subscription`` (``pulsar_nack`` is the default namespace
 Consumers sharing a topic and subscription (a Shared subscription consumed in parallel) are one series:
 counts are summed, lateness quantiles are the largest of theirs (a conservative bound, not a true
 quantile of the union).
+
+Memory is the one figure that costs: ``nack_stats()`` does not measure it (``memory_bytes`` is None), and
+``nack_stats(with_memory=True)`` walks the index under its lock. So the collector measures each consumer's
+memory on a scrape at most every ``memory_ttl_s`` seconds (default 10) and exports that measurement —
+up to ``memory_ttl_s`` old — in between; every other figure is read fresh on every scrape.
+``memory_ttl_s=None`` never measures and exports no ``memory_bytes`` metric at all (never a made-up 0). A
+series gets a memory sample only when every consumer in it has been measured.
 """
 
 from __future__ import annotations
@@ -49,8 +56,8 @@ _QUANTILES = (("0.5", "lateness_p50_ms"), ("0.99", "lateness_p99_ms"))
 _GAUGES = (  # (metric suffix, NackStats field, help)
     ("pending_ids", "pending", "Nacked ids waiting for redelivery in the PIP-393 index."),
     ("buckets", "buckets", "Time buckets in the PIP-393 index."),
-    ("memory_bytes", "memory_bytes", "Memory held by the PIP-393 index (Python objects and CRoaring heap)."),
 )
+_MEMORY = ("memory_bytes", "Memory held by the PIP-393 index (Python objects and CRoaring heap).")
 _COUNTERS = (
     ("nacked", "nacked", "Ids negatively acknowledged."),
     ("forwarded", "forwarded", "Entries handed to the native client for redelivery."),
@@ -69,7 +76,7 @@ class NackSource(Protocol):
     """What the collector reads: :class:`pulsar_nack.NackConsumer` and :class:`pulsar_nack.aio.NackConsumer`
     qualify, as does anything else with these methods."""
 
-    def nack_stats(self, with_memory: bool = True) -> NackStats: ...
+    def nack_stats(self, *, with_memory: bool = False) -> NackStats: ...
 
     def topic(self) -> str: ...
 
@@ -79,22 +86,23 @@ class NackSource(Protocol):
 @dataclasses.dataclass
 class _Memory:
     measured_at: float
-    bytes: int
+    bytes: int | None  # None: the source could not measure it
 
 
 class NackCollector:
     """A Prometheus collector of the nack statistics of some consumers (see the module for the metrics).
 
     A scrape is O(consumers), plus an O(index objects) walk of each index whose memory figure is older than
-    ``memory_ttl_s`` seconds (the walk holds the index's lock, so it is not done on every scrape).
-    Thread-safe: consumers may be added and removed while scrapes run.
+    ``memory_ttl_s`` seconds (the walk holds the index's lock, so it is not done on every scrape);
+    ``memory_ttl_s=None``: no walks and no memory metric. Thread-safe: consumers may be added and removed
+    while scrapes run.
     """
 
     def __init__(
         self,
         *consumers: NackSource,
         namespace: str = "pulsar_nack",
-        memory_ttl_s: float = 10.0,
+        memory_ttl_s: float | None = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._prometheus = _import_prometheus()
@@ -103,14 +111,14 @@ class NackCollector:
                 f"namespace must be a Prometheus metric name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*), "
                 f"got {namespace!r}"
             )
-        if (
+        if memory_ttl_s is not None and (
             isinstance(memory_ttl_s, bool)
             or not isinstance(memory_ttl_s, int | float)
             or not memory_ttl_s >= 0
         ):
-            raise ValueError(f"memory_ttl_s must be a number of seconds >= 0, got {memory_ttl_s!r}")
+            raise ValueError(f"memory_ttl_s must be a number of seconds >= 0 or None, got {memory_ttl_s!r}")
         self.namespace = namespace
-        self.memory_ttl_s = float(memory_ttl_s)
+        self.memory_ttl_s = None if memory_ttl_s is None else float(memory_ttl_s)
         self._clock = clock
         self._lock = threading.Lock()
         self._consumers: list[NackSource] = []
@@ -159,6 +167,9 @@ class NackCollector:
             labels = [topic, subscription]
             for suffix, field, _ in (*_GAUGES, *_COUNTERS):
                 families[suffix].add_metric(labels, float(sum(getattr(s, field) for s in stats)))
+            memory = [s.memory_bytes for s in stats]
+            if _MEMORY[0] in families and None not in memory:
+                families[_MEMORY[0]].add_metric(labels, float(sum(m for m in memory if m is not None)))
             lateness = families[_LATENESS[0]]
             for quantile, field in _QUANTILES:
                 values = [getattr(s, field) for s in stats if getattr(s, field) is not None]
@@ -173,6 +184,10 @@ class NackCollector:
         families: dict[str, Any] = {}
         for suffix, _, help_text in _GAUGES:
             families[suffix] = prometheus.GaugeMetricFamily(self._name(suffix), help_text, labels=_LABELS)
+        if self.memory_ttl_s is not None:
+            families[_MEMORY[0]] = prometheus.GaugeMetricFamily(
+                self._name(_MEMORY[0]), _MEMORY[1], labels=_LABELS
+            )
         families[_LATENESS[0]] = prometheus.GaugeMetricFamily(
             self._name(_LATENESS[0]), _LATENESS[1], labels=[*_LABELS, "quantile"]
         )
@@ -193,12 +208,14 @@ class NackCollector:
         return series
 
     def _stats(self, consumer: NackSource) -> NackStats:
-        """The consumer's stats, with a memory figure at most ``memory_ttl_s`` old."""
+        """The consumer's stats, with a memory figure at most ``memory_ttl_s`` old (none if None)."""
+        if self.memory_ttl_s is None:
+            return consumer.nack_stats()
         now = self._clock()
         with self._lock:
             cached = self._memory.get(id(consumer))
         if cached is not None and now - cached.measured_at < self.memory_ttl_s:
-            stats = consumer.nack_stats(with_memory=False)
+            stats = consumer.nack_stats()
             return dataclasses.replace(stats, memory_bytes=cached.bytes)
         stats = consumer.nack_stats(with_memory=True)
         with self._lock:

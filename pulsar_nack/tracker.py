@@ -89,11 +89,11 @@ class NativeTiming:
 
 @dataclass(frozen=True)
 class NackStats:
-    """A snapshot of a tracker's state and history."""
+    """A snapshot of a tracker's state and history. ``memory_bytes`` is None unless it was asked for
+    (``stats(with_memory=True)``, ``nack_stats(with_memory=True)``): measuring walks the index."""
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
-    memory_bytes: int  # index + arrival filter (Python objects + CRoaring heap)
     nacked: int  # ids scheduled
     forwarded: int  # entries handed to the native client for redelivery
     redelivered: int  # messages handed to the application again after a forward
@@ -104,6 +104,7 @@ class NackStats:
     lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
     lateness_p99_ms: float | None
     timer_failures: int = 0  # times the timer thread failed and was restarted (each logged)
+    memory_bytes: int | None = None  # index + arrival filter (Python objects + CRoaring heap), if measured
 
 
 class NackTracker:
@@ -330,15 +331,18 @@ class NackTracker:
     def closed(self) -> bool:
         return self._closed
 
-    def stats(self, with_memory: bool = True) -> NackStats:
-        """Counters, pending state and lateness percentiles. O(1), or O(index objects) ``with_memory``."""
+    def stats(self, *, with_memory: bool = False) -> NackStats:
+        """Counters, pending state and lateness percentiles, without walking the index: O(lateness window)
+        for the percentiles, plus the arrival filter's counts (O(its open batch entries)).
+        ``with_memory=True`` also measures ``memory_bytes``: O(index objects), holding the index's lock
+        meanwhile; else it is None."""
         samples = np.array(list(self.arrivals.lateness), dtype=float)  # list(): one atomic copy
         p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
         counts = self.arrivals.counts()
         return NackStats(
             pending=len(self.index),
             buckets=self.index.bucket_count,
-            memory_bytes=self._memory_bytes() if with_memory else 0,
+            memory_bytes=self._memory_bytes() if with_memory else None,
             nacked=self.index.added,
             forwarded=self._forwarded,
             redelivered=counts.redelivered,

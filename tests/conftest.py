@@ -22,8 +22,10 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import pulsar
 import pytest
 
+import pulsar_nack
 from harness.maven import apache_pulsar_available
 from harness.standalone import PulsarStandalone
 from pulsar_nack.testing import Broker, PulsarLite
@@ -194,3 +196,27 @@ def nack_client(broker: Broker) -> Iterator[Any]:
     import pulsar_nack
 
     yield from _client_on(broker, pulsar_nack.Client)
+
+
+@pytest.fixture(scope="module")
+def offline_client() -> Iterator[pulsar_nack.Client]:
+    """A pulsar_nack.Client on a closed port: for every check that runs before anything is sent."""
+    client = pulsar_nack.Client(
+        "pulsar://127.0.0.1:9",
+        operation_timeout_seconds=1,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def lite_client(pulsar_lite: PulsarLite) -> Iterator[pulsar_nack.Client]:
+    """A pulsar_nack.Client on the session's pulsar-lite broker, shared by a module's tests."""
+    client = pulsar_nack.Client(
+        pulsar_lite.service_url,
+        operation_timeout_seconds=30,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+    )
+    yield client
+    client.close()

@@ -18,9 +18,13 @@ from pulsar_nack.sweep.measure import MEMORY_COLUMNS, TIMING_COLUMNS
 SMALL = load_grid("small")
 
 #: How far two measurements of the same memory may differ (see MEMORY_COLUMNS): the index's walk by
-#: allocator rounding (tens of bytes), a heap delta also by what else the process allocated meanwhile.
+#: allocator rounding (tens of bytes), a heap delta also by what else the process allocated meanwhile —
+#: notably the first build in a fresh Python worker, which also fills interpreter caches despite the
+#: warm-up: 54.6 KB against 50.0 KB for the next 30 builds of x=8, k=8 in one process, and once 60.7 KB in
+#: a Spark worker against 49.3 KB in-process (hence 16 KiB, not 8). The baselines' heap deltas are
+#: megabytes, where the 5 % applies.
 WALK_TOLERANCE = (1024, 0.02)
-HEAP_DELTA_TOLERANCE = (8192, 0.05)
+HEAP_DELTA_TOLERANCE = (16384, 0.05)
 
 
 @pytest.fixture(scope="session", name="spark")

@@ -110,6 +110,9 @@ def test_ack_1_and_3_nack_0_2_4_brings_back_exactly_0_2_4(
             3,
             0,
         )
+        assert stats.memory_bytes is None, "not measured unless asked"
+        memory = consumer.nack_stats(with_memory=True).memory_bytes
+        assert memory is not None and memory > 0
         if one_batch:
             assert stats.dropped == 2, "msg-1 and msg-3 came back with the entry and were not handed out"
         await consumer.close()
@@ -126,7 +129,7 @@ def test_per_call_delay_overrides_default_and_backoff(client: aio.Client, unique
             client,
             unique_topic,
             negative_ack_redelivery_delay_ms=60_000,
-            negative_ack_backoff=MultiplierRedeliveryBackoff(30_000, 60_000),
+            negative_ack_redelivery_backoff=MultiplierRedeliveryBackoff(30_000, 60_000),
             negative_ack_rounding="ceil",
         )
         await produce(client, unique_topic, 3)
@@ -180,7 +183,7 @@ def test_backoff_by_redelivery_count(client: aio.Client, unique_topic: str) -> N
 
     async def scenario() -> None:
         consumer = await subscribe(
-            client, unique_topic, negative_ack_backoff=backoff, negative_ack_rounding="ceil"
+            client, unique_topic, negative_ack_redelivery_backoff=backoff, negative_ack_rounding="ceil"
         )
         await produce(client, unique_topic, 1)
         message = (await receive_all(consumer, 1))[0]
@@ -268,11 +271,11 @@ def test_bad_inputs_name_the_problem_and_change_nothing(client: aio.Client, uniq
         assert consumer.nack_stats().pending == 0, "nothing filed by a rejected nack"
         await consumer.close()
         cases: list[tuple[dict[str, Any], type[Exception], str]] = [
-            ({"negative_ack_precision_bits": 31}, ValueError, "precision_bits"),
+            ({"negative_ack_precision_bit_cnt": 31}, ValueError, "negative_ack_precision_bit_cnt"),
             ({"negative_ack_rounding": "up"}, ValueError, "rounding"),
             ({"negative_ack_redelivery_delay_ms": -5}, ValueError, "negative_ack_redelivery_delay_ms"),
             ({"on_close": "keep"}, ValueError, "on_close"),
-            ({"negative_ack_backoff": 5}, TypeError, "negative_ack_backoff"),
+            ({"negative_ack_redelivery_backoff": 5}, TypeError, "negative_ack_redelivery_backoff"),
             ({"message_listener": print}, TypeError, "message_listener"),  # pulsar.asyncio has none
         ]
         for kwargs, error, text in cases:
@@ -315,7 +318,7 @@ def test_bad_nack_options_subscribe_nothing(broker: Broker, unique_topic: str, k
         "operation_timeout_seconds": 10,
     }
     exclusive: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Exclusive}
-    bad: list[dict[str, Any]] = [{"negative_ack_precision_bits": 31}, {"negative_ack_rounding": "up"}]
+    bad: list[dict[str, Any]] = [{"negative_ack_precision_bit_cnt": 31}, {"negative_ack_rounding": "up"}]
     if kind == "sync":
         client = pulsar_nack.Client(broker.service_url, **options)
         for nack_options in bad:

@@ -46,6 +46,30 @@ def test_nack_by_message_and_by_id_all_come_back_once(
     consumer.close()
 
 
+def test_nack_stats_measures_memory_only_when_asked(
+    nack_client: Client, unique_topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``nack_stats()`` is cheap: it never walks the index, and says so (``memory_bytes`` None, not 0);
+    ``with_memory=True`` measures."""
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=60_000)
+    produce(nack_client, unique_topic, 3, batching=False)
+    for message in receive_all(consumer, 3):
+        consumer.negative_acknowledge(message)
+    measured = consumer.nack_stats(with_memory=True).memory_bytes
+    assert measured is not None and measured > 0
+    index = consumer._nacks.tracker.index
+
+    def no_walk() -> None:
+        raise AssertionError("nack_stats() walked the index")
+
+    monkeypatch.setattr(index, "memory_usage", no_walk)
+    stats = consumer.nack_stats()
+    assert stats.memory_bytes is None and stats.pending == 3
+    with pytest.raises(AssertionError, match="walked"):
+        consumer.nack_stats(with_memory=True)
+    consumer.close()
+
+
 def test_nacked_messages_come_back_in_order_then_nothing(nack_client: Client, unique_topic: str) -> None:
     """C++/Python: 10 nacked messages come back in order."""
     consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=300)
@@ -124,7 +148,7 @@ def test_precision_bounds_for_k_1_to_12(nack_client: Client, unique_topic: str) 
     for k in range(1, 13):
         topic = f"{unique_topic}-k{k}"
         consumers[k] = subscribe(
-            nack_client, topic, negative_ack_redelivery_delay_ms=delay, negative_ack_precision_bits=k
+            nack_client, topic, negative_ack_redelivery_delay_ms=delay, negative_ack_precision_bit_cnt=k
         )
         produce(nack_client, topic, 2, batching=False)
     nacked_at: dict[tuple[int, bytes], float] = {}
@@ -146,7 +170,7 @@ def test_backoff_grows_with_redelivery_count(nack_client: Client, unique_topic: 
     next(0..4) = 2500 ms (ceil rounding: never early); the same set every round; nothing extra."""
     backoff = MultiplierRedeliveryBackoff(100, 1000)
     consumer = subscribe(
-        nack_client, unique_topic, negative_ack_backoff=backoff, negative_ack_rounding="ceil"
+        nack_client, unique_topic, negative_ack_redelivery_backoff=backoff, negative_ack_rounding="ceil"
     )
     produce(nack_client, unique_topic, 10, batching=False)
     messages = receive_all(consumer, 10)
@@ -183,7 +207,7 @@ def test_per_call_delay_overrides_default_and_backoff(nack_client: Client, uniqu
         nack_client,
         unique_topic,
         negative_ack_redelivery_delay_ms=60_000,
-        negative_ack_backoff=MultiplierRedeliveryBackoff(30_000, 60_000),
+        negative_ack_redelivery_backoff=MultiplierRedeliveryBackoff(30_000, 60_000),
     )
     produce(nack_client, unique_topic, 3, batching=False)
     nacked = time.monotonic()
@@ -280,7 +304,7 @@ def test_wrap_an_existing_consumer(nack_client: Client, unique_topic: str) -> No
         consumer.acknowledge(message)
     consumer.close()
     with pytest.raises(TypeError):
-        pulsar_nack.wrap("not a consumer", native_delay_ms=pulsar_nack.NATIVE_DELAY_MS)  # type: ignore[arg-type]
+        pulsar_nack.wrap("not a consumer", native_delay_ms=pulsar_nack.NATIVE_DELAY_MS)
 
 
 def test_close_during_a_blocked_flush_does_not_deadlock(nack_client: Client, unique_topic: str) -> None:
@@ -337,15 +361,15 @@ def test_bad_inputs_name_the_problem_and_change_nothing(nack_client: Client, uni
     with pytest.raises(ValueError, match="delay_ms"):
         consumer.negative_acknowledge(message, delay_ms=-1)
     with pytest.raises(TypeError, match="delay_ms"):
-        consumer.negative_acknowledge(message, delay_ms="soon")
+        consumer.negative_acknowledge(message, delay_ms="soon")  # type: ignore[arg-type]
     with pytest.raises(DelayLimitExceeded, match="Exceeds max allowed delivery delay of 10000 milliseconds"):
         consumer.negative_acknowledge(message, delay_ms=20_000)
     assert consumer.nack_stats().pending == 0, "nothing filed by a rejected nack"
     consumer.negative_acknowledge(message, delay_ms=100)
     assert receive_all(consumer, 1)[0].data() == b"m0"
     consumer.close()
-    for kwargs, error, text in [
-        ({"negative_ack_precision_bits": 31}, ValueError, "precision_bits"),
+    cases: list[tuple[dict[str, Any], type[Exception], str]] = [
+        ({"negative_ack_precision_bit_cnt": 31}, ValueError, "negative_ack_precision_bit_cnt"),
         ({"negative_ack_rounding": "up"}, ValueError, "rounding"),
         ({"negative_ack_redelivery_delay_ms": -5}, ValueError, "negative_ack_redelivery_delay_ms"),
         ({"max_redelivery_delay_ms": -1}, ValueError, "max_redelivery_delay_ms"),
@@ -355,9 +379,10 @@ def test_bad_inputs_name_the_problem_and_change_nothing(nack_client: Client, uni
             DelayLimitExceeded,
             "10 milli",
         ),
-        ({"negative_ack_backoff": 5}, TypeError, "negative_ack_backoff"),
+        ({"negative_ack_redelivery_backoff": 5}, TypeError, "negative_ack_redelivery_backoff"),
         ({"no_such_option": 1}, TypeError, "no_such_option"),
-    ]:
+    ]
+    for kwargs, error, text in cases:
         with pytest.raises(error, match=text):
             subscribe(nack_client, unique_topic, **kwargs)
 
@@ -369,25 +394,6 @@ def test_clamp_mode_caps_delays(nack_client: Client, unique_topic: str) -> None:
     consumer.negative_acknowledge(receive_all(consumer, 1)[0], delay_ms=3_600_000)
     consumer.acknowledge(receive_all(consumer, 1)[0])
     assert time.monotonic() - nacked < 3
-    consumer.close()
-
-
-def test_producer_rejects_delivery_delays_beyond_the_limit_before_sending(
-    nack_client: Client, unique_topic: str
-) -> None:
-    import datetime
-
-    producer = nack_client.create_producer(unique_topic, max_delivery_delay_ms=60_000)
-    assert isinstance(producer, pulsar_nack.DelayLimitedProducer)
-    consumer = subscribe(nack_client, unique_topic)
-    with pytest.raises(DelayLimitExceeded, match="Exceeds max allowed delivery delay of 60000 milliseconds"):
-        producer.send(b"late", deliver_after=datetime.timedelta(hours=1))
-    with pytest.raises(DelayLimitExceeded):
-        producer.send_async(b"late", None, deliver_at=int(time.time() * 1000) + 3_600_000)
-    producer.send(b"ok", deliver_after=datetime.timedelta(milliseconds=10))
-    assert consumer.receive(10_000).data() == b"ok"
-    nothing_more(consumer, 500)
-    producer.close()
     consumer.close()
 
 

@@ -1,14 +1,30 @@
-"""``pulsar-nack demo``: a real run against an embedded broker, and its input checks."""
+"""``pulsar-nack demo``: a real run against an embedded broker, its input checks, and the native client's
+figure it prints — measured by bench/nack_lateness.py and shipped as package data, never typed in."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import re
 import subprocess
 import sys
+from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from pulsar_nack import demo
 from pulsar_nack.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _packaged_cost() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(
+        resources.files("pulsar_nack").joinpath("data", "native_nack_cost.json").read_text()
+    )
+    return data
 
 
 def test_demo_acks_every_message_and_reports_the_tracker() -> None:
@@ -25,6 +41,59 @@ def test_demo_acks_every_message_and_reports_the_tracker() -> None:
     assert acked == 600 and nacked > 0 and redelivered == nacked and received == 600 + nacked
     assert "lateness (arrival − due, ms)" in out.stdout and "tracker memory at the peak" in out.stdout
     assert "pending" in out.stderr, "the live progress line"
+    cost = _packaged_cost()
+    assert (
+        f"({cost['bytes_per_nack']:.0f} B per nack, measured {cost['date']} on {cost['machine']} by "
+        "bench/nack_lateness.py;"
+    ) in out.stdout
+
+
+def test_the_packaged_native_figure_is_the_benchmarks_measurement() -> None:
+    """The package data is bench/results/nack_lateness.json's native bytes per pending nack, with its
+    date, machine, versions and commit."""
+    cost = _packaged_cost()
+    results = json.loads((REPO / "bench" / "results" / "nack_lateness.json").read_text())
+    measured = results["brokers"][cost["broker"]]["memory"]
+    assert cost["bytes_per_nack"] == measured["native"]["bytes_per_nack"]
+    assert cost["pending"] == measured["count"]
+    machine = results["machine"]
+    assert (cost["date"], cost["commit"], cost["source"]) == (
+        machine["date"],
+        machine["commit"],
+        "bench/nack_lateness.py",
+    )
+    assert cost["machine"] == f"{machine['cpu']} ({machine['cores']} cores)"
+    assert cost["versions"] == {"python": machine["python"], **machine["libraries"]}
+
+
+def test_the_native_figure_comes_from_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "cost.json"
+    cost = {"bytes_per_nack": 123.4, "date": "2030-01-02", "machine": "Test CPU", "source": "bench/x.py"}
+    path.write_text(json.dumps(cost))
+    native = demo.native_cost(path)
+    assert native == demo.NativeCost(123.4, "2030-01-02", "Test CPU", "bench/x.py")
+    line = demo._memory_line(1_000, 10_000, native)
+    assert line.endswith(
+        "the native client: 123,400 B (123 B per nack, measured 2030-01-02 on Test CPU by bench/x.py; "
+        "12.3× as much)"
+    )
+
+
+@pytest.mark.parametrize("content", [None, "{broken", '{"date": "2030-01-02"}'])
+def test_without_the_file_the_native_figure_is_unavailable(
+    content: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "native_nack_cost.json"
+    if content is not None:
+        path.write_text(content)
+    monkeypatch.setattr(demo, "NATIVE_COST_FILE", path)
+    assert demo.native_cost() is None
+    progress = demo._Progress(received=10, acked=10, peak_pending=1_000, peak_bytes=10_000)
+    stats = type("Stats", (), {"redelivered": 0, "held_back": 0, "dropped": 0})()
+    demo._summary(progress, stats, argparse.Namespace(messages=10, precision_bits=8))
+    out = capsys.readouterr().out
+    assert "the native client's figure is unavailable" in out
+    assert "B per nack, measured" not in out and "× as much" not in out
 
 
 @pytest.mark.parametrize(

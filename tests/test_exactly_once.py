@@ -49,6 +49,7 @@ from messaging import leftover, produce_bursts, receive_all
 
 from harness.standalone import PulsarStandalone
 from pulsar_nack import Client
+from pulsar_nack.index import Rounding
 
 SHARED = pulsar.ConsumerType.Shared
 SUB = "sub"
@@ -377,7 +378,7 @@ BUSY_PAUSE_S = 0.25  # a busy application: each time its queue is empty, it come
 
 @pytest.mark.parametrize("rounding", ["floor", "ceil"])
 def test_batch_siblings_are_never_handed_out_early(
-    nack_client: Client, pulsar_client: Any, unique_topic: str, rounding: str
+    nack_client: Client, pulsar_client: Any, unique_topic: str, rounding: Rounding
 ) -> None:
     """Two consumers per delay D (110-470 ms in steps of 20, and 1500), each on a topic of 6 batches of 10;
     one receives promptly, one is busy (it receives only every 250 ms, so copies wait in its queue). In

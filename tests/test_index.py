@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import pytest
@@ -177,6 +179,15 @@ def test_bad_input_names_the_parameter_and_changes_nothing(
     assert len(index) == 1 and index.bucket_count == 1 and next(iter(index))[3].tolist() == [1]
 
 
+class _AddManyArgs(TypedDict):
+    """The array-like arguments of :meth:`TimeBucketIndex.add_many` (all typed ``Any`` there)."""
+
+    due_ms: Sequence[object]
+    ledger_ids: Sequence[object]
+    entry_ids: Sequence[object]
+    batch_indexes: NotRequired[Sequence[object]]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -188,7 +199,7 @@ def test_bad_input_names_the_parameter_and_changes_nothing(
         ({"due_ms": [[1]], "ledger_ids": [1], "entry_ids": [1]}, "one-dimensional"),
     ],
 )
-def test_add_many_validates_before_changing_anything(kwargs: dict[str, object], message: str) -> None:
+def test_add_many_validates_before_changing_anything(kwargs: _AddManyArgs, message: str) -> None:
     index = TimeBucketIndex()
     index.add(5, 1, 1)
     with pytest.raises((ValueError, TypeError), match=message):

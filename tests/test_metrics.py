@@ -38,9 +38,9 @@ class TrackedConsumer:
         self._topic, self._sub = topic, sub
         self.memory_walks = 0
 
-    def nack_stats(self, with_memory: bool = True) -> NackStats:
+    def nack_stats(self, *, with_memory: bool = False) -> NackStats:
         self.memory_walks += with_memory
-        return self.tracker.stats(with_memory)
+        return self.tracker.stats(with_memory=with_memory)
 
     def topic(self) -> str:
         return self._topic
@@ -109,7 +109,7 @@ def test_exposition_text_has_every_gauge_and_counter() -> None:
     assert samples[("pulsar_nack_held_back_total", labels())] == 1
     assert samples[("pulsar_nack_dropped_total", labels())] == 0
     assert samples[("pulsar_nack_timer_failures_total", labels())] == 0
-    stats = consumer.tracker.stats(False)
+    stats = consumer.tracker.stats()
     assert stats.lateness_p50_ms is not None and stats.lateness_p99_ms is not None
     p50 = samples[("pulsar_nack_redelivery_lateness_seconds", labels(quantile="0.5"))]
     p99 = samples[("pulsar_nack_redelivery_lateness_seconds", labels(quantile="0.99"))]
@@ -162,6 +162,42 @@ def test_memory_is_walked_at_most_once_per_ttl() -> None:
     assert consumer.memory_walks == 2
 
 
+def test_memory_ttl_none_never_walks_and_exports_no_memory_metric() -> None:
+    clock = FakeClock()
+    consumer = TrackedConsumer(clock)
+    consumer.nack(1, 60_000)
+    collector = NackCollector(consumer, memory_ttl_s=None, clock=lambda: clock.now / 1000)
+    registry = registry_of(collector)
+    for _ in range(3):
+        samples = samples_of(registry)
+        clock.now += 60_000
+    assert consumer.memory_walks == 0
+    assert samples[("pulsar_nack_pending_ids", labels())] == 1, "every other figure is exported"
+    text = generate_latest(registry).decode()
+    assert "memory_bytes" not in text, "no family, not a sample of 0"
+
+
+class Unmeasured(TrackedConsumer):
+    """A source that cannot measure its memory: ``memory_bytes`` stays None even when asked."""
+
+    def nack_stats(self, *, with_memory: bool = False) -> NackStats:
+        return super().nack_stats(with_memory=False)
+
+
+def test_a_series_gets_a_memory_sample_only_when_all_its_consumers_were_measured() -> None:
+    clock = FakeClock()
+    measured, unmeasured = TrackedConsumer(clock), Unmeasured(clock)
+    alone = Unmeasured(clock, sub="audit")
+    for source in (measured, unmeasured, alone):
+        source.nack(1, 60_000)
+    samples = scrape(NackCollector(measured, unmeasured, alone))
+    assert samples[("pulsar_nack_pending_ids", labels())] == 2
+    assert samples[("pulsar_nack_pending_ids", labels(sub="audit"))] == 1
+    assert ("pulsar_nack_memory_bytes", labels()) not in samples, "not a partial sum"
+    assert ("pulsar_nack_memory_bytes", labels(sub="audit")) not in samples, "not 0"
+    assert scrape(NackCollector(measured))[("pulsar_nack_memory_bytes", labels())] > 0
+
+
 def test_registering_does_not_walk_memory() -> None:
     consumer = TrackedConsumer(FakeClock())
     NackCollector(consumer).register(CollectorRegistry())
@@ -172,8 +208,9 @@ def test_bad_input_names_the_parameter() -> None:
     consumer = TrackedConsumer(FakeClock())
     with pytest.raises(ValueError, match="namespace"):
         NackCollector(consumer, namespace="pulsar-nack")
-    with pytest.raises(ValueError, match="memory_ttl_s"):
-        NackCollector(consumer, memory_ttl_s=-1)
+    for bad in (-1, "10", True, float("nan")):
+        with pytest.raises(ValueError, match="memory_ttl_s"):
+            NackCollector(consumer, memory_ttl_s=bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"nack_stats\(\).*got str"):
         NackCollector("consumer")  # type: ignore[arg-type]
     collector = NackCollector()

@@ -8,6 +8,7 @@ import nbformat
 import pyarrow.parquet as pq
 
 from pulsar_nack.sweep.grid import load_grid
+from pulsar_nack.sweep.java_results import DEFAULT_JAVA_RESULTS, load_java_results
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "spark" / "memory_sweep.ipynb"
 
@@ -49,6 +50,9 @@ def test_notebook_runs_headless_and_draws_its_plots_and_table(tmp_path: Path) ->
     assert "index x=8 k=10 batch 4" in tables[0]
     notes = [output.data["text/markdown"] for output in outputs if "text/markdown" in output.get("data", {})]
     assert len(notes) == 1 and "B/id" in notes[0]
+    # The Java bars: from the repository's results file by default, which the notebook names.
+    printed = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
+    assert f"{load_java_results(DEFAULT_JAVA_RESULTS).provenance()}; Java bars at (x, k) = " in printed
     # The same run wrote the job's files.
     assert pq.read_table(out / "sweep.parquet").num_rows == len(points)
     assert (out / "report.md").is_file() and (out / "report.html").is_file()

@@ -3,9 +3,11 @@ pulls in — the sweep and the index never import the Pulsar client; memory neve
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,7 +43,7 @@ def test_every_exported_name_resolves_and_is_listed() -> None:
     assert all(hasattr(pulsar_nack, name) for name in EXPORTED)
     assert set(EXPORTED) <= set(dir(pulsar_nack))
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
-        _ = pulsar_nack.nothing  # type: ignore[attr-defined]
+        _ = pulsar_nack.nothing
 
 
 def _imported_after(statement: str) -> set[str]:
@@ -75,3 +77,44 @@ def test_the_client_is_imported_on_first_use() -> None:
 
 def test_memory_does_not_import_the_index() -> None:
     assert "pulsar_nack.index" not in _imported_after("import pulsar_nack.memory")
+
+
+#: The nack options of subscribe/wrap, under their names (Java's ConsumerBuilder / PIP-393 in snake case).
+NACK_OPTIONS = {
+    "negative_ack_redelivery_delay_ms",
+    "negative_ack_precision_bit_cnt",
+    "negative_ack_rounding",
+    "negative_ack_redelivery_backoff",
+    "max_redelivery_delay_ms",
+    "on_delay_limit",
+    "on_close",
+    "on_redelivery",
+}
+
+
+def _keyword_only(function: Any) -> set[str]:
+    parameters = inspect.signature(function).parameters.values()
+    return {p.name for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+
+def test_the_nack_options_are_one_definition_every_entry_point_shows() -> None:
+    """``NackOptions`` defines them; ``wrap`` and both ``subscribe`` accept and show the same ones (current
+    names only; the deprecated aliases are accepted, not shown), after every official argument."""
+    import pulsar
+    import pulsar.asyncio
+
+    from pulsar_nack import aio
+    from pulsar_nack.consumer import NACK_ARGUMENTS
+
+    official = "negative_ack_redelivery_delay_ms"  # the official subscribe's own argument
+    assert _keyword_only(pulsar_nack.wrap) == NACK_OPTIONS | {"native_delay_ms"}
+    assert _keyword_only(pulsar_nack.Client.subscribe) == NACK_OPTIONS - {official}
+    assert _keyword_only(aio.Client.subscribe) == (NACK_OPTIONS - {official}) | {"message_listener"}
+    for ours, theirs in (
+        (pulsar_nack.Client.subscribe, pulsar.Client.subscribe),
+        (aio.Client.subscribe, pulsar.asyncio.Client.subscribe),
+    ):
+        official_names = list(inspect.signature(theirs).parameters)
+        assert list(inspect.signature(ours).parameters)[: len(official_names)] == official_names
+    deprecated = {"negative_ack_precision_bits", "negative_ack_backoff"}
+    assert set(NACK_ARGUMENTS) == NACK_OPTIONS | deprecated

@@ -132,7 +132,12 @@ def test_get_refuses_symlinks_and_oversized_files(tmp_path: Path) -> None:
 def test_fsync_calls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     synced: list[int] = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     LocalDirectoryStorage(tmp_path).put("s.pnk", b"data")
     assert len(synced) == 2  # the file, then the directory
     synced.clear()

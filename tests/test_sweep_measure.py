@@ -61,6 +61,11 @@ def test_batched_workload_splits_the_message_stream_into_entries() -> None:
 # -- one row --------------------------------------------------------------------------------------------
 
 
+def _measure(point: GridPoint) -> dict[str, Any]:
+    """:func:`measure`, its cells typed loosely: the assertions below know which columns are numbers."""
+    return measure(point)
+
+
 def _check_types(row: dict[str, Any]) -> None:
     assert list(row) == list(COLUMNS)
     for name, kind in COLUMNS.items():
@@ -69,7 +74,7 @@ def _check_types(row: dict[str, Any]) -> None:
 
 def test_index_row_counts_the_structure() -> None:
     point = GridPoint(x=8, k=10, n=20_000, compact=False)
-    row = measure(point)
+    row = _measure(point)
     _check_types(row)
     due = workload(point)[0]
     assert row["buckets"] == len(np.unique(due >> 10))
@@ -88,10 +93,10 @@ def test_index_row_counts_the_structure() -> None:
 
 
 def test_compaction_packs_dense_runs_and_sparse_ids_stay_in_arrays() -> None:
-    dense = measure(GridPoint(x=8, k=10, n=20_000))
+    dense = _measure(GridPoint(x=8, k=10, n=20_000))
     assert dense["packed_runs"] == dense["slots"] and dense["bitmaps"] == 0 and dense["roaring_bytes"] == 0
     assert dense["retained_bytes"] < dense["bytes_before_compact"] / 5
-    sparse = measure(GridPoint(x=8, k=10, n=20_000, nack_share=0.1))
+    sparse = _measure(GridPoint(x=8, k=10, n=20_000, nack_share=0.1))
     assert sparse["packed_runs"] == 0 and sparse["array_containers"] > 0
     # A tenth of the entries, by SplitMix64: no runs worth having, compaction saves little.
     assert sparse["retained_bytes"] > 0.9 * sparse["bytes_before_compact"]
@@ -99,33 +104,33 @@ def test_compaction_packs_dense_runs_and_sparse_ids_stay_in_arrays() -> None:
 
 
 def test_theory_uses_the_filled_bucket_size() -> None:
-    row = measure(GridPoint(x=8, k=16, n=10_000))
+    row = _measure(GridPoint(x=8, k=16, n=10_000))
     assert row["buckets"] <= 2
     assert row["theory_bytes_per_id"] == pip393_bytes_per_id(10_000)
 
 
 def test_batched_ids_are_tracked_per_message() -> None:
     point = GridPoint(x=8, k=10, n=8_000, batch=4)
-    row = measure(point)
+    row = _measure(point)
     _check_types(row)
     assert row["theory_bytes_per_id"] is None
     # 2,000 entries of 4 messages; an entry split across a bucket boundary is pending in both buckets.
     assert 2_000 <= row["pending"] <= 2_000 + row["buckets"]
-    unbatched = measure(replace(point, batch=1, n=2_000))
+    unbatched = _measure(replace(point, batch=1, n=2_000))
     assert row["retained_bytes"] > unbatched["retained_bytes"], "batch members cost memory"
 
 
 def test_index_memory_agrees_with_the_heap_delta() -> None:
     # The delta is read right after building, before the walk and the compaction.
     for point in (GridPoint(x=1, k=4, n=20_000), GridPoint(x=8, k=10, n=20_000, nack_share=0.1)):
-        row = measure(point)
+        row = _measure(point)
         assert row["bytes_before_compact"] > 40_000
         assert row["heap_delta_bytes"] == pytest.approx(row["bytes_before_compact"], rel=0.1)
 
 
 def test_baselines_measured_by_heap_delta() -> None:
-    hashmap = measure(GridPoint(contender="hashmap", n=20_000))
-    heap = measure(GridPoint(contender="heap", n=20_000))
+    hashmap = _measure(GridPoint(contender="hashmap", n=20_000))
+    heap = _measure(GridPoint(contender="heap", n=20_000))
     for row in (hashmap, heap):
         _check_types(row)
         assert row["memory_method"] == "heap_in_use delta"

@@ -15,6 +15,7 @@ from spark_fixtures import SMALL, assert_rows_agree
 
 from pulsar_nack.cli import main
 from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.java_results import DEFAULT_JAVA_RESULTS
 from pulsar_nack.sweep.measure import COLUMNS, measure
 from pulsar_nack.sweep.spark import check_master, points_rdd, spark_session, sweep, write_parquet
 
@@ -130,6 +131,7 @@ def test_cli_end_to_end(tmp_path: Path) -> None:
     assert_rows_agree(rows, [measure(point) for point in points])
     info = json.loads((out / "sweep.json").read_text())
     assert info["master"] == "local[1]" and info["points"] == 3
+    assert info["java_results"] == str(DEFAULT_JAVA_RESULTS), "the repository's results file, by default"
     assert info["total_s"] > info["start_s"] + info["sweep_s"] + info["stop_s"] + info["parquet_s"] > 0
     assert (out / "report.html").is_file() and (out / "bytes_per_id.png").is_file()
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pulsar_nack.timer import MAX_WAIT_MS, TimerWheel, monotonic_ms
+from pulsar_nack.timer import MAX_WAIT_MS, TimerWheel, _Wheel, monotonic_ms
 
 
 class FakeClock:
@@ -26,7 +26,11 @@ def test_fires_in_deadline_order_never_early_with_fake_clock() -> None:
     fired: list[tuple[int, float]] = []
     deadlines = [1_003, 1_001, 1_500, 1_007, 90_000, 1_002]  # spans several wheel levels
     for d in deadlines:
-        wheel.schedule(d, lambda d=d: fired.append((d, clock.now)))
+
+        def fire(d: int = d) -> None:
+            fired.append((d, clock.now))
+
+        wheel.schedule(d, fire)
     assert len(wheel) == len(deadlines)
     assert wheel.next_deadline_ms() == 1_001
     while clock.now < 100_000:
@@ -207,6 +211,7 @@ def test_non_finite_deadlines_are_rejected(deadline: float) -> None:
 
 
 def _levels(wheel: TimerWheel) -> int:
+    level: _Wheel | None
     level, count = wheel._wheel, 0
     while level is not None:
         level, count = level.overflow, count + 1

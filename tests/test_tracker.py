@@ -10,6 +10,7 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
+from typing import TypedDict
 
 import pytest
 
@@ -27,6 +28,13 @@ class FakeClock:
         return self.now
 
 
+class _Quiet(TypedDict, total=False):
+    """The keyword arguments of :class:`NackTracker` that ``Harness(quiet=True)`` overrides."""
+
+    compact_after_ms: float
+    linger_ms: float
+
+
 class Harness:
     """A tracker on a fake clock with a wheel driven by hand; records every forward."""
 
@@ -42,7 +50,7 @@ class Harness:
             precision_bits=precision_bits,
             clock=self.clock,
             wheel=self.wheel,
-            **({"compact_after_ms": quiet_ms, "linger_ms": quiet_ms} if quiet_ms else {}),
+            **(_Quiet(compact_after_ms=quiet_ms, linger_ms=quiet_ms) if quiet_ms else _Quiet()),
         )
 
     def record(self, due: Sequence[DueIds]) -> None:

@@ -1,6 +1,8 @@
 """The sweep report's plots (matplotlib, drawn off-screen): bytes/id against M = x·2^k with PIP-393's
 curve, buckets against k, memory against precision, the index against the baselines and the Java
-structure. Each plot function takes the measured rows and returns None when they lack its data.
+structure. Each plot function takes the measured rows and returns None when they lack its data; the Java
+structure's bars come from a results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and
+are left out without one.
 """
 
 from __future__ import annotations
@@ -8,16 +10,18 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Final
+from typing import Final, TypeAlias
 
 from matplotlib.figure import Figure
 
 from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.java_results import JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, reference_rows
 
 __all__ = [
-    "JAVA_PIP393_10M",
     "PLOTS",
+    "Plot",
+    "contender_cases",
     "figures",
     "plot_buckets",
     "plot_bytes_per_id",
@@ -25,21 +29,9 @@ __all__ = [
     "plot_memory_vs_precision",
 ]
 
-#: The Java PIP-393 structure (fastutil AVL map → open hash map → Roaring64Bitmap) with 10M ids of the same
-#: workload, retained heap in MB (10^6 B) without and with ``runOptimize`` — measured on this machine kind
-#: with ``bench/java``. Keyed by (x, k).
-JAVA_PIP393_10M: Final[dict[tuple[int, int], tuple[float, float]]] = {
-    (1, 10): (29.28, 7.86),
-    (4, 10): (22.18, 2.00),
-    (8, 10): (11.96, 1.03),
-    (8, 15): (2.02, 0.08),
-    (1, 8): (55.72, 31.30),
-    (8, 8): (24.86, 3.96),
-}
-_JAVA_IDS = 10_000_000
-
 _BEFORE, _AFTER, _THEORY = "#1f77b4", "#d62728", "#555555"
 _VARIANT_COLOURS: Final = ("#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
 
 def _variants(rows: Sequence[Row]) -> list[Row]:
     """Index rows off the reference workload (sparse, batched, ceil) or measured without compaction."""
@@ -154,13 +146,13 @@ def _by_rate(reference: Sequence[Row]) -> dict[int, list[Row]]:
     return {x: sorted(rows, key=lambda r: number(r["k"])) for x, rows in sorted(series.items())}
 
 
-def _contender_cases(rows: Sequence[Row]) -> list[Row]:
-    """Reference rows at the (x, k) of the Java measurements; if none match, up to ``_MAX_CASES`` reference
-    rows spread over M."""
+def contender_cases(rows: Sequence[Row], java: JavaResults | None = None) -> list[Row]:
+    """The reference rows the contenders plot shows: those whose workload ``java`` measured; if none
+    match (or there are no Java results), up to ``_MAX_CASES`` reference rows spread over M."""
     reference = reference_rows(rows)
-    java = [row for row in reference if (row["x"], row["k"]) in JAVA_PIP393_10M]
-    if java or len(reference) <= _MAX_CASES:
-        return java or reference
+    covered = [row for row in reference if java is not None and java.case_for(row) is not None]
+    if covered or len(reference) <= _MAX_CASES:
+        return covered or reference
     step = (len(reference) - 1) / (_MAX_CASES - 1)
     return [reference[round(i * step)] for i in range(_MAX_CASES)]
 
@@ -168,10 +160,11 @@ def _contender_cases(rows: Sequence[Row]) -> list[Row]:
 _MAX_CASES: Final = 8
 
 
-def plot_contenders(rows: Sequence[Row]) -> Figure | None:
-    """Bytes per id of the index (plain and compacted) and the Java structure at the Java cases; the
-    baselines (which do not depend on x or k) as horizontal lines."""
-    cases = _contender_cases(rows)
+def plot_contenders(rows: Sequence[Row], java: JavaResults | None = None) -> Figure | None:
+    """Bytes per id of the index (plain and compacted) and, with ``java``, of the Java structure at the
+    cases it measured (:func:`contender_cases`); the baselines (which do not depend on x or k) as
+    horizontal lines."""
+    cases = contender_cases(rows, java)
     baselines = [row for row in rows if row["contender"] != "index"]
     if not cases:
         return None
@@ -180,9 +173,13 @@ def plot_contenders(rows: Sequence[Row]) -> Figure | None:
     series: list[tuple[str, Callable[[Row], float | None]]] = [
         ("index, plain", lambda r: per_id(r, "bytes_before_compact")),
         ("index, compacted", lambda r: number(r["bytes_per_id"]) if r["compact"] else None),
-        ("Java PIP-393, 10M ids", lambda r: _java_per_id(r, 0)),
-        ("Java + runOptimize, 10M ids", lambda r: _java_per_id(r, 1)),
     ]
+    if java is not None:
+        ids = "/".join(f"{n:,}" for n in sorted({case.n for case in java.cases}))
+        series += [
+            (f"Java PIP-393, {ids} ids", lambda r: _java_per_id(java, r, run_optimized=False)),
+            (f"Java + runOptimize, {ids} ids", lambda r: _java_per_id(java, r, run_optimized=True)),
+        ]
     width = 0.8 / len(series)
     for i, (label, value) in enumerate(series):
         points = [(j, value(row)) for j, row in enumerate(cases)]
@@ -196,28 +193,33 @@ def plot_contenders(rows: Sequence[Row]) -> Figure | None:
         )
     axes.set_xticks(range(len(cases)), [f"x={r['x']}\nk={r['k']}" for r in cases])
     axes.set(yscale="log", ylabel="bytes per id")
-    axes.set_title("Index against the Java PIP-393 structure and the old designs")
+    against = "the Java PIP-393 structure and the old designs" if java is not None else "the old designs"
+    axes.set_title(f"Index against {against}")
     axes.grid(True, axis="y", alpha=0.3)
     axes.legend(fontsize="small")
     return figure
 
 
-def _java_per_id(row: Row, column: int) -> float | None:
-    java = JAVA_PIP393_10M.get((int(number(row["x"])), int(number(row["k"]))))
-    return None if java is None else java[column] * 1e6 / _JAVA_IDS
+def _java_per_id(java: JavaResults, row: Row, run_optimized: bool) -> float | None:
+    case = java.case_for(row)
+    return None if case is None else case.per_id(run_optimized)
 
+
+#: A plot: the rows and the Java results (None: none given) → a figure, or None without its data.
+Plot: TypeAlias = Callable[[Sequence[Row], JavaResults | None], Figure | None]
 
 #: Plot file stem → (title in the report, plot function).
-PLOTS: Final[dict[str, tuple[str, Callable[[Sequence[Row]], Figure | None]]]] = {
-    "bytes_per_id": ("Bytes per id against M = x·2^k", plot_bytes_per_id),
-    "buckets": ("Buckets against k", plot_buckets),
-    "memory_vs_precision": ("Memory against precision", plot_memory_vs_precision),
+PLOTS: Final[dict[str, tuple[str, Plot]]] = {
+    "bytes_per_id": ("Bytes per id against M = x·2^k", lambda rows, _: plot_bytes_per_id(rows)),
+    "buckets": ("Buckets against k", lambda rows, _: plot_buckets(rows)),
+    "memory_vs_precision": ("Memory against precision", lambda rows, _: plot_memory_vs_precision(rows)),
     "contenders": ("The index against the baselines and the Java structure", plot_contenders),
 }
 
 
-def figures(rows: Sequence[Row]) -> dict[str, Figure]:
-    """Every plot the rows allow, by file stem (a grid without index rows, say, has no bytes/id plot)."""
-    drawn = {name: plot(rows) for name, (_, plot) in PLOTS.items()}
+def figures(rows: Sequence[Row], java: JavaResults | None = None) -> dict[str, Figure]:
+    """Every plot the rows allow, by file stem (a grid without index rows, say, has no bytes/id plot);
+    the Java bars only with ``java``."""
+    drawn = {name: plot(rows, java) for name, (_, plot) in PLOTS.items()}
     return {name: figure for name, figure in drawn.items() if figure is not None}
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.java_results import HOW_TO_PRODUCE, JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, reference_rows
-from pulsar_nack.sweep.plots import PLOTS, figures
+from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures
 
 if TYPE_CHECKING:
     from pulsar_nack.sweep.spark import RunInfo
 
-__all__ = ["findings", "summary_table", "write_report"]
+__all__ = ["findings", "java_note", "summary_table", "write_report"]
 
 #: Columns of the report's table of all points: header → cell of a row.
 _SUMMARY: Final[dict[str, Callable[[Row], str]]] = {
@@ -109,15 +110,37 @@ _TEXTS: Final = {
     "buckets": "Each bucket spans 2^k ms, so buckets fall by half with every bit until one holds all ids.",
     "memory_vs_precision": "Retained memory of the whole index; every extra bit of imprecision halves the "
     "buckets and the per-bucket overhead with them.",
-    "contenders": "Bars: bytes per id of the index and of the Java PIP-393 structure (fastutil + "
-    "RoaringBitmap, 10M ids, measured by bench/java) at the same (x, k); lines: the hash map and the "
-    "triple-long heap measured in this sweep.",
+    "contenders": "Bars: bytes per id of the index, as built and after `compact()`, and of the Java "
+    "PIP-393 structure (fastutil AVL map → open hash map → Roaring64Bitmap, before and after "
+    "`runOptimize`) where a results file of the Java reference measured the same workload; lines: the "
+    "hash map and the triple-long heap measured in this sweep.",
 }
+
+
+def java_note(rows: Sequence[Row], java: JavaResults | None) -> str:
+    """What the contenders plot shows of the Java structure: the results file, its date and machine and
+    the (x, k) it covers — or why there are no Java bars and how to produce them."""
+    if java is None:
+        return (
+            f"No Java bars: no results file of the Java reference was given; to draw them, {HOW_TO_PRODUCE}."
+        )
+    covered = [row for row in contender_cases(rows, java) if java.case_for(row) is not None]
+    if not covered:
+        measured = ", ".join(f"({case.x}, {case.k})" for case in java.cases)
+        return (
+            f"No Java bars: {java.provenance()} — its cases (x, k) = {measured} match no dense, unbatched "
+            "point of this grid (same x, k, entries per ledger and rounding)."
+        )
+    shown = ", ".join(f"({row['x']}, {row['k']})" for row in covered)
+    return f"{java.provenance()}; Java bars at (x, k) = {shown}."
+
 
 Block: TypeAlias = tuple[str, Any]
 
 
-def _blocks(rows: Sequence[Row], info: RunInfo, images: dict[str, str]) -> list[Block]:
+def _blocks(
+    rows: Sequence[Row], info: RunInfo, images: dict[str, str], java: JavaResults | None
+) -> list[Block]:
     blocks: list[Block] = [
         ("h1", f"Memory sweep: grid {info.grid}, {info.points} points"),
         (
@@ -134,17 +157,24 @@ def _blocks(rows: Sequence[Row], info: RunInfo, images: dict[str, str]) -> list[
     for name, (title, _) in PLOTS.items():
         if name in images:
             blocks += [("h2", title), ("img", (images[name], title)), ("p", _TEXTS[name])]
+            if name == "contenders":
+                blocks.append(("p", java_note(rows, java)))
     blocks += [("h2", "All points"), ("table", summary_table(rows))]
     return blocks
 
 
-def write_report(rows: Sequence[Row], out: Path, info: RunInfo) -> Path:
-    """Write the plots as PNG, ``report.md`` and ``report.html`` into ``out``; returns the Markdown path."""
+def write_report(rows: Sequence[Row], out: Path, info: RunInfo, java: JavaResults | None = None) -> Path:
+    """Write the plots as PNG, ``report.md`` and ``report.html`` into ``out``; returns the Markdown path.
+
+    The Java structure's bars come from ``java`` (:func:`~pulsar_nack.sweep.java_results.load_java_results`)
+    and the report names its file, date and machine next to them; without it they are left out, and the
+    report says how to produce them.
+    """
     images: dict[str, str] = {}
-    for name, figure in figures(rows).items():
+    for name, figure in figures(rows, java).items():
         figure.savefig(out / f"{name}.png", dpi=110)
         images[name] = f"{name}.png"
-    blocks = _blocks(rows, info, images)
+    blocks = _blocks(rows, info, images, java)
     (out / "report.md").write_text(_markdown(blocks))
     (out / "report.html").write_text(_html(blocks, f"pulsar-nack sweep: {info.grid}"))
     return out / "report.md"

@@ -44,6 +44,7 @@ from pyspark.sql import SparkSession
 from tqdm import tqdm
 
 from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.java_results import load_java_results
 from pulsar_nack.sweep.measure import COLUMNS, Row, measure
 from pulsar_nack.sweep.report import write_report
 
@@ -287,7 +288,8 @@ def write_parquet(rows: Sequence[Row], path: Path) -> Path:
 @dataclass(frozen=True)
 class RunInfo:
     """What was run, where, and how long each phase took (seconds): starting Spark, the sweep, stopping
-    Spark (and its JVM), writing Parquet, the report, and all of it."""
+    Spark (and its JVM), writing Parquet, the report, and all of it; the Java results file the report
+    drew its Java bars from (None: none)."""
 
     grid: str
     master: str
@@ -302,6 +304,7 @@ class RunInfo:
     parquet_s: float
     report_s: float
     total_s: float
+    java_results: str | None = None
 
 
 @dataclass(frozen=True)
@@ -320,10 +323,17 @@ def run(
     out: Path,
     master: str | None = None,
     progress: bool = True,
+    java_results: Path | None = None,
 ) -> SweepResult:
     """The whole job: start Spark, measure ``points``, write ``out/sweep.parquet``, ``out/sweep.json`` (the
     run facts), ``out/report.md``, ``out/report.html`` and the plots. ``grid`` names the grid in the report.
+
+    ``java_results`` is a results file of ``bench/index_memory.py`` (see
+    :mod:`pulsar_nack.sweep.java_results`; :func:`~pulsar_nack.sweep.java_results.default_java_results`
+    finds the repository's): the report's Java bars come from it, and without it there are none. It is
+    read before Spark starts; a bad file raises :class:`~pulsar_nack.sweep.java_results.JavaResultsError`.
     """
+    java = None if java_results is None else load_java_results(java_results)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with spark_session(master) as spark:
@@ -348,8 +358,9 @@ def run(
         parquet_s=written - stopped,
         report_s=0.0,
         total_s=0.0,
+        java_results=None if java_results is None else str(java_results),
     )
-    report = write_report(rows, out, info)
+    report = write_report(rows, out, info, java)
     finished = time.perf_counter()
     info = replace(info, report_s=finished - written, total_s=finished - started)
     (out / "sweep.json").write_text(json.dumps(asdict(info), indent=2) + "\n")
