@@ -272,7 +272,7 @@ class NackBridge:
         if tracker.closed:
             return
         try:
-            tracker.schedule(tracker._clock() + delay, ledger_id, entry_id, batch_index, topic)
+            tracker.schedule(tracker.now() + delay, ledger_id, entry_id, batch_index, topic)
         except RuntimeError:
             if not tracker.closed:  # closed meanwhile: as above
                 raise

@@ -331,6 +331,10 @@ class NackTracker:
     def closed(self) -> bool:
         return self._closed
 
+    def now(self) -> float:
+        """The tracker's clock (ms): what ``schedule``'s due times are measured on. O(1)."""
+        return self._clock()
+
     def stats(self, *, with_memory: bool = False) -> NackStats:
         """Counters, pending state and lateness percentiles, without walking the index: O(lateness window)
         for the percentiles, plus the arrival filter's counts (O(its open batch entries)).
