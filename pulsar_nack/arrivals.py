@@ -38,6 +38,8 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from pulsar_nack.index import batch_indexes as batch_index_bits
+from pulsar_nack.index import batch_mask
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
 __all__ = ["NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
@@ -315,13 +317,13 @@ class ArrivalFilter:
                     bitmap.discard(entry_id)
                 entry = self._entries.get(key)
                 if entry is None and self._is_quiet(topic, ledger_id, entry_id):
-                    entry = self._expand(key, sum(1 << i for i in batch_indexes.get(entry_id, ())))
+                    entry = self._expand(key, batch_mask(batch_indexes.get(entry_id, ())))
                 if entry is None:  # a non-batched message
                     self._flights[key] = _Flight(now, target, self._flights.get(key))
                     continue
                 indexes = batch_indexes.get(entry_id)
                 if indexes is not None:
-                    mask = sum(1 << i for i in indexes)
+                    mask = batch_mask(indexes)
                 elif entry.size is not None:
                     mask = (1 << entry.size) - 1  # the whole entry was nacked
                 else:
@@ -331,7 +333,7 @@ class ArrivalFilter:
                 entry.pending &= ~mask
                 flights = entry.flights if entry.flights is not None else {}
                 entry.flights = flights
-                for index in _bits(mask & ~entry.acked):
+                for index in batch_index_bits(mask & ~entry.acked):
                     flights[index] = _Flight(now, target, flights.get(index))
                 entry.last_forward = now
             if bitmap is not None and not bitmap:
@@ -678,13 +680,3 @@ def _scaled(items: dict[Key, Any], sample: int, size: Callable[[Key, Any], int])
         return 0
     taken = list(itertools.islice(items.items(), sample))
     return round(sum(size(k, v) for k, v in taken) * len(items) / len(taken))
-
-
-def _bits(mask: int) -> Iterator[int]:
-    """The set bit positions of ``mask``, lowest first."""
-    index = 0
-    while mask:
-        if mask & 1:
-            yield index
-        mask >>= 1
-        index += 1

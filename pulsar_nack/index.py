@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 import numpy as np
@@ -46,6 +46,8 @@ __all__ = [
     "Rounding",
     "TimeBucketIndex",
     "as_id_arrays",
+    "batch_indexes",
+    "batch_mask",
 ]
 
 #: Entry ids are stored in 32-bit Roaring bitmaps. Pulsar caps entries per ledger with the int setting
@@ -1078,12 +1080,30 @@ def _due_ids(key: LedgerKey, parts: list[tuple[Entries, _Members | None]]) -> Du
         whole.update(e for e in _as_array(entries).tolist() if e not in masks)
         for entry_id, mask in masks.items():
             merged_masks[entry_id] = merged_masks.get(entry_id, 0) | mask
-    batch_indexes = {
-        entry_id: tuple(i for i in range(mask.bit_length()) if mask >> i & 1)
+    partial = {
+        entry_id: tuple(batch_indexes(mask))
         for entry_id, mask in sorted(merged_masks.items())
         if entry_id not in whole
     }
-    return DueIds(topic, ledger_id, entry_ids, batch_indexes)
+    return DueIds(topic, ledger_id, entry_ids, partial)
+
+
+def batch_mask(indexes: Iterable[int]) -> int:
+    """The bitmask of batch ``indexes`` (bit i set for index i). O(indexes)."""
+    mask = 0
+    for index in indexes:
+        mask |= 1 << index
+    return mask
+
+
+def batch_indexes(mask: int) -> Iterator[int]:
+    """The batch indexes set in ``mask`` (>= 0), lowest first. O(highest index)."""
+    index = 0
+    while mask:
+        if mask & 1:
+            yield index
+        mask >>= 1
+        index += 1
 
 
 def as_id_arrays(

@@ -59,7 +59,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
-from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex, batch_indexes, batch_mask
 from pulsar_nack.snapshot.format import (
     Group,
     ReadLimits,
@@ -400,7 +400,7 @@ class SegmentStore:
             bucket = self._mutable.next_due_ms()
             while bucket is not None:
                 for ids in self._mutable.pop_due(bucket):
-                    masks = {e: _mask(ix) for e, ix in ids.batch_indexes.items()}
+                    masks = {e: batch_mask(ix) for e, ix in ids.batch_indexes.items()}
                     rows.append((bucket, ids.topic, ids.ledger_id, BitMap(ids.entry_ids), masks or None))
                 bucket = self._mutable.next_due_ms()
             sealed = 0
@@ -675,7 +675,7 @@ class SegmentStore:
                 self._loaded.add_many(g.bucket_ms, g.ledger_id, array, topic=g.topic)
             for entry, mask in masks.items():
                 if entry in entries:
-                    for index in _indexes(mask):
+                    for index in batch_indexes(mask):
                         self._loaded.add(g.bucket_ms, g.ledger_id, entry, index, g.topic)
         rec.loaded = True
 
@@ -878,22 +878,6 @@ class SegmentStore:
         self._stats.lost_ids += count
         _log.warning("snapshot segment %s is corrupt (%s): %s", name, exc, detail)
         return count
-
-
-def _mask(indexes: tuple[int, ...]) -> int:
-    mask = 0
-    for index in indexes:
-        mask |= 1 << index
-    return mask
-
-
-def _indexes(mask: int) -> Iterator[int]:
-    index = 0
-    while mask:
-        if mask & 1:
-            yield index
-        mask >>= 1
-        index += 1
 
 
 def _live(records: list[_Record]) -> int:
