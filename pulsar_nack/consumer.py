@@ -269,12 +269,10 @@ class NackBridge:
             counts = delay_ms is None and options.backoff is not None
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
         tracker = self.tracker
-        if tracker.closed:
-            return
         try:
             tracker.schedule(tracker.now() + delay, ledger_id, entry_id, batch_index, topic)
         except RuntimeError:
-            if not tracker.closed:  # closed meanwhile: as above
+            if not tracker.closed:  # closed (before or during the call): nothing to do, as above
                 raise
 
     def _topic_of(self, ledger_id: int) -> str:
