@@ -20,8 +20,7 @@ from pulsar_nack.sweep.java_results import (
 )
 from pulsar_nack.sweep.measure import Row, measure
 from pulsar_nack.sweep.plots import plot_contenders
-from pulsar_nack.sweep.report import java_note, write_report
-from pulsar_nack.sweep.spark import RunInfo
+from pulsar_nack.sweep.report import RunInfo, java_note, write_report
 
 #: Figures no real run would produce, so that a bar can only have come from this file.
 _JAVA = {(8, 4): (12_345, 678), (8, 6): (23_456, 789), (1, 99): (1, 1)}

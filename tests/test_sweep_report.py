@@ -7,8 +7,7 @@ from typing import Any
 
 from spark_fixtures import SMALL
 
-from pulsar_nack.sweep.report import findings, summary_table, write_report
-from pulsar_nack.sweep.spark import RunInfo
+from pulsar_nack.sweep.report import RunInfo, findings, summary_table, write_report
 
 
 def test_report_draws_every_plot_and_tables_every_point(

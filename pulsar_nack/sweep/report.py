@@ -8,18 +8,39 @@ import html
 import re
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import HOW_TO_PRODUCE, JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, reference_rows
 from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures
 
-if TYPE_CHECKING:
-    from pulsar_nack.sweep.spark import RunInfo
+__all__ = ["RunInfo", "findings", "java_note", "summary_table", "write_report"]
 
-__all__ = ["findings", "java_note", "summary_table", "write_report"]
+@dataclass(frozen=True)
+class RunInfo:
+    """What was run, where, and how long each phase took (seconds): starting Spark, the sweep, stopping
+    Spark (and its JVM), writing Parquet, the report, and all of it; the Java results file the report
+    drew its Java bars from (None: none)."""
+
+    grid: str
+    master: str
+    points: int
+    ids: int
+    spark_version: str
+    python: str
+    date: str
+    start_s: float
+    sweep_s: float
+    stop_s: float
+    parquet_s: float
+    report_s: float
+    total_s: float
+    java_results: str | None = None
+
+
 
 #: Columns of the report's table of all points: header → cell of a row.
 _SUMMARY: Final[dict[str, Callable[[Row], str]]] = {

@@ -46,11 +46,10 @@ from tqdm import tqdm
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import load_java_results
 from pulsar_nack.sweep.measure import COLUMNS, Row, measure
-from pulsar_nack.sweep.report import write_report
+from pulsar_nack.sweep.report import RunInfo, write_report
 
 __all__ = [
     "DEFAULT_MASTER",
-    "RunInfo",
     "SweepResult",
     "check_master",
     "parquet_schema",
@@ -283,28 +282,6 @@ def write_parquet(rows: Sequence[Row], path: Path) -> Path:
     """
     pq.write_table(pa.Table.from_pylist(list(rows), schema=parquet_schema()), path)
     return path
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What was run, where, and how long each phase took (seconds): starting Spark, the sweep, stopping
-    Spark (and its JVM), writing Parquet, the report, and all of it; the Java results file the report
-    drew its Java bars from (None: none)."""
-
-    grid: str
-    master: str
-    points: int
-    ids: int
-    spark_version: str
-    python: str
-    date: str
-    start_s: float
-    sweep_s: float
-    stop_s: float
-    parquet_s: float
-    report_s: float
-    total_s: float
-    java_results: str | None = None
 
 
 @dataclass(frozen=True)
