@@ -7,6 +7,11 @@ entries per ledger, a ``nack_share`` of the message stream nacked, ``batch`` mes
 JSON format (:func:`parse_grid`, :func:`load_grid`); ``default`` is 48 (x, k) points (x = 1, 2, 4, 8, 16,
 32 ids per ms; k = 0, 4, 8, 10, 12, 15, 16, 18) plus one point per baseline, ``small`` a dozen quick points
 that touch every axis.
+
+:class:`TrackerPoint` is one experiment of the tracker sweep (a model of the broker's delayed-delivery
+tracker fed seed 004's workload, :mod:`pulsar_nack.sweep.trackers`); :data:`TRACKER_GRIDS` holds
+``seed004`` (1M to 100M messages, every model) and ``small``; :func:`load_tracker_grid` reads those or a
+JSON file in the same format with :class:`TrackerPoint`'s fields.
 """
 
 from __future__ import annotations
