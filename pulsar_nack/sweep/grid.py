@@ -7,6 +7,11 @@ entries per ledger, a ``nack_share`` of the message stream nacked, ``batch`` mes
 JSON format (:func:`parse_grid`, :func:`load_grid`); ``default`` is 48 (x, k) points (x = 1, 2, 4, 8, 16,
 32 ids per ms; k = 0, 4, 8, 10, 12, 15, 16, 18) plus one point per baseline, ``small`` a dozen quick points
 that touch every axis.
+
+:class:`TrackerPoint` is one experiment of the tracker sweep (a model of the broker's delayed-delivery
+tracker fed seed 004's workload, :mod:`pulsar_nack.sweep.trackers`); :data:`TRACKER_GRIDS` holds
+``seed004`` (1M to 100M messages, every model) and ``small``; :func:`load_tracker_grid` reads those or a
+JSON file in the same format with :class:`TrackerPoint`'s fields.
 """
 
 from __future__ import annotations
@@ -16,17 +21,21 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 from pulsar_nack.index import MAX_ENTRY_ID, MAX_PRECISION_BITS, Rounding
+from pulsar_nack.sweep.trackers import MODELS, BucketSettings, Growth, Model
 
 __all__ = [
     "CONTENDERS",
     "GRIDS",
+    "TRACKER_GRIDS",
     "Contender",
     "GridError",
     "GridPoint",
+    "TrackerPoint",
     "load_grid",
+    "load_tracker_grid",
     "parse_grid",
 ]
 
@@ -114,7 +123,6 @@ class GridPoint:
         return " ".join(parts)
 
 
-
 # -- grids -------------------------------------------------------------------------------------------
 
 
@@ -163,37 +171,7 @@ def parse_grid(spec: Any, source: str = "grid") -> list[GridPoint]:
     first key outermost; fields left out come from ``defaults``, then from :class:`GridPoint`. Fields
     are those of :class:`GridPoint`. Raises :class:`GridError` naming ``source`` and the bad part.
     """
-    if not isinstance(spec, Mapping):
-        raise GridError(f"{source}: must be a JSON object with 'grids' (and optional 'defaults')")
-    unknown = set(spec) - {"defaults", "grids"}
-    if unknown:
-        raise GridError(
-            f"{source}: unknown key(s) {sorted(unknown)}; expected 'grids' and optional 'defaults'"
-        )
-    defaults = spec.get("defaults", {})
-    if not isinstance(defaults, Mapping):
-        raise GridError(f"{source}: 'defaults' must be an object of field values")
-    _check_fields(defaults, f"{source}: defaults")
-    grids = spec.get("grids")
-    if not isinstance(grids, list) or not grids:
-        raise GridError(f"{source}: 'grids' must be a non-empty list of objects")
-    points: list[GridPoint] = []
-    seen: dict[GridPoint, str] = {}
-    for i, grid in enumerate(grids):
-        where = f"{source}: grids[{i}]"
-        if not isinstance(grid, Mapping) or not grid:
-            raise GridError(f"{where} must be a non-empty object of field values")
-        _check_fields(grid, where)
-        for values in _product(grid, where):
-            try:
-                point = GridPoint(**{**defaults, **values})
-            except (TypeError, ValueError) as error:
-                raise GridError(f"{where}: {error}") from None
-            if point in seen:
-                raise GridError(f"{where} repeats the point {point.label()} of {seen[point]}")
-            seen[point] = where
-            points.append(point)
-    return points
+    return _parse_points(spec, source, GridPoint, _FIELDS)
 
 
 def load_grid(grid: str) -> list[GridPoint]:
@@ -216,10 +194,48 @@ def load_grid(grid: str) -> list[GridPoint]:
     return parse_grid(spec, f"grid file {grid}")
 
 
-def _check_fields(values: Mapping[str, Any], where: str) -> None:
-    unknown = [name for name in values if name not in _FIELDS]
+def _check_fields(values: Mapping[str, Any], where: str, names: Sequence[str] = _FIELDS) -> None:
+    unknown = [name for name in values if name not in names]
     if unknown:
-        raise GridError(f"{where}: unknown field(s) {unknown}; fields are {', '.join(_FIELDS)}")
+        raise GridError(f"{where}: unknown field(s) {unknown}; fields are {', '.join(names)}")
+
+
+P = TypeVar("P", "GridPoint", "TrackerPoint")
+
+
+def _parse_points(spec: Any, source: str, cls: type[P], names: Sequence[str]) -> list[P]:
+    """:func:`parse_grid` for points of ``cls`` with the fields ``names``."""
+    if not isinstance(spec, Mapping):
+        raise GridError(f"{source}: must be a JSON object with 'grids' (and optional 'defaults')")
+    unknown = set(spec) - {"defaults", "grids"}
+    if unknown:
+        raise GridError(
+            f"{source}: unknown key(s) {sorted(unknown)}; expected 'grids' and optional 'defaults'"
+        )
+    defaults = spec.get("defaults", {})
+    if not isinstance(defaults, Mapping):
+        raise GridError(f"{source}: 'defaults' must be an object of field values")
+    _check_fields(defaults, f"{source}: defaults", names)
+    grids = spec.get("grids")
+    if not isinstance(grids, list) or not grids:
+        raise GridError(f"{source}: 'grids' must be a non-empty list of objects")
+    points: list[P] = []
+    seen: dict[P, str] = {}
+    for i, grid in enumerate(grids):
+        where = f"{source}: grids[{i}]"
+        if not isinstance(grid, Mapping) or not grid:
+            raise GridError(f"{where} must be a non-empty object of field values")
+        _check_fields(grid, where, names)
+        for values in _product(grid, where):
+            try:
+                point = cls(**{**defaults, **values})
+            except (TypeError, ValueError) as error:
+                raise GridError(f"{where}: {error}") from None
+            if point in seen:
+                raise GridError(f"{where} repeats the point {point.label()} of {seen[point]}")
+            seen[point] = where
+            points.append(point)
+    return points
 
 
 def _product(grid: Mapping[str, Any], where: str) -> Iterator[dict[str, Any]]:
@@ -233,3 +249,141 @@ def _product(grid: Mapping[str, Any], where: str) -> Iterator[dict[str, Any]]:
             axes.append([value])
     for combination in itertools.product(*axes):
         yield dict(zip(grid, combination, strict=True))
+
+
+# -- the broker's delayed-delivery trackers (seed 004's experiment) -------------------------------------
+
+
+@dataclass(frozen=True)
+class TrackerPoint:
+    """One experiment of the tracker sweep: ``model`` fed the first ``n`` messages of seed 004's workload
+    (:class:`~pulsar_nack.sweep.trackers.Seed004Workload`), its memory measured, then a restart recovered.
+
+    ``growth`` and ``memory_limit_bytes`` (0: none) apply to the heap; ``tick_ms`` (the broker's
+    ``delayedDeliveryTickTimeMillis``) to the TimeBucket and bucket models, ``rounding`` to the TimeBucket
+    one (``ceil`` is the strict variant); the next five are the bucket tracker's settings
+    (:class:`~pulsar_nack.sweep.trackers.BucketSettings`), ``fsync`` whether its segment files are synced;
+    ``read_cost_us`` is the modelled cost of reading one replayed message (not measured). Values are
+    checked on construction; errors name the field.
+    """
+
+    model: Model = "heap"
+    n: int = 1_000_000
+    growth: Growth = "double"
+    memory_limit_bytes: int = 0
+    tick_ms: int = 1_000
+    rounding: Rounding = "floor"
+    min_index_count_per_bucket: int = 50_000
+    max_indexes_per_segment: int = 5_000
+    max_time_step_per_segment_s: int = 300
+    max_num_buckets: int = -1
+    max_loaded_ids: int = 100_000
+    fsync: bool = True
+    read_cost_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
+        if self.growth not in ("double", "segmented"):
+            raise ValueError(f"growth must be 'double' or 'segmented', got {self.growth!r}")
+        if isinstance(self.memory_limit_bytes, bool) or not isinstance(self.memory_limit_bytes, int):
+            raise TypeError(f"memory_limit_bytes must be an int, got {self.memory_limit_bytes!r}")
+        if self.memory_limit_bytes < 0:
+            raise ValueError(f"memory_limit_bytes must be >= 0 (0: no limit), got {self.memory_limit_bytes}")
+        if self.rounding not in get_args(Rounding):
+            raise ValueError(f"rounding must be 'floor' or 'ceil', got {self.rounding!r}")
+        if not isinstance(self.fsync, bool):
+            raise TypeError(f"fsync must be true or false, got {self.fsync!r}")
+        if isinstance(self.read_cost_us, bool) or not isinstance(self.read_cost_us, int | float):
+            raise TypeError(f"read_cost_us must be a number, got {self.read_cost_us!r}")
+        object.__setattr__(self, "read_cost_us", float(self.read_cost_us))
+        if not self.read_cost_us >= 0:
+            raise ValueError(f"read_cost_us must be >= 0, got {self.read_cost_us}")
+        self.bucket_settings()  # checks tick_ms and the bucket settings, naming the field
+
+    def bucket_settings(self) -> BucketSettings:
+        """The bucket tracker's settings of this point."""
+        return BucketSettings(
+            min_index_count_per_bucket=self.min_index_count_per_bucket,
+            max_indexes_per_segment=self.max_indexes_per_segment,
+            max_time_step_per_segment_s=self.max_time_step_per_segment_s,
+            max_num_buckets=self.max_num_buckets,
+            tick_ms=self.tick_ms,
+            max_loaded_ids=self.max_loaded_ids,
+        )
+
+    def variant(self) -> str:
+        """The model and the settings that set it apart, e.g. ``heap segmented, limit 1,024 MiB``."""
+        if self.model == "heap":
+            limit = f", limit {self.memory_limit_bytes / 2**20:,.0f} MiB" if self.memory_limit_bytes else ""
+            return f"heap {self.growth}{limit}"
+        if self.model == "timebucket":
+            strict = " strict" if self.rounding == "ceil" else ""
+            return f"timebucket tick {self.tick_ms} ms{strict}"
+        merge = f", ≤ {self.max_num_buckets} segments" if self.max_num_buckets != -1 else ""
+        return f"buckets budget {self.max_loaded_ids:,}{merge}"
+
+    def label(self) -> str:
+        """:meth:`variant` and the message count, e.g. ``heap double n=10,000,000``."""
+        return f"{self.variant()} n={self.n:,}"
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TrackerPoint:
+        """The point a row of :func:`~pulsar_nack.sweep.measure.measure_tracker` was measured at."""
+        return cls(**{name: row[name] for name in _TRACKER_FIELDS})
+
+
+_TRACKER_FIELDS: Final = tuple(f.name for f in fields(TrackerPoint))
+_GIB: Final = 2**30
+
+#: Built-in tracker grids, in :func:`parse_grid`'s JSON format with :class:`TrackerPoint`'s fields.
+TRACKER_GRIDS: Final[dict[str, dict[str, Any]]] = {
+    # Seed 004's experiment up to its 100M messages: the heap growing by doubling with no limit, the
+    # heap growing by segments under a 1 GiB direct-memory limit (our choice: the seed does not give its
+    # broker's), the TimeBucket variant (floor; strict once), and the bucket tracker.
+    "seed004": {
+        "grids": [
+            {
+                "model": "heap",
+                "growth": "double",
+                "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000],
+            },
+            {
+                "model": "heap",
+                "growth": "segmented",
+                "memory_limit_bytes": _GIB,
+                "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000],
+            },
+            {"model": "timebucket", "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000]},
+            {"model": "timebucket", "rounding": "ceil", "n": 10_000_000},
+            {"model": "buckets", "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000]},
+        ],
+    },
+    # Every model at 60,000 and 120,000 messages (one and two sealed ledgers): for tests.
+    "small": {
+        "defaults": {"fsync": False, "min_index_count_per_bucket": 5_000, "max_loaded_ids": 2_000},
+        "grids": [{"model": ["heap", "timebucket", "buckets"], "n": [60_000, 120_000]}],
+    },
+}
+
+
+def load_tracker_grid(grid: str) -> list[TrackerPoint]:
+    """The points of a built-in tracker grid (``seed004``, ``small``) or of a JSON grid file of
+    :class:`TrackerPoint` fields (:func:`parse_grid`'s format). Raises :class:`GridError`."""
+    if grid in TRACKER_GRIDS:
+        spec: Any = TRACKER_GRIDS[grid]
+        source = f"tracker grid {grid!r}"
+    else:
+        path = Path(grid)
+        if not path.is_file():
+            raise GridError(
+                f"{grid!r} is neither a built-in tracker grid ({', '.join(TRACKER_GRIDS)}) nor a file"
+            )
+        try:
+            spec = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise GridError(f"cannot read tracker grid file {grid}: {error}") from None
+        source = f"tracker grid file {grid}"
+    return _parse_points(spec, source, TrackerPoint, _TRACKER_FIELDS)

@@ -1,6 +1,7 @@
 """The sweep report's plots (matplotlib, drawn off-screen): bytes/id against M = x·2^k with PIP-393's
 curve, buckets against k, memory against precision, the index against the baselines and the Java
-structure. Each plot function takes the measured rows and returns None when they lack its data; the Java
+structure; and :func:`plot_trackers`, the models of the broker's delayed-delivery trackers beside seed
+004's figures. Each plot function takes the measured rows and returns None when they lack its data; the Java
 structure's bars come from a results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and
 are left out without one.
 """
@@ -17,6 +18,7 @@ from matplotlib.figure import Figure
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, reference_rows
+from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
 
 __all__ = [
     "PLOTS",
@@ -27,6 +29,8 @@ __all__ = [
     "plot_bytes_per_id",
     "plot_contenders",
     "plot_memory_vs_precision",
+    "plot_trackers",
+    "tracker_series",
 ]
 
 _BEFORE, _AFTER, _THEORY = "#1f77b4", "#d62728", "#555555"
@@ -223,3 +227,78 @@ def figures(rows: Sequence[Row], java: JavaResults | None = None) -> dict[str, F
     drawn = {name: plot(rows, java) for name, (_, plot) in PLOTS.items()}
     return {name: figure for name, figure in drawn.items() if figure is not None}
 
+
+# -- the broker's delayed-delivery trackers ----------------------------------------------------------------
+
+_MODEL_COLOURS: Final = {"heap": "#d62728", "timebucket": "#ff7f0e", "buckets": "#1f77b4"}
+_MILLION: Final = 1e6
+
+
+def tracker_series(rows: Sequence[Row]) -> dict[str, list[Row]]:
+    """Tracker rows by variant (model and settings), each sorted by n; variants measured at one n only
+    are left out (they make no line)."""
+    series: dict[str, list[Row]] = {}
+    for row in rows:
+        series.setdefault(str(row["variant"]), []).append(row)
+    return {
+        name: sorted(group, key=lambda r: number(r["n"])) for name, group in series.items() if len(group) > 1
+    }
+
+
+def plot_trackers(rows: Sequence[Row], seed: Seed004Figures = SEED004) -> Figure | None:
+    """Seed 004's two charts for the models: measured memory against delayed messages (a cross where a
+    heap with a memory limit ran out: it holds no more) and measured recovery time against messages
+    (log scale), with the seed's figures as black stars. None without two sizes of any variant."""
+    series = tracker_series(rows)
+    if not series:
+        return None
+    figure = Figure(figsize=(13, 5), layout="constrained")
+    memory, recovery = figure.subplots(1, 2)
+    for (name, group), style in zip(series.items(), itertools.cycle(("-", "--", ":", "-."))):
+        colour = _MODEL_COLOURS.get(str(group[0]["model"]), "#555555")
+        x = [number(r["n"]) / _MILLION for r in group]
+        memory.plot(
+            x, [number(r["heap_bytes"]) / 2**20 for r in group], ls=style, marker="o", c=colour, label=name
+        )
+        recovery.plot(x, [number(r["recovery_s"]) for r in group], ls=style, marker="o", c=colour, label=name)
+        for row in group:
+            if row["oom_at"] is not None:
+                memory.scatter(
+                    number(row["n"]) / _MILLION, number(row["heap_bytes"]) / 2**20, marker="X", s=90, c=colour
+                )
+        first_oom = next((r for r in group if r["oom_at"] is not None), None)
+        if first_oom is not None:
+            memory.annotate(
+                f"out of memory at {number(first_oom['oom_at']) / _MILLION:.1f}M",
+                (number(first_oom["n"]) / _MILLION, number(first_oom["heap_bytes"]) / 2**20),
+                textcoords="offset points",
+                xytext=(8, 8),
+                fontsize="small",
+                color=colour,
+            )
+    memory.scatter(
+        seed.in_memory_oom_messages / _MILLION,
+        seed.in_memory_direct_memory_mb,
+        marker="*",
+        s=160,
+        c="black",
+        label=f"seed 004: in-memory tracker, {seed.in_memory_direct_memory_mb} MB then out of memory",
+        zorder=5,
+    )
+    recovery.scatter(
+        [seed.in_memory_recovery_messages / _MILLION, seed.bucket_messages / _MILLION],
+        [seed.in_memory_recovery_s, seed.bucket_recovery_s],
+        marker="*",
+        s=160,
+        c="black",
+        label=f"seed 004: in-memory {seed.in_memory_recovery_s:,} s, buckets {seed.bucket_recovery_s} s",
+        zorder=5,
+    )
+    memory.set(xlabel="delayed messages (millions)", ylabel="measured memory (MiB)")
+    memory.set_title("Memory against delayed messages (X: out of memory, holds no more)")
+    recovery.set(xlabel="delayed messages (millions)", ylabel="recovery (s, measured)", yscale="log")
+    recovery.set_title("Recovery after a restart")
+    for axes in (memory, recovery):
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="small")
+    return figure

@@ -1,10 +1,12 @@
 """The sweep's report: a table of every point, findings computed from the rows, and ``report.md`` /
-``report.html`` around the plots of :mod:`pulsar_nack.sweep.plots`.
+``report.html`` around the plots of :mod:`pulsar_nack.sweep.plots`; the same for the models of the
+broker's delayed-delivery trackers (:func:`write_tracker_report`), with seed 004's figures beside ours.
 """
 
 from __future__ import annotations
 
 import html
+import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -15,9 +17,21 @@ from typing import Any, Final, TypeAlias
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import HOW_TO_PRODUCE, JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, reference_rows
-from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures
+from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures, plot_trackers, tracker_series
+from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
 
-__all__ = ["RunInfo", "findings", "java_note", "summary_table", "write_report"]
+__all__ = [
+    "RunInfo",
+    "findings",
+    "java_note",
+    "seed_comparison",
+    "summary_table",
+    "tracker_findings",
+    "tracker_table",
+    "write_report",
+    "write_tracker_report",
+]
+
 
 @dataclass(frozen=True)
 class RunInfo:
@@ -39,7 +53,6 @@ class RunInfo:
     report_s: float
     total_s: float
     java_results: str | None = None
-
 
 
 #: Columns of the report's table of all points: header → cell of a row.
@@ -248,3 +261,180 @@ def _html(blocks: Sequence[Block], title: str) -> str:
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
+
+
+# -- the broker's delayed-delivery trackers ----------------------------------------------------------------
+
+
+def _mib(value: object) -> str:
+    return "–" if value is None else f"{number(value) / 2**20:,.1f}"
+
+
+#: Columns of the tracker report's table: header → cell of a row.
+_TRACKERS: Final[dict[str, Callable[[Row], str]]] = {
+    "model": lambda r: str(r["variant"]),
+    "messages": lambda r: f"{int(number(r['n'])):,}",
+    "held": lambda r: f"{int(number(r['held'])):,}" + (" (out of memory)" if r["oom_at"] is not None else ""),
+    "memory MiB": lambda r: _mib(r["heap_bytes"]),
+    "B/id": lambda r: f"{number(r['bytes_per_id']):.2f}",
+    "own account MiB": lambda r: _mib(r["own_bytes"]),
+    "ids in memory": lambda r: f"{int(number(r['ids_in_memory'])):,}",
+    "segments": lambda r: _int(r["segments"]),
+    "snapshots MiB": lambda r: _mib(r["snapshot_bytes"]),
+    "build s": lambda r: f"{number(r['build_s']):.1f}",
+    "recovery s": lambda r: f"{number(r['recovery_s']):.2f}",
+    "replayed": lambda r: f"{int(number(r['replayed'])):,}",
+    "restored": lambda r: f"{int(number(r['restored'])):,}",
+    "modelled read s": lambda r: f"{number(r['modelled_read_s']):,.0f}",
+}
+
+
+def tracker_table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
+    """The tracker report's table of all points: (headers, rows of formatted cells), in grid order."""
+    return list(_TRACKERS), [[cell(row) for cell in _TRACKERS.values()] for row in rows]
+
+
+def _largest(rows: Sequence[Row], **match: object) -> Row | None:
+    """The row with the most messages among those whose columns equal ``match``."""
+    chosen = [r for r in rows if all(r[name] == value for name, value in match.items())]
+    return max(chosen, key=lambda r: number(r["n"])) if chosen else None
+
+
+def _nearest(rows: Sequence[Row], n: int, **match: object) -> Row | None:
+    """The row whose message count is nearest ``n`` (on a log scale) among those matching ``match``."""
+    chosen = [r for r in rows if all(r[name] == value for name, value in match.items())]
+    if not chosen:
+        return None
+    return min(chosen, key=lambda r: abs(math.log(number(r["held"]) / n)))
+
+
+def seed_comparison(rows: Sequence[Row], seed: Seed004Figures = SEED004) -> list[list[str]]:
+    """Seed 004's figures with ours beside them: (what, seed's value, ours, our row) rows; a figure the
+    rows cannot answer is left out."""
+    out: list[list[str]] = []
+    limited = [r for r in rows if r["model"] == "heap" and r["oom_at"] is not None]
+    if limited:
+        row = min(limited, key=lambda r: number(r["oom_at"]))
+        out.append(
+            [
+                "in-memory tracker: messages when it ran out of memory",
+                f"{seed.in_memory_oom_messages:,}",
+                f"{int(number(row['oom_at'])):,} "
+                f"(limit {number(row['memory_limit_bytes']) / 2**20:,.0f} MiB, ours)",
+                str(row["variant"]),
+            ]
+        )
+        out.append(
+            [
+                "in-memory tracker: memory at that point",
+                f"{seed.in_memory_direct_memory_mb} MB (direct memory)",
+                f"{_mib(row['heap_bytes'])} MiB ({number(row['bytes_per_id']):.1f} B/id)",
+                str(row["variant"]),
+            ]
+        )
+    for model in ("heap", "timebucket"):
+        near = _nearest(rows, seed.in_memory_recovery_messages, model=model, oom_at=None)
+        if near is not None:
+            row = near
+            out.append(
+                [
+                    f"in-memory tracker ({model}): recovery of {int(number(row['held'])):,} messages",
+                    f"{seed.in_memory_recovery_s:,} s for {seed.in_memory_recovery_messages:,}",
+                    f"{number(row['recovery_s']):,.1f} s index rebuild "
+                    f"(+ {number(row['modelled_read_s']):,.0f} s modelled read)",
+                    str(row["variant"]),
+                ]
+            )
+    buckets = _largest(rows, model="buckets")
+    if buckets is not None:
+        out.append(
+            [
+                f"bucket tracker: {int(number(buckets['held'])):,} messages held",
+                f"{seed.bucket_messages:,} held, direct memory low and flat",
+                f"{_mib(buckets['heap_bytes'])} MiB ({number(buckets['bytes_per_id']):.2f} B/id), "
+                f"{int(number(buckets['ids_in_memory'])):,} ids in memory",
+                str(buckets["variant"]),
+            ]
+        )
+        out.append(
+            [
+                f"bucket tracker: recovery of {int(number(buckets['held'])):,} messages",
+                f"{seed.bucket_recovery_s} s for {seed.bucket_messages:,}",
+                f"{number(buckets['recovery_s']):,.1f} s ({int(number(buckets['restored'])):,} restored, "
+                f"{int(number(buckets['replayed'])):,} replayed)",
+                str(buckets["variant"]),
+            ]
+        )
+    return out
+
+
+def tracker_findings(rows: Sequence[Row]) -> list[str]:
+    """Plain sentences on the shape the rows show, computed from them."""
+    out: list[str] = []
+    for name, group in tracker_series(rows).items():
+        fitting = [r for r in group if r["oom_at"] is None]
+        first, last = group[0], group[-1]
+        if len(fitting) >= 2:
+            low, high = fitting[0], fitting[-1]
+            slope = (number(high["heap_bytes"]) - number(low["heap_bytes"])) / (
+                number(high["held"]) - number(low["held"])
+            )
+            out.append(
+                f"{name}: {_mib(low['heap_bytes'])} MiB at {int(number(low['held'])):,} messages, "
+                f"{_mib(high['heap_bytes'])} MiB at {int(number(high['held'])):,} — {slope:.2f} B per added "
+                f"message; recovery {number(low['recovery_s']):.2f} s → {number(high['recovery_s']):.2f} s."
+            )
+        oom = next((r for r in group if r["oom_at"] is not None), None)
+        if oom is not None:
+            out.append(
+                f"{name}: out of memory at {int(number(oom['oom_at'])):,} messages "
+                f"({_mib(oom['heap_bytes'])} MiB held); every larger point holds the same."
+            )
+        if first["model"] == "buckets":
+            out.append(
+                f"{name}: at most {max(int(number(r['ids_in_memory'])) for r in group):,} ids in memory "
+                "at any size (the open bucket; the loaded budget is "
+                f"{int(number(last['max_loaded_ids'])):,}); what grows is each segment's membership "
+                "bitmaps and metadata."
+            )
+    return out
+
+
+def write_tracker_report(rows: Sequence[Row], out: Path, info: RunInfo) -> Path:
+    """Write ``trackers.png``, ``trackers.md`` and ``trackers.html`` into ``out``; returns the Markdown
+    path."""
+    blocks: list[Block] = [
+        ("h1", f"The broker's delayed-delivery trackers: grid {info.grid}, {info.points} points"),
+        (
+            "p",
+            f"{info.ids:,} delayed messages in all on `{info.master}` (Spark {info.spark_version}, Python "
+            f"{info.python}), {info.date}; sweep {info.sweep_s:.1f} s. Seed 004's workload "
+            "(1,000 messages/s, delays of 48 h to 48 h 10 min, 50,000 entries per ledger). Memory is "
+            "measured: the process heap "
+            "(pymalloc blocks + glibc in-use chunks) around the tracker. Recovery is measured too: the index "
+            "rebuild from the backlog for the in-memory models (reading the messages from storage is not: "
+            "`modelled read s` = replayed × `read_cost_us`), the restore from the segment files plus the "
+            "replay of the open bucket for the bucket tracker.",
+        ),
+    ]
+    notes = tracker_findings(rows)
+    if notes:
+        blocks += [("h2", "Findings"), ("ul", notes)]
+    figure = plot_trackers(rows)
+    if figure is not None:
+        figure.savefig(out / "trackers.png", dpi=110)
+        blocks += [
+            ("h2", "Memory and recovery against delayed messages"),
+            ("img", ("trackers.png", "trackers")),
+        ]
+    comparison = seed_comparison(rows)
+    if comparison:
+        blocks += [
+            ("h2", "Seed 004 beside ours"),
+            ("p", "The seed's values are quoted from it; ours are measured in this run."),
+            ("table", (["figure", "seed 004", "ours", "our model"], comparison)),
+        ]
+    blocks += [("h2", "All points"), ("table", tracker_table(rows))]
+    (out / "trackers.md").write_text(_markdown(blocks))
+    (out / "trackers.html").write_text(_html(blocks, f"pulsar-nack tracker models: {info.grid}"))
+    return out / "trackers.md"

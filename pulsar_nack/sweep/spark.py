@@ -13,6 +13,11 @@ are usable on their own:
 * the report — :func:`pulsar_nack.sweep.report.write_report`, with the plots of
   :mod:`pulsar_nack.sweep.plots`.
 
+:func:`run_trackers` is the same job for the models of the broker's delayed-delivery trackers
+(:mod:`pulsar_nack.sweep.trackers`): :func:`sweep_trackers` runs
+:func:`pulsar_nack.sweep.measure.measure_tracker` per point, the report is
+:func:`pulsar_nack.sweep.report.write_tracker_report`.
+
 The job's cost is the points' own work (see :mod:`pulsar_nack.sweep.measure`) spread over the cores, plus
 a Spark start of several seconds.
 """
@@ -43,10 +48,10 @@ from pyspark import RDD, SparkContext
 from pyspark.sql import SparkSession
 from tqdm import tqdm
 
-from pulsar_nack.sweep.grid import GridPoint
+from pulsar_nack.sweep.grid import GridPoint, TrackerPoint
 from pulsar_nack.sweep.java_results import load_java_results
-from pulsar_nack.sweep.measure import COLUMNS, Row, measure
-from pulsar_nack.sweep.report import RunInfo, write_report
+from pulsar_nack.sweep.measure import COLUMNS, TRACKER_COLUMNS, Row, measure, measure_tracker
+from pulsar_nack.sweep.report import RunInfo, write_report, write_tracker_report
 
 __all__ = [
     "DEFAULT_MASTER",
@@ -55,8 +60,11 @@ __all__ = [
     "parquet_schema",
     "points_rdd",
     "run",
+    "run_trackers",
     "spark_session",
     "sweep",
+    "sweep_trackers",
+    "tracker_parquet_schema",
     "write_parquet",
 ]
 
@@ -343,3 +351,64 @@ def run(
     (out / "sweep.json").write_text(json.dumps(asdict(info), indent=2) + "\n")
     return SweepResult(rows, info, parquet, report)
 
+
+# -- the broker's delayed-delivery trackers ----------------------------------------------------------------
+
+
+def sweep_trackers(spark: SparkSession, points: Sequence[TrackerPoint], progress: bool = True) -> list[Row]:
+    """Measure every tracker point on Spark (one partition and task each, in grid order,
+    :func:`~pulsar_nack.sweep.measure.measure_tracker`); rows in grid order. As :func:`sweep`."""
+    if not points:
+        raise ValueError("points must not be empty")
+    context = spark.sparkContext
+    group = f"pulsar-nack-trackers-{uuid.uuid4().hex[:8]}"
+    context.setJobGroup(group, f"pulsar-nack tracker models, {len(points)} points")
+    rdd = context.parallelize(list(points), len(points)).map(measure_tracker)
+    if not progress:
+        return rdd.collect()
+    with _Progress(context, group, len(points)):
+        return rdd.collect()
+
+
+def tracker_parquet_schema() -> Any:
+    """The tracker rows' Arrow schema, from :data:`pulsar_nack.sweep.measure.TRACKER_COLUMNS`."""
+    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in TRACKER_COLUMNS.items()])
+
+
+def run_trackers(
+    grid: str, points: Sequence[TrackerPoint], out: Path, master: str | None = None, progress: bool = True
+) -> SweepResult:
+    """The tracker sweep end to end: start Spark, measure ``points``, write ``out/trackers.parquet``,
+    ``out/trackers.json`` (the run facts), ``out/trackers.md``, ``out/trackers.html`` and
+    ``out/trackers.png``. ``grid`` names the grid in the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with spark_session(master, app_name="pulsar-nack tracker models") as spark:
+        spark_up = time.perf_counter()
+        rows = sweep_trackers(spark, points, progress)
+        swept = time.perf_counter()
+        version, used_master = spark.version, str(spark.sparkContext.master)
+    stopped = time.perf_counter()
+    parquet = out / "trackers.parquet"
+    pq.write_table(pa.Table.from_pylist(list(rows), schema=tracker_parquet_schema()), parquet)
+    written = time.perf_counter()
+    info = RunInfo(
+        grid=grid,
+        master=used_master,
+        points=len(points),
+        ids=sum(point.n for point in points),
+        spark_version=version,
+        python=platform.python_version(),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        start_s=spark_up - started,
+        sweep_s=swept - spark_up,
+        stop_s=stopped - swept,
+        parquet_s=written - stopped,
+        report_s=0.0,
+        total_s=0.0,
+    )
+    report = write_tracker_report(rows, out, info)
+    finished = time.perf_counter()
+    info = replace(info, report_s=finished - written, total_s=finished - started)
+    (out / "trackers.json").write_text(json.dumps(asdict(info), indent=2) + "\n")
+    return SweepResult(rows, info, parquet, report)
