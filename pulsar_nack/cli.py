@@ -9,6 +9,9 @@ subcommand that needs them.
     pulsar-nack profile [--rate MSG/S] [--delay 1h|uniform:LOW:HIGH|exp:MEAN] [--duration 60s] [--topics T]
                         [--partitions P] [--batch-size N] [--nack-share F] [--precision-bits K] [--rounding R]
                         [--entries-per-ledger E] [--no-java] [--json FILE]           (pulsar_nack.profile)
+    pulsar-nack estimate --rate MSG/S --delay 1h [--precision-bits K] [--entries-per-ledger E]
+                         [--batch-size N] [--nack-share F] [--topics T] [--fit FILE] [--json FILE]
+                                                                                    (pulsar_nack.estimate)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
                       [--java-results FILE|none]
 """
@@ -233,11 +236,76 @@ def _profile(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- estimate ------------------------------------------------------------------------------------------
+
+
+def _register_estimate(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "estimate",
+        help="predict steady-state memory for pulsar-nack, the native client and the Java structure",
+        description="Predict the memory a consumer's nack tracking holds in steady state (rate × nack "
+        "share × delay messages pending) for pulsar-nack, the Java PIP-393 structure and the native "
+        "client, from models fitted to measurements (bench/fit_estimate.py); says when the workload lies "
+        "outside the range the models were fitted over.",
+    )
+    parser.add_argument("--rate", type=float, required=True, help="messages per second, all topics")
+    parser.add_argument("--delay", required=True, help="nack delay: 250ms, 30s, 5m, 1h, 1d (bare: seconds)")
+    parser.add_argument("--precision-bits", type=int, default=8, help="k: buckets of 2^k ms (default: 8)")
+    parser.add_argument(
+        "--entries-per-ledger", type=int, default=50_000, help="the broker's ledger size (default: 50000)"
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="messages per entry (default: 1)")
+    parser.add_argument("--nack-share", type=float, default=1.0, help="share of messages nacked (default: 1)")
+    parser.add_argument("--topics", type=int, default=1, help="topics × partitions read (default: 1)")
+    parser.add_argument(
+        "--duration", default=None, help="nacks have arrived only this long (default: steady state)"
+    )
+    parser.add_argument("--fit", type=Path, default=None, help="a fit file (default: the package's)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the estimate to this JSON file")
+    parser.set_defaults(run=_estimate)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from pulsar_nack.estimate import FitError, Scenario, estimate, load_fit, render
+    from pulsar_nack.profile import ProfileError, parse_duration_ms
+
+    try:
+        scenario = Scenario(
+            rate=args.rate,
+            delay_ms=parse_duration_ms(args.delay, "delay"),
+            precision_bits=args.precision_bits,
+            entries_per_ledger=args.entries_per_ledger,
+            batch_size=args.batch_size,
+            nack_share=args.nack_share,
+            topics=args.topics,
+            duration_ms=None if args.duration is None else parse_duration_ms(args.duration, "duration"),
+        )
+    except ProfileError as error:
+        field, _, reason = str(error).partition(":")
+        raise UsageError(f"{_option(field.strip())}:{reason}") from None
+    if args.json is not None and args.json.is_dir():
+        raise UsageError(f"--json: {args.json} is a folder")
+    try:
+        fit = load_fit(args.fit)
+    except FitError as error:
+        raise UsageError(f"--fit: {error}") from None
+    result = estimate(scenario, fit)
+    for line in render(result, fit):
+        print(line)
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     demo.register,
     _register_profile,
+    _register_estimate,
     _register_sweep,
 )
 

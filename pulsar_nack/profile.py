@@ -61,6 +61,8 @@ __all__ = [
     "ProfileError",
     "ProfileResult",
     "Workload",
+    "check_integer",
+    "check_number",
     "native_cost",
     "parse_delay",
     "parse_duration_ms",
@@ -203,19 +205,19 @@ class Workload:
     seed: int = 7
 
     def __post_init__(self) -> None:
-        _number("rate", self.rate, low=0.0, low_open=True)
+        check_number("rate", self.rate, low=0.0, low_open=True)
         if not isinstance(self.delay, Delay):
             raise ProfileError(f"delay: expected a Delay, got {type(self.delay).__name__}")
-        _number("duration_s", self.duration_s, low=0.0, low_open=True)
-        _integer("topics", self.topics, 1, 100_000)
-        _integer("partitions", self.partitions, 1, 10_000)
-        _integer("batch_size", self.batch_size, 1, 1_000)  # the index keeps batch indexes below 1024
-        _number("nack_share", self.nack_share, low=0.0, low_open=True, high=1.0)
-        _integer("precision_bits", self.precision_bits, 0, MAX_PRECISION_BITS)
+        check_number("duration_s", self.duration_s, low=0.0, low_open=True)
+        check_integer("topics", self.topics, 1, 100_000)
+        check_integer("partitions", self.partitions, 1, 10_000)
+        check_integer("batch_size", self.batch_size, 1, 1_000)  # the index keeps batch indexes below 1024
+        check_number("nack_share", self.nack_share, low=0.0, low_open=True, high=1.0)
+        check_integer("precision_bits", self.precision_bits, 0, MAX_PRECISION_BITS)
         if self.rounding not in ("floor", "ceil"):
             raise ProfileError(f"rounding: must be 'floor' or 'ceil', got {self.rounding!r}")
-        _integer("entries_per_ledger", self.entries_per_ledger, 1, 2**31 - 1)
-        _integer("seed", self.seed, 0, 2**63 - 1)
+        check_integer("entries_per_ledger", self.entries_per_ledger, 1, 2**31 - 1)
+        check_integer("seed", self.seed, 0, 2**63 - 1)
         if self.topics * self.partitions > 100_000:
             raise ProfileError(f"topics × partitions: at most 100,000, got {self.topics * self.partitions:,}")
         if self.messages < 1:
@@ -253,7 +255,10 @@ class Workload:
         )
 
 
-def _number(name: str, value: object, low: float, low_open: bool = False, high: float | None = None) -> None:
+def check_number(
+    name: str, value: object, low: float, low_open: bool = False, high: float | None = None
+) -> None:
+    """Raise :class:`ProfileError` naming ``name`` unless ``value`` is a finite number in the range."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ProfileError(f"{name}: expected a finite number, got {value!r}")
     if value < low or (low_open and value == low) or (high is not None and value > high):
@@ -261,7 +266,8 @@ def _number(name: str, value: object, low: float, low_open: bool = False, high: 
         raise ProfileError(f"{name}: must be in {bounds}, got {value!r}")
 
 
-def _integer(name: str, value: object, low: int, high: int) -> None:
+def check_integer(name: str, value: object, low: int, high: int) -> None:
+    """Raise :class:`ProfileError` naming ``name`` unless ``value`` is an int in ``low..high``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProfileError(f"{name}: expected an integer, got {value!r}")
     if not low <= value <= high:
@@ -379,7 +385,7 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
     forwards = forwarded_entries = 0
     last_target = -math.inf
     start = clock[0]
-    step_ms = 1_000.0 / workload.rate * size * streams  # one entry per partition per round
+    step_ms = 1_000.0 / workload.rate * size * streams  # one entry of every partition per round
     next_compact = start + 1_000.0
     lead = tracker.lead_ms
     perf = time.perf_counter
@@ -403,39 +409,42 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
         if t >= next_compact:  # the timer compacts buckets the nacks moved on from, ~1 s later
             tracker.index.compact()
             next_compact = t + 1_000.0
+        sweep_due = arrivals.sweep_due
+        if sweep_due is not None and t > sweep_due:  # the timer retires forwards older than the linger
+            for again in arrivals.sweep():  # (copies that never came: none here, the "broker" is exact)
+                tracker.schedule(max(again[0], t), *again[1:])
 
-    messages, done, rounds = workload.messages, 0, 0
+    messages, done, arrived = workload.messages, 0, 0
     next_step = start + _STEP_MS
+    entry_ms = step_ms / streams  # partitions take turns, each entry at its own time
     while done < messages:
-        t = start + rounds * step_ms
+        s = arrived % streams
+        t = start + arrived * entry_ms
+        arrived += 1
         if t >= next_step:
             timer_work(t)
             next_step = t + _STEP_MS
         clock[0] = t
-        for s in range(streams):
-            if done >= messages:
-                break
-            entry = entry_of[s]
-            entry_of[s] += 1
-            ledger_id, entry_id = ledger_of[s] + entry // epl, entry % epl
-            topic = names[s]
-            count = min(size, messages - done)
-            for index in range(count) if batched else (-1,):
-                arrivals.admit(ledger_id, entry_id, index, topic, size)
-                if rng.random() < share:
-                    due = t + draw()
-                    started = perf()
-                    bucket = schedule(due, ledger_id, entry_id, index, topic)
-                    nack_s += perf() - started
-                    if bucket is not None:
-                        buckets[nacked] = bucket
-                        nacked += 1
-                else:
-                    acked(ledger_id, entry_id, index, topic)
-            done += count
-            if done % _PROGRESS_EVERY < count:
-                progress(done)
-        rounds += 1
+        entry = entry_of[s]
+        entry_of[s] += 1
+        ledger_id, entry_id = ledger_of[s] + entry // epl, entry % epl
+        topic = names[s]
+        count = min(size, messages - done)
+        for index in range(count) if batched else (-1,):
+            arrivals.admit(ledger_id, entry_id, index, topic, size)
+            if rng.random() < share:
+                due = t + draw()
+                started = perf()
+                bucket = schedule(due, ledger_id, entry_id, index, topic)
+                nack_s += perf() - started
+                if bucket is not None:
+                    buckets[nacked] = bucket
+                    nacked += 1
+            else:
+                acked(ledger_id, entry_id, index, topic)
+        done += count
+        if done % _PROGRESS_EVERY < count:
+            progress(done)
     end = start + workload.duration_s * 1_000.0
     timer_work(end)
     tracker.index.compact()  # what the timer does ~1 s after nacks move on from a bucket
@@ -531,7 +540,8 @@ _SKIP_TYPES: Final = (type, ModuleType, FunctionType, BuiltinFunctionType)
 
 def type_breakdown(roots: Sequence[object], stop: Sequence[object] = ()) -> dict[str, int]:
     """Bytes of everything reachable from ``roots`` (not through ``stop``, types, modules or functions),
-    by type: :func:`pympler.asizeof.flatsize` per object, except pyroaring bitmaps, whose Python object
+    by type: :func:`pympler.asizeof.flatsize` per object (``sys.getsizeof`` for numpy arrays: their data
+    included when they own it), except pyroaring bitmaps, whose Python object
     counts its type's basic size and whose C heap (measured with glibc, or estimated from CRoaring's
     statistics for 64-bit bitmaps) goes to its own row. The rows sum to the total. O(objects)."""
     from pympler import asizeof
@@ -558,7 +568,12 @@ def type_breakdown(roots: Sequence[object], stop: Sequence[object] = ()) -> dict
             else:
                 sizes["CRoaring heap (64-bit bitmaps, estimated)"] += bitmap64_heap_bytes(obj)
             continue
-        sizes[name] += int(flatsize(obj))
+        if isinstance(obj, np.ndarray):  # getsizeof counts an array's own data (pympler fails on some)
+            sizes[name] += sys.getsizeof(obj)
+            if obj.base is not None:
+                pending.append(obj.base)
+        else:
+            sizes[name] += int(flatsize(obj))
         pending.extend(gc.get_referents(obj))
     return dict(sizes.most_common())
 
@@ -676,24 +691,26 @@ def profile(
     workload: Workload,
     *,
     java: bool = True,
+    measures: Sequence[str] = ("malloc", "tracemalloc"),
     progress: Callable[[str, int, int], None] | None = None,
 ) -> ProfileResult:
     """Run ``workload`` through the real tracker in three fresh interpreters (see the module docstring)
-    and, with ``java``, the Java structure in a fresh JVM; return every figure. ``progress(stage, done,
-    total)`` is called as messages go through. O(messages) per probe."""
+    and, with ``java``, the Java structure in a fresh JVM; return every figure. ``measures``: which of the
+    ``malloc`` and ``tracemalloc`` probes to run (the default-allocator one always runs: it counts and
+    times; fewer probes, fewer figures in ``memory``). ``progress(stage, done, total)`` is called as
+    messages go through. O(messages) per probe."""
     if not isinstance(workload, Workload):
         raise ProfileError(f"workload: expected a Workload, got {type(workload).__name__}")
+    unknown = set(measures) - set(_MODES[1:])
+    if unknown or isinstance(measures, str):
+        raise ProfileError(f"measures: choose from {_MODES[1:]}, got {measures!r}")
     started = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
-    for mode in _MODES:
+    for mode in ("default", *(m for m in _MODES[1:] if m in measures)):
         results[mode] = _run_probe(mode, workload, _stage_progress(progress, mode, workload.messages))
     main = results["default"]
-    memory = {
-        "tracemalloc": int(results["tracemalloc"]["bytes"]),
-        "malloc": int(results["malloc"]["bytes"]),
-        "rss": int(main["bytes"]),
-        "reported": int(main["reported"]),
-    }
+    memory: dict[str, int] = {mode: int(results[mode]["bytes"]) for mode in _MODES[1:] if mode in results}
+    memory |= {"rss": int(main["bytes"]), "reported": int(main["reported"])}
     pending_entries = int(main["pending_ids"])
     java_result, java_note = (None, "Java: not asked for") if not java else (None, "")
     if java:
@@ -753,6 +770,8 @@ def render(result: ProfileResult) -> Iterator[str]:
         "reported": "nack_stats(with_memory=True) (the tracker's own walk)",
     }
     for key, label in labels.items():
+        if key not in result.memory:
+            continue
         value = result.memory[key]
         per = f"{value / pending:.2f} B per pending nack" if pending else "nothing pending"
         yield f"  {label:<70} {value / 1e6:10.3f} MB  {per}"
@@ -764,7 +783,7 @@ def render(result: ProfileResult) -> Iterator[str]:
         rest = sum(list(result.breakdown.values())[12:])
         yield f"  {f'({len(result.breakdown) - 12} more types)':<60} {rest:>12,} B"
     yield "side by side:"
-    malloc = result.memory["malloc"]
+    malloc = result.memory.get("malloc", result.memory["reported"])
     if result.native is not None:
         native = result.native
         ratio = native["bytes"] / malloc if malloc > 0 else math.inf

@@ -64,3 +64,44 @@ def test_profile_bad_input_names_the_option(
 def test_profile_bad_input_exits_2_as_a_process() -> None:
     out = _cli("profile", "--batch-size", "-3")
     assert out.returncode == 2 and "--batch-size:" in out.stderr
+
+
+def test_estimate_end_to_end(tmp_path: Path) -> None:
+    out_file = tmp_path / "estimate.json"
+    out = _cli(
+        "estimate", "--rate", "10000", "--delay", "1h", "--precision-bits", "8",
+        "--entries-per-ledger", "50000", "--batch-size", "1", "--nack-share", "1", "--topics", "1",
+        "--json", str(out_file),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pending nacked messages: 36,000,000" in out.stdout
+    for label in ("pulsar-nack", "Java PIP-393 structure", "native client", "fitted range", "model:"):
+        assert label in out.stdout, label
+    data = json.loads(out_file.read_text())
+    assert data["pending"] == 36_000_000
+    assert data["native_bytes"] > 100 * data["pulsar_nack_bytes"] > 0
+    # 10k/s for an hour is beyond what can be profiled here: the estimate says it extrapolates.
+    assert "OUTSIDE the fitted range" in out.stdout and data["outside"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--rate", "-1", "--delay", "1h"], "--rate"),
+        (["--rate", "100", "--delay", "soon"], "--delay"),
+        (["--rate", "100", "--delay", "1h", "--precision-bits", "31"], "--precision-bits"),
+        (["--rate", "100", "--delay", "1h", "--batch-size", "0"], "--batch-size"),
+        (["--rate", "100", "--delay", "1h", "--nack-share", "0"], "--nack-share"),
+        (["--rate", "100", "--delay", "1h", "--topics", "0"], "--topics"),
+        (["--rate", "100", "--delay", "1h", "--entries-per-ledger", "0"], "--entries-per-ledger"),
+        (["--rate", "100", "--delay", "1h", "--duration", "x"], "--duration"),
+        (["--rate", "100", "--delay", "1h", "--fit", "/nonexistent/fit.json"], "--fit"),
+    ],
+)
+def test_estimate_bad_input_names_the_option(
+    args: list[str], option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", *args])
+    assert exit_info.value.code == 2
+    assert f"pulsar-nack estimate: error: {option}:" in capsys.readouterr().err
