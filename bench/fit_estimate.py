@@ -215,8 +215,10 @@ def main(argv: list[str]) -> int:
             print("java/mvn not found: no Java model", file=sys.stderr)
     cost = native_cost()
     facts = earlier["machine"] if earlier else report.machine()  # when the measurements were taken
+    now = report.machine()
     model = {
         "machine": facts,
+        "fitted": {"date": now["date"], "commit": now["commit"]},
         "range": ranges,
         "pulsar_nack": {
             "coefficients": coefficients,

@@ -127,11 +127,13 @@ FEATURES: Final = (
     "filter_payload",
     "batch_entries",
     "batch_messages",
+    "member_slots",
     "linger_ids",
     "linger_batch_entries",
     "linger_batch_messages",
     "linger_records",
     "lateness_samples",
+    "forward_peak_ids",
 )
 #: The Java structure's features (the same analysis, no compaction, no arrival filter).
 JAVA_FEATURES: Final = ("constant", "buckets", "slots", "java_payload", "ledger_keys")
@@ -149,6 +151,7 @@ class _Shape:
     entry_share: float
     ledger_keys: float
     entries_per_ms: float  # per topic
+    ids_per_window: float  # per topic: the ids of one bucket
 
 
 def _occupied(entries: float, share: float) -> float:
@@ -184,6 +187,7 @@ def _shape(s: Scenario) -> _Shape:
         entry_share=entry_share,
         ledger_keys=s.topics * (1 + entries_per_ms * horizon / s.entries_per_ledger),
         entries_per_ms=entries_per_ms,
+        ids_per_window=per_window,
     )
 
 
@@ -256,11 +260,17 @@ def features(s: Scenario) -> dict[str, float]:
         "filter_payload": filter_payload,
         "batch_entries": batch_entries,
         "batch_messages": batch_messages,
+        "member_slots": shape.slots if batched else 0.0,  # one 64-bit members bitmap per slot
         "linger_ids": 0.0 if batched else shape.ids * linger,
         "linger_batch_entries": shape.ids * linger if batched else 0.0,
         "linger_batch_messages": s.pending * linger if batched else 0.0,
         "linger_records": shape.slots * linger,
         "lateness_samples": lateness,
+        # The filter's in-flight dict keeps the hash table of its largest forward (a dict never shrinks):
+        # one bucket's non-batched ids of every topic at once, once anything has fallen due.
+        "forward_peak_ids": (
+            0.0 if batched or not s.redelivered_ms(math.inf) else s.topics * shape.ids_per_window
+        ),
     }
 
 
@@ -452,8 +462,9 @@ def render(result: Estimate, fit: Fit) -> Iterator[str]:
     data = fit.data
     error = data["pulsar_nack"]["error"]
     yield (
-        f"model: {fit.source}, fitted {data['machine']['date']} at commit {data['machine']['commit']} "
-        f"(pulsar-nack error median {error['median']:.0%}, max {error['max']:.0%} over {error['points']} "
+        f"model: {fit.source}, measured {data['machine']['date']} at commit {data['machine']['commit']}"
+        + (f", fitted {data['fitted']['date']} at {data['fitted']['commit']} " if "fitted" in data else " ")
+        + f"(pulsar-nack error median {error['median']:.0%}, max {error['max']:.0%} over {error['points']} "
         f"profiled workloads; native: {data['native']['source']})"
     )
     yield "fitted range: " + ", ".join(
