@@ -6,6 +6,12 @@ Each subcommand is one registration function (adds its parser, sets ``run``: ``_
 subcommand that needs them.
 
     pulsar-nack demo [--service-url URL] [--messages N] ...   (pulsar_nack.demo)
+    pulsar-nack profile [--rate MSG/S] [--delay 1h|uniform:LOW:HIGH|exp:MEAN] [--duration 60s] [--topics T]
+                        [--partitions P] [--batch-size N] [--nack-share F] [--precision-bits K] [--rounding R]
+                        [--entries-per-ledger E] [--no-java] [--json FILE]           (pulsar_nack.profile)
+    pulsar-nack estimate --rate MSG/S --delay 1h [--precision-bits K] [--entries-per-ledger E]
+                         [--batch-size N] [--nack-share F] [--topics T] [--fit FILE] [--json FILE]
+                                                                                    (pulsar_nack.estimate)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
                       [--java-results FILE|none]
 """
@@ -16,6 +22,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from pulsar_nack import demo
 
@@ -118,10 +125,187 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- profile -------------------------------------------------------------------------------------------
+
+#: Workload fields whose command-line option is not simply ``--field-name``.
+_PROFILE_OPTIONS = {"duration_s": "--duration", "delay": "--delay"}
+
+
+def _option(field: str) -> str:
+    return _PROFILE_OPTIONS.get(field, "--" + field.replace("_", "-"))
+
+
+def _register_profile(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "profile",
+        help="run a described nack workload through the real tracker and measure memory and time",
+        description="Feed a workload (rate, delay, duration, topics, batches, nack share, precision) through "
+        "a real NackTracker on a simulated clock — no broker — in fresh processes, and report memory per "
+        "pending nack three ways (tracemalloc, system allocator + mallinfo2, RSS), buckets, ledgers, time "
+        "per nack and per forward, a pympler per-type breakdown, and beside it the Java PIP-393 structure "
+        "(when java and mvn are available) and the native client's measured cost. Durations take ms, s, "
+        "m, h or d (a bare number is seconds).",
+    )
+    parser.add_argument(
+        "--rate", type=float, default=1_000.0, help="messages per second (default: %(default)g)"
+    )
+    parser.add_argument(
+        "--delay",
+        default="60s",
+        help="nack delay: fixed (1h), uniform:LOW:HIGH or exp:MEAN (default: %(default)s)",
+    )
+    parser.add_argument("--duration", default="60s", help="how long messages arrive (default: %(default)s)")
+    parser.add_argument("--topics", type=int, default=1, help="topics (default: %(default)s)")
+    parser.add_argument(
+        "--partitions", type=int, default=1, help="partitions per topic (default: %(default)s)"
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="messages per entry (default: %(default)s)")
+    parser.add_argument(
+        "--nack-share",
+        type=float,
+        default=1.0,
+        help="share of messages nacked, (0, 1] (default: %(default)g)",
+    )
+    parser.add_argument("--precision-bits", type=int, default=8, help="k: buckets of 2^k ms (default: 8)")
+    parser.add_argument("--rounding", default="floor", help="floor or ceil (default: %(default)s)")
+    parser.add_argument(
+        "--entries-per-ledger", type=int, default=50_000, help="the broker's ledger size (default: 50000)"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="which messages are nacked (default: 7)")
+    parser.add_argument("--no-java", action="store_true", help="do not run the Java structure beside it")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
+    parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.set_defaults(run=_profile)
+
+
+def _profile_workload(args: argparse.Namespace) -> Any:
+    """The :class:`~pulsar_nack.profile.Workload` of the arguments; UsageError naming the option."""
+    from pulsar_nack.profile import ProfileError, Workload, parse_delay, parse_duration_ms
+
+    try:
+        return Workload(
+            rate=args.rate,
+            delay=parse_delay(args.delay),
+            duration_s=parse_duration_ms(args.duration, "duration_s") / 1_000,
+            topics=args.topics,
+            partitions=args.partitions,
+            batch_size=args.batch_size,
+            nack_share=args.nack_share,
+            precision_bits=args.precision_bits,
+            rounding=args.rounding,
+            entries_per_ledger=args.entries_per_ledger,
+            seed=args.seed,
+        )
+    except ProfileError as error:
+        field, _, reason = str(error).partition(":")
+        options = " × ".join(_option(part.strip()) for part in field.split("×"))
+        raise UsageError(f"{options}:{reason}") from None
+
+
+def _profile(args: argparse.Namespace) -> int:
+    workload = _profile_workload(args)
+    if args.json is not None and args.json.is_dir():
+        raise UsageError(f"--json: {args.json} is a folder")
+    from pulsar_nack.profile import profile, render
+
+    bar: Any = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=3 * workload.messages + 1, unit="msg", unit_scale=True, file=sys.stderr)
+    offsets = {"default": 0, "malloc": workload.messages, "tracemalloc": 2 * workload.messages}
+
+    def progress(stage: str, done: int, total: int) -> None:
+        if bar is not None:
+            bar.set_description(stage)
+            bar.n = offsets.get(stage, 3 * workload.messages) + done
+            bar.refresh()
+
+    try:
+        result = profile(workload, java=not args.no_java, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    for line in render(result):
+        print(line)
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+# -- estimate ------------------------------------------------------------------------------------------
+
+
+def _register_estimate(subcommands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subcommands.add_parser(
+        "estimate",
+        help="predict steady-state memory for pulsar-nack, the native client and the Java structure",
+        description="Predict the memory a consumer's nack tracking holds in steady state (rate × nack "
+        "share × delay messages pending) for pulsar-nack, the Java PIP-393 structure and the native "
+        "client, from models fitted to measurements (bench/fit_estimate.py); says when the workload lies "
+        "outside the range the models were fitted over.",
+    )
+    parser.add_argument("--rate", type=float, required=True, help="messages per second, all topics")
+    parser.add_argument("--delay", required=True, help="nack delay: 250ms, 30s, 5m, 1h, 1d (bare: seconds)")
+    parser.add_argument("--precision-bits", type=int, default=8, help="k: buckets of 2^k ms (default: 8)")
+    parser.add_argument(
+        "--entries-per-ledger", type=int, default=50_000, help="the broker's ledger size (default: 50000)"
+    )
+    parser.add_argument("--batch-size", type=int, default=1, help="messages per entry (default: 1)")
+    parser.add_argument("--nack-share", type=float, default=1.0, help="share of messages nacked (default: 1)")
+    parser.add_argument("--topics", type=int, default=1, help="topics × partitions read (default: 1)")
+    parser.add_argument(
+        "--duration", default=None, help="nacks have arrived only this long (default: steady state)"
+    )
+    parser.add_argument("--fit", type=Path, default=None, help="a fit file (default: the package's)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the estimate to this JSON file")
+    parser.set_defaults(run=_estimate)
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from pulsar_nack.estimate import FitError, Scenario, estimate, load_fit, render
+    from pulsar_nack.profile import ProfileError, parse_duration_ms
+
+    try:
+        scenario = Scenario(
+            rate=args.rate,
+            delay_ms=parse_duration_ms(args.delay, "delay"),
+            precision_bits=args.precision_bits,
+            entries_per_ledger=args.entries_per_ledger,
+            batch_size=args.batch_size,
+            nack_share=args.nack_share,
+            topics=args.topics,
+            duration_ms=None if args.duration is None else parse_duration_ms(args.duration, "duration"),
+        )
+    except ProfileError as error:
+        field, _, reason = str(error).partition(":")
+        raise UsageError(f"{_option(field.strip())}:{reason}") from None
+    if args.json is not None and args.json.is_dir():
+        raise UsageError(f"--json: {args.json} is a folder")
+    try:
+        fit = load_fit(args.fit)
+    except FitError as error:
+        raise UsageError(f"--fit: {error}") from None
+    result = estimate(scenario, fit)
+    for line in render(result, fit):
+        print(line)
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 # -- the command ---------------------------------------------------------------------------------------
 
 _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None], ...] = (
     demo.register,
+    _register_profile,
+    _register_estimate,
     _register_sweep,
 )
 

@@ -1,0 +1,474 @@
+"""Capacity planning: predicted steady-state memory of pulsar-nack's tracker, the Java PIP-393 structure and
+the native client's tracker for a workload (``pulsar-nack estimate``), from models fitted to measurements.
+
+The model is linear in *structural features* computed from the workload's parameters — how many buckets,
+(bucket, ledger) slots, Roaring containers and payload bytes, ledgers, batch entries and lingering forwards
+the tracker holds in steady state (:func:`features`, derived from PIP-393's analysis extended to topics,
+batches and sparse nacks) — with coefficients (bytes per feature) fitted by non-negative least squares to
+``pulsar-nack profile`` measurements (process-level, system allocator: the ``malloc`` measure) and to Java
+runs (``bench/java``), by ``bench/fit_estimate.py``. That step writes the coefficients, the range of
+parameters they were fitted over and the fit's errors to ``pulsar_nack/data/estimate_fit.json``
+(:func:`load_fit`); :func:`estimate` says when a workload lies outside that range. The native client's
+tracker holds one node per nack (the C++ port of PIP-393 trims steady-clock nanoseconds, so every nack is
+its own bucket): its bytes per pending nack are the figure ``bench/nack_lateness.py`` measured.
+
+Steady state: nacks have arrived for longer than the delay plus the arrival filter's linger, so
+``rate × nack share × delay`` messages are pending and forwards of the last linger are remembered.
+Cost: O(features) per estimate.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import numpy.typing as npt
+
+from pulsar_nack.index import MAX_PRECISION_BITS
+from pulsar_nack.profile import ProfileError, check_integer, check_number
+
+__all__ = [
+    "FEATURES",
+    "JAVA_FEATURES",
+    "Estimate",
+    "Fit",
+    "FitError",
+    "Scenario",
+    "estimate",
+    "features",
+    "fit_linear",
+    "java_features",
+    "load_fit",
+    "nnls",
+    "predict",
+    "range_key",
+    "render",
+    "tracker_default",
+]
+
+#: The fitted model shipped with the package (written by bench/fit_estimate.py).
+FIT_FILE: Final = "data/estimate_fit.json"
+
+#: Roaring: values per 2^16 container key range; an array container becomes a bitset above 4096 values.
+_CONTAINER_SPAN: Final = 65_536
+_ARRAY_LIMIT: Final = 4_096
+_BITSET_BYTES: Final = 8_192
+
+
+def tracker_default(name: str) -> float:
+    """A default of :class:`~pulsar_nack.tracker.NackTracker` (the consumer's), read from its signature."""
+    from pulsar_nack.tracker import NackTracker
+
+    value = inspect.signature(NackTracker.__init__).parameters[name].default
+    return float(value)
+
+
+class FitError(ValueError):
+    """The fit file is missing or malformed; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A steady-state workload: ``rate`` messages/s over ``topics`` topics (partitions count as topics),
+    every nack delayed ``delay_ms``, ``batch_size`` messages per entry, ``nack_share`` of them nacked."""
+
+    rate: float
+    delay_ms: float
+    precision_bits: int = 8
+    entries_per_ledger: int = 50_000
+    batch_size: int = 1
+    nack_share: float = 1.0
+    topics: int = 1
+    duration_ms: float | None = None  # how long nacks have arrived; None: long enough (steady state)
+
+    def __post_init__(self) -> None:
+        check_number("rate", self.rate, low=0.0, low_open=True)
+        check_number("delay", self.delay_ms, low=0.0, low_open=True)
+        check_integer("precision_bits", self.precision_bits, 0, MAX_PRECISION_BITS)
+        check_integer("entries_per_ledger", self.entries_per_ledger, 1, 2**31 - 1)
+        check_integer("batch_size", self.batch_size, 1, 1_000)
+        check_number("nack_share", self.nack_share, low=0.0, low_open=True, high=1.0)
+        check_integer("topics", self.topics, 1, 100_000)
+        if self.duration_ms is not None:
+            check_number("duration", self.duration_ms, low=0.0, low_open=True)
+
+    @property
+    def horizon_ms(self) -> float:
+        """How long the nacks pending now have arrived: the delay, or the duration if shorter."""
+        return self.delay_ms if self.duration_ms is None else min(self.delay_ms, self.duration_ms)
+
+    @property
+    def pending(self) -> float:
+        """Nacked messages pending: rate × share × delay (× duration / delay for a shorter run)."""
+        return self.rate * self.nack_share * self.horizon_ms / 1_000
+
+    def redelivered_ms(self, limit_ms: float) -> float:
+        """For how long (ms, at most ``limit_ms``) nacks have been coming due."""
+        if self.duration_ms is None:
+            return limit_ms
+        return min(limit_ms, max(self.duration_ms - self.delay_ms, 0.0))
+
+
+#: pulsar-nack's features, in the order of the fitted coefficients.
+FEATURES: Final = (
+    "constant",
+    "buckets",
+    "run_slots",
+    "bitmap_slots",
+    "index_payload",
+    "ledger_keys",
+    "filter_payload",
+    "batch_entries",
+    "batch_messages",
+    "member_slots",
+    "linger_ids",
+    "linger_batch_entries",
+    "linger_batch_messages",
+    "linger_records",
+    "lateness_samples",
+    "forward_peak_ids",
+)
+#: The Java structure's features (the same analysis, no compaction, no arrival filter).
+JAVA_FEATURES: Final = ("constant", "buckets", "slots", "java_payload", "ledger_keys")
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Intermediate quantities of the steady state, per the PIP-393 analysis."""
+
+    ids: float  # index ids (entries with a pending nack)
+    buckets: float
+    slots: float
+    ids_per_slot: float
+    containers_per_slot: float
+    entry_share: float
+    ledger_keys: float
+    entries_per_ms: float  # per topic
+    ids_per_window: float  # per topic: the ids of one bucket
+
+
+def _occupied(entries: float, share: float) -> float:
+    """Share of windows holding at least one nacked entry when ``entries`` entries, evenly spaced
+    (arrivals are steady), fall into each and each is nacked with probability ``share``."""
+    if entries >= 1:
+        return -math.expm1(entries * math.log1p(-share)) if share < 1 else 1.0
+    return entries * share
+
+
+def _shape(s: Scenario) -> _Shape:
+    width = float(1 << s.precision_bits)
+    horizon = s.horizon_ms
+    entries_per_ms = s.rate / (s.topics * s.batch_size) / 1_000
+    entry_share = 1 - (1 - s.nack_share) ** s.batch_size
+    nacked_per_ms = entries_per_ms * entry_share  # per topic
+    ids = s.topics * nacked_per_ms * horizon
+    windows = horizon / width + 1  # bucket windows the pending nacks span (the partial one at each end)
+    filled = min(width, horizon)  # a bucket wider than the horizon fills only for the horizon
+    per_window = nacked_per_ms * filled  # ids of one topic in one bucket window
+    spanned = entries_per_ms * filled  # entries of one topic a bucket window spans
+    ledgers_per_window = 1 + spanned / s.entries_per_ledger
+    occupied = _occupied(spanned, entry_share)
+    buckets = windows * _occupied(s.topics * spanned, entry_share)
+    slots = min(s.topics * windows * occupied * min(ledgers_per_window, 1 + per_window), max(ids, 1.0))
+    span = spanned / ledgers_per_window  # entries one slot spans
+    return _Shape(
+        ids=ids,
+        buckets=buckets,
+        slots=slots,
+        ids_per_slot=ids / slots if slots else 0.0,
+        containers_per_slot=max(1.0, span / _CONTAINER_SPAN),
+        entry_share=entry_share,
+        ledger_keys=s.topics * (1 + entries_per_ms * horizon / s.entries_per_ledger),
+        entries_per_ms=entries_per_ms,
+        ids_per_window=per_window,
+    )
+
+
+def _container_bytes(values: float, share: float, runs: bool) -> float:
+    """Payload of one Roaring container of ``values`` ids drawn with density ``share`` from consecutive
+    ids: an array (2 B per value) up to 4096 values, else a bitset (8 KiB); after ``run_optimize``
+    (``runs``) a run container (4 B per run) when smaller."""
+    size = min(2 * values, _BITSET_BYTES) if values <= _ARRAY_LIMIT else _BITSET_BYTES
+    if runs:
+        size = min(size, 4 * (values * (1 - share) + 1))
+    return size
+
+
+def _java_container_bytes(values: float) -> float:
+    """Payload of one RoaringBitmap (Java) container of ``values`` ids as built: an array grown by
+    ``ArrayContainer.increaseCapacity`` (4, then ×2 below 64, ×1.5 below 1067, ×1.25 beyond) up to 4096
+    values, else an 8 KiB bitset."""
+    if values > _ARRAY_LIMIT:
+        return _BITSET_BYTES
+    capacity = 0
+    while capacity < values:
+        if capacity == 0:
+            capacity = 4
+        elif capacity < 64:
+            capacity *= 2
+        elif capacity < 1067:
+            capacity = capacity * 3 // 2
+        else:
+            capacity = capacity * 5 // 4
+    return 2.0 * capacity
+
+
+def features(s: Scenario) -> dict[str, float]:
+    """pulsar-nack's structural features of ``s`` in steady state (see the module docstring). O(1)."""
+    shape = _shape(s)
+    dense = shape.entry_share >= 1 - 1e-12 and s.batch_size == 1
+    mean = shape.ids_per_slot
+    # A slot holding one run of consecutive ids is packed into an int by compaction: every slot of a
+    # dense stream, and the slots of a sparse one that hold a single id (Poisson, given at least one).
+    single = mean * math.exp(-mean) / -math.expm1(-mean) if mean > 0 else 0.0
+    run_slots = shape.slots if dense else shape.slots * single
+    bitmap_slots = shape.slots - run_slots
+    per_container = mean / shape.containers_per_slot
+    containers = bitmap_slots * shape.containers_per_slot
+    payload = containers * _container_bytes(per_container, shape.entry_share, runs=True)
+    # The arrival filter keeps a bitmap of pending non-batched nacks per (topic, ledger), not compacted.
+    filter_payload = 0.0
+    if s.batch_size == 1:
+        ledger_span = min(float(s.entries_per_ledger), shape.entries_per_ms * s.horizon_ms)
+        ledger_containers = max(1.0, ledger_span / _CONTAINER_SPAN)
+        values = ledger_span * shape.entry_share / ledger_containers
+        filter_payload = shape.ledger_keys * ledger_containers * _container_bytes(values, 1.0, runs=False)
+    # Batched nacks: the index keeps each pending message as a member (entry << 10 | index) of a 64-bit
+    # bitmap per slot, the arrival filter a record or a bit per entry.
+    batched = s.batch_size > 1
+    batch_entries = shape.ids if batched else 0.0
+    batch_messages = s.pending if batched else 0.0
+    # Forwards of the last linger are remembered (ids, batch indexes, flights, recent deliveries), and
+    # the lateness of the last lateness_window redeliveries.
+    linger = s.redelivered_ms(tracker_default("linger_ms")) / s.horizon_ms  # relative to what is pending
+    window = tracker_default("lateness_window")
+    lateness = min(window, s.rate * s.nack_share * s.redelivered_ms(math.inf) / 1_000)
+    return {
+        "constant": 1.0,
+        "buckets": shape.buckets,
+        "run_slots": run_slots,
+        "bitmap_slots": bitmap_slots,
+        "index_payload": payload,
+        "ledger_keys": shape.ledger_keys,
+        "filter_payload": filter_payload,
+        "batch_entries": batch_entries,
+        "batch_messages": batch_messages,
+        "member_slots": shape.slots if batched else 0.0,  # one 64-bit members bitmap per slot
+        "linger_ids": 0.0 if batched else shape.ids * linger,
+        "linger_batch_entries": shape.ids * linger if batched else 0.0,
+        "linger_batch_messages": s.pending * linger if batched else 0.0,
+        "linger_records": shape.slots * linger,
+        "lateness_samples": lateness,
+        # The filter's in-flight dict keeps the hash table of its largest forward (a dict never shrinks):
+        # one bucket's non-batched ids of every topic at once, once anything has fallen due.
+        "forward_peak_ids": (
+            0.0 if batched or not s.redelivered_ms(math.inf) else s.topics * shape.ids_per_window
+        ),
+    }
+
+
+def java_features(s: Scenario) -> dict[str, float]:
+    """The Java structure's features of ``s``: as built (no runOptimize), one bitmap per slot. O(1)."""
+    shape = _shape(s)
+    per_container = shape.ids_per_slot / shape.containers_per_slot
+    containers = shape.slots * shape.containers_per_slot
+    return {
+        "constant": 1.0,
+        "buckets": shape.buckets,
+        "slots": shape.slots,
+        "java_payload": containers * _java_container_bytes(per_container),
+        "ledger_keys": shape.ledger_keys,
+    }
+
+
+# -- fitting ---------------------------------------------------------------------------------------------
+
+
+def nnls(
+    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], max_iter: int = 500
+) -> npt.NDArray[np.float64]:
+    """Non-negative least squares (Lawson–Hanson): argmin ‖a·x − b‖ with x ≥ 0. O(iterations × n·m²)."""
+    cols = a.shape[1]
+    x = np.zeros(cols)
+    passive = np.zeros(cols, dtype=bool)
+    for _ in range(max_iter):
+        gradient = a.T @ (b - a @ x)
+        candidates = ~passive & (gradient > 1e-10 * max(1.0, float(np.abs(gradient).max(initial=0))))
+        if not candidates.any():
+            break
+        passive[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
+        while True:
+            z = np.zeros(cols)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            negative = passive & (z <= 0)
+            step = np.min(x[negative] / (x[negative] - z[negative]))
+            x = x + step * (z - x)
+            passive &= x > 1e-12
+    return x
+
+
+def fit_linear(
+    rows: Sequence[Mapping[str, float]], measured: Sequence[float], names: Sequence[str]
+) -> dict[str, float]:
+    """Coefficients (≥ 0) of ``names`` minimising the squared *relative* error against ``measured``."""
+    a = np.array([[row[name] for name in names] for row in rows], dtype=float)
+    b = np.array(measured, dtype=float)
+    weights = 1 / b  # relative error: small workloads count as much as large ones
+    scale = np.abs(a * weights[:, None]).max(axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(a * weights[:, None] / scale, np.ones(len(b))) / scale
+    return {name: float(value) for name, value in zip(names, x, strict=True)}
+
+
+def predict(coefficients: Mapping[str, float], row: Mapping[str, float]) -> float:
+    return sum(coefficients[name] * row[name] for name in coefficients)
+
+
+# -- the fitted model ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A fitted model file: per contender, coefficients and the parameter range they hold for."""
+
+    data: dict[str, Any]
+    source: str
+
+    @property
+    def ranges(self) -> dict[str, list[float]]:
+        ranges: dict[str, list[float]] = self.data["range"]
+        return ranges
+
+
+def load_fit(path: Path | None = None) -> Fit:
+    """The fit file (default: the package's); :class:`FitError` naming the file if unusable."""
+    try:
+        if path is None:
+            text = resources.files("pulsar_nack").joinpath(FIT_FILE).read_text()
+            source = f"pulsar_nack/{FIT_FILE}"
+        else:
+            text, source = path.read_text(), str(path)
+        data = json.loads(text)
+    except (OSError, ValueError) as error:
+        raise FitError(
+            f"{path or FIT_FILE}: cannot read the fitted model ({error}); run bench/fit_estimate.py"
+        ) from None
+    for key in ("pulsar_nack", "java", "native", "range", "machine"):
+        if key not in data:
+            raise FitError(f"{source}: no {key!r} block; run bench/fit_estimate.py")
+    if set(data["pulsar_nack"]["coefficients"]) != set(FEATURES):
+        raise FitError(f"{source}: its features differ from this version's; run bench/fit_estimate.py")
+    return Fit(data, source)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted steady-state memory (bytes) and what it rests on."""
+
+    scenario: Scenario
+    pending: float
+    pulsar_nack_bytes: float
+    java_bytes: float | None
+    native_bytes: float
+    outside: list[str]  # parameters outside the fitted range (empty: inside)
+    features: dict[str, float]
+    fit_source: str
+    fit_error: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def range_key(s: Scenario) -> dict[str, float]:
+    """The quantities whose fitted range :func:`estimate` checks ``s`` against."""
+    shape = _shape(s)
+    return {
+        "rate": s.rate,
+        "horizon_ms": s.horizon_ms,
+        "precision_bits": s.precision_bits,
+        "batch_size": s.batch_size,
+        "nack_share": s.nack_share,
+        "topics": s.topics,
+        "entries_per_ledger": s.entries_per_ledger,
+        "ids_per_slot": shape.ids_per_slot,
+    }
+
+
+def estimate(s: Scenario, fit: Fit | None = None) -> Estimate:
+    """Predict ``s``'s steady-state memory with ``fit`` (default: the package's model). O(1)."""
+    if not isinstance(s, Scenario):
+        raise ProfileError(f"scenario: expected a Scenario, got {type(s).__name__}")
+    fit = fit or load_fit()
+    row = features(s)
+    ours = predict(fit.data["pulsar_nack"]["coefficients"], row)
+    java = fit.data["java"]
+    java_bytes = predict(java["coefficients"], java_features(s)) if java.get("coefficients") else None
+    outside = [
+        f"{name} {value:g} (fitted over {low:g}..{high:g})"
+        for name, value in range_key(s).items()
+        for low, high in [fit.ranges.get(name, (-math.inf, math.inf))]
+        if not low * (1 - 1e-9) <= value <= high * (1 + 1e-9)
+    ]
+    return Estimate(
+        scenario=s,
+        pending=s.pending,
+        pulsar_nack_bytes=ours,
+        java_bytes=java_bytes,
+        native_bytes=float(fit.data["native"]["bytes_per_nack"]) * s.pending,
+        outside=outside,
+        features=row,
+        fit_source=fit.source,
+        fit_error=dict(fit.data["pulsar_nack"].get("error", {})),
+    )
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1e6:,.3f} MB" if value < 1e9 else f"{value / 1e9:,.2f} GB"
+
+
+def render(result: Estimate, fit: Fit) -> Iterator[str]:
+    """Lines of the report ``pulsar-nack estimate`` prints."""
+    s = result.scenario
+    state = "steady state" if s.duration_ms is None else f"after {s.duration_ms / 1_000:g} s of nacks"
+    yield (
+        f"workload: {s.rate:g} msg/s over {s.topics} topic(s), batches of {s.batch_size}, "
+        f"{s.nack_share:.0%} nacked, delay {s.delay_ms / 1_000:g} s, k = {s.precision_bits}, "
+        f"{s.entries_per_ledger:,} entries per ledger ({state})"
+    )
+    pending = result.pending
+    yield f"pending nacked messages: {pending:,.0f}"
+
+    def per(value: float) -> str:
+        return f"{value / pending:.2f} B per pending nack" if pending else ""
+
+    ours = result.pulsar_nack_bytes
+    yield f"  pulsar-nack (tracker, system allocator): {_mb(ours):>12}  {per(ours)}"
+    if result.java_bytes is not None:
+        java = result.java_bytes
+        yield f"  Java PIP-393 structure (as built):       {_mb(java):>12}  {per(java)}"
+    native = result.native_bytes
+    ratio = f", {native / ours:,.0f}× pulsar-nack" if ours > 0 else ""
+    yield f"  native client tracker:                   {_mb(native):>12}  {per(native)}{ratio}"
+    data = fit.data
+    error = data["pulsar_nack"]["error"]
+    yield (
+        f"model: {fit.source}, measured {data['machine']['date']} at commit {data['machine']['commit']}"
+        + (f", fitted {data['fitted']['date']} at {data['fitted']['commit']} " if "fitted" in data else " ")
+        + f"(pulsar-nack error median {error['median']:.0%}, max {error['max']:.0%} over {error['points']} "
+        f"profiled workloads; native: {data['native']['source']})"
+    )
+    yield "fitted range: " + ", ".join(
+        f"{name} {low:g}..{high:g}" for name, (low, high) in fit.ranges.items()
+    )
+    if result.outside:
+        yield "OUTSIDE the fitted range (extrapolated, treat as indicative): " + "; ".join(result.outside)

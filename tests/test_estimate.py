@@ -1,0 +1,183 @@
+"""``pulsar_nack.estimate``: parameters checked, the fitting machinery (NNLS) right, the shipped model read
+with its provenance and range — and its predictions within ±25 % of ``profile``'s measurements on small
+workloads the model was not fitted on."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pulsar_nack.estimate import (
+    FEATURES,
+    FitError,
+    Scenario,
+    estimate,
+    features,
+    fit_linear,
+    java_features,
+    load_fit,
+    nnls,
+    predict,
+)
+from pulsar_nack.profile import Delay, ProfileError, Workload, native_cost, profile
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("rate", 0.0), ("rate", math.inf), ("rate", "fast"),
+        ("delay_ms", 0.0), ("delay_ms", -1.0), ("delay_ms", math.nan),
+        ("precision_bits", -1), ("precision_bits", 31), ("precision_bits", 8.0),
+        ("entries_per_ledger", 0), ("batch_size", 0), ("batch_size", 1_001),
+        ("nack_share", 0.0), ("nack_share", 2.0), ("topics", 0), ("topics", True),
+        ("duration_ms", 0.0), ("duration_ms", math.inf),
+    ],
+)  # fmt: skip
+def test_every_scenario_parameter_is_checked_and_named(name: str, value: Any) -> None:
+    label = {"delay_ms": "delay", "duration_ms": "duration"}.get(name, name)
+    with pytest.raises(ProfileError, match=rf"^{label}: "):
+        Scenario(**{"rate": 1_000.0, "delay_ms": 60_000.0, name: value})
+
+
+def test_estimate_rejects_what_is_not_a_scenario() -> None:
+    with pytest.raises(ProfileError, match=r"^scenario: "):
+        estimate({"rate": 1.0})  # type: ignore[arg-type]
+
+
+def test_features_follow_the_pip393_analysis() -> None:
+    base = Scenario(rate=8_000.0, delay_ms=60_000.0, precision_bits=10)
+    row = features(base)
+    # A dense stream: every slot is one run of consecutive ids (packed by compaction), 2^10 ms buckets.
+    assert row["bitmap_slots"] == 0 and row["run_slots"] > 0
+    assert 58 <= row["buckets"] <= 60  # 60 s / 1.024 s, plus the partial buckets at the ends
+    sparse = features(Scenario(rate=8_000.0, delay_ms=60_000.0, precision_bits=10, nack_share=0.1))
+    assert sparse["bitmap_slots"] > 0 and sparse["index_payload"] > 0
+    # Twice the delay: twice the buckets; 4 more precision bits: 16x fewer.
+    assert (
+        features(Scenario(rate=8_000.0, delay_ms=120_000.0, precision_bits=10))["buckets"]
+        > 1.9 * row["buckets"]
+    )
+    assert (
+        features(Scenario(rate=8_000.0, delay_ms=60_000.0, precision_bits=14))["buckets"] < row["buckets"] / 8
+    )
+    # A delay shorter than a bucket: 10,000 ids of one ledger fill one or two buckets, not a whole 32 s one.
+    short = features(Scenario(rate=1_000.0, delay_ms=10_000.0, precision_bits=15))
+    assert 1 <= short["buckets"] <= 2 and 1 <= short["run_slots"] < 2
+    # The Java structure: one bitmap per slot and a bitset (8 KiB) once a container passes 4096 ids.
+    java = java_features(Scenario(rate=8_000.0, delay_ms=60_000.0, precision_bits=10))
+    assert java["java_payload"] == pytest.approx(java["slots"] * 8_192, rel=0.01)
+
+
+def test_nnls_finds_the_non_negative_optimum() -> None:
+    rng = np.random.default_rng(3)
+    a = rng.uniform(0, 1, (30, 4))
+    truth = np.array([2.0, 0.0, 5.0, 1.0])
+    assert nnls(a, a @ truth) == pytest.approx(truth, abs=1e-8)
+    # Unconstrained least squares would make the second coefficient negative; NNLS holds it at zero and
+    # is optimal there (the gradient points out of the feasible set).
+    b = a @ np.array([1.0, -3.0, 2.0, 0.5])
+    x = nnls(a, b)
+    assert (x >= 0).all() and x[1] == 0
+    gradient = a.T @ (b - a @ x)
+    assert gradient[1] <= 1e-9 and np.abs(gradient[x > 0]).max() < 1e-8
+
+
+def test_nnls_meets_the_optimality_conditions_on_random_problems() -> None:
+    """Karush-Kuhn-Tucker: x >= 0, the gradient vanishes where x > 0 and points outwards where x = 0."""
+    rng = np.random.default_rng(11)
+    for _ in range(30):
+        # strongly correlated columns (like the features): adding one to the fit can push another below 0
+        a = rng.normal(size=(15, 1)) + 0.2 * rng.normal(size=(15, 6))
+        b = a @ rng.normal(size=6) + 0.1 * rng.normal(size=15)
+        x = nnls(a, b)
+        gradient = a.T @ (b - a @ x)
+        assert (x >= 0).all(), x
+        assert np.abs(gradient[x > 0]).max(initial=0) < 1e-8
+        assert gradient[x == 0].max(initial=-1) < 1e-8
+
+
+def test_fit_linear_recovers_bytes_per_feature() -> None:
+    rows = [{"a": float(i), "b": float(i * i % 7), "c": 1.0} for i in range(1, 20)]
+    measured = [3 * r["a"] + 40 * r["b"] + 100 for r in rows]
+    coefficients = fit_linear(rows, measured, ("a", "b", "c"))
+    assert coefficients == pytest.approx({"a": 3.0, "b": 40.0, "c": 100.0}, rel=1e-6)
+    assert predict(coefficients, rows[3]) == pytest.approx(measured[3])
+
+
+def test_the_shipped_fit_has_provenance_range_and_every_feature() -> None:
+    fit = load_fit()
+    data = fit.data
+    assert set(data["pulsar_nack"]["coefficients"]) == set(FEATURES)
+    assert all(value >= 0 for value in data["pulsar_nack"]["coefficients"].values())
+    assert {"date", "commit", "cpu"} <= set(data["machine"])
+    assert data["native"]["bytes_per_nack"] == native_cost()["bytes_per_nack"]
+    low, high = fit.ranges["rate"]
+    assert 0 < low < high
+    assert data["pulsar_nack"]["error"]["points"] >= 20
+
+
+def test_a_missing_or_foreign_fit_file_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FitError, match=r"nowhere\.json"):
+        load_fit(tmp_path / "nowhere.json")
+    stale = tmp_path / "stale.json"
+    data = json.loads(json.dumps(load_fit().data))
+    data["pulsar_nack"]["coefficients"] = {"constant": 1.0}
+    stale.write_text(json.dumps(data))
+    with pytest.raises(FitError, match=r"stale\.json: its features differ"):
+        load_fit(stale)
+
+
+def test_outside_the_fitted_range_is_said() -> None:
+    inside = estimate(Scenario(rate=2_000.0, delay_ms=10_000.0))
+    assert inside.outside == []
+    far = estimate(Scenario(rate=1e7, delay_ms=86_400_000.0))
+    assert any(item.startswith("rate") for item in far.outside)
+    assert far.native_bytes == pytest.approx(native_cost()["bytes_per_nack"] * far.pending)
+
+
+# -- against profile: small workloads the model was not fitted on ------------------------------------------
+
+CASES = [
+    # rate, delay s, duration s, k, batch, share, topics
+    (3_000.0, 8.0, 45.0, 8, 1, 1.0, 1),
+    (1_500.0, 10.0, 50.0, 10, 20, 0.05, 5),
+    (4_000.0, 3_600.0, 30.0, 8, 1, 0.5, 3),
+]
+
+
+@pytest.mark.parametrize(("rate", "delay_s", "duration_s", "k", "batch", "share", "topics"), CASES)
+def test_estimate_is_within_25_percent_of_profile(
+    rate: float, delay_s: float, duration_s: float, k: int, batch: int, share: float, topics: int
+) -> None:
+    measured = profile(
+        Workload(
+            rate=rate,
+            delay=Delay("fixed", delay_s * 1_000, delay_s * 1_000),
+            duration_s=duration_s,
+            precision_bits=k,
+            batch_size=batch,
+            nack_share=share,
+            topics=topics,
+        ),
+        java=False,
+        measures=("malloc",),
+    )
+    predicted = estimate(
+        Scenario(
+            rate=rate,
+            delay_ms=delay_s * 1_000,
+            precision_bits=k,
+            batch_size=batch,
+            nack_share=share,
+            topics=topics,
+            duration_ms=duration_s * 1_000,
+        )
+    )
+    assert predicted.pending == pytest.approx(measured.pending, rel=0.1)
+    ratio = predicted.pulsar_nack_bytes / measured.memory["malloc"]
+    assert 0.75 <= ratio <= 1.25, (ratio, predicted.pulsar_nack_bytes, measured.memory)

@@ -1,0 +1,183 @@
+"""``pulsar_nack.profile``: every workload parameter checked, and the figures measured — more pending nacks
+cost more by every measure, the per-type breakdown sums to its total and agrees with the measurements from
+outside, pending counts follow the delay, the native figure is the packaged measurement."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from typing import Any
+
+import pytest
+from pyroaring import BitMap
+
+from pulsar_nack.memory import bitmap_heap_bytes
+from pulsar_nack.profile import (
+    Delay,
+    ProfileError,
+    ProfileResult,
+    Workload,
+    java_side,
+    parse_delay,
+    parse_duration_ms,
+    profile,
+    type_breakdown,
+)
+
+# -- validation -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("rate", 0.0), ("rate", -5.0), ("rate", math.nan), ("rate", math.inf), ("rate", "10"), ("rate", True),
+        ("duration_s", 0.0), ("duration_s", -1.0), ("duration_s", math.inf),
+        ("topics", 0), ("topics", 2.5), ("topics", 100_001),
+        ("partitions", 0), ("partitions", 10_001),
+        ("batch_size", 0), ("batch_size", 1_001), ("batch_size", 1.0),
+        ("nack_share", 0.0), ("nack_share", 1.01), ("nack_share", math.nan),
+        ("precision_bits", -1), ("precision_bits", 31), ("precision_bits", False),
+        ("rounding", "nearest"), ("rounding", None),
+        ("entries_per_ledger", 0), ("entries_per_ledger", 2**31),
+        ("seed", -1), ("seed", "x"),
+        ("delay", 60_000),
+    ],
+)  # fmt: skip
+def test_every_workload_parameter_is_checked_and_named(name: str, value: Any) -> None:
+    with pytest.raises(ProfileError, match=rf"^{name}: "):
+        Workload(**{name: value})
+
+
+def test_too_few_or_too_many_messages_name_rate_and_duration() -> None:
+    with pytest.raises(ProfileError, match=r"^rate × duration_s: less than one message"):
+        Workload(rate=0.5, duration_s=1.0)
+    with pytest.raises(ProfileError, match=r"^rate × duration_s: .* more than"):
+        Workload(rate=1e6, duration_s=3600.0)
+    with pytest.raises(ProfileError, match=r"^topics × partitions"):
+        Workload(topics=1_000, partitions=1_000)
+
+
+@pytest.mark.parametrize(
+    ("kind", "low", "high", "reason"),
+    [
+        ("normal", 1.0, 1.0, "kind"),
+        ("fixed", -1.0, -1.0, "low"),
+        ("fixed", math.nan, math.nan, "low"),
+        ("uniform", 10.0, 5.0, "below low"),
+        ("exponential", 0.0, 0.0, "mean"),
+        ("fixed", 1.0, math.inf, "high"),
+    ],
+)
+def test_delay_parameters_are_checked(kind: str, low: float, high: float, reason: str) -> None:
+    with pytest.raises(ProfileError, match=rf"^delay: .*{reason}"):
+        Delay(kind, low, high)
+
+
+def test_durations_and_delays_parse_with_units() -> None:
+    assert parse_duration_ms("250ms", "x") == 250
+    assert parse_duration_ms("30", "x") == 30_000  # a bare number is seconds
+    assert parse_duration_ms("5m", "x") == parse_duration_ms("5min", "x") == 300_000
+    assert parse_duration_ms("1h", "x") == 3_600_000 and parse_duration_ms("1d", "x") == 86_400_000
+    assert parse_delay("1h") == Delay("fixed", 3_600_000, 3_600_000)
+    assert parse_delay("uniform:1m:1h") == Delay("uniform", 60_000, 3_600_000)
+    assert parse_delay("exp:10s") == Delay("exponential", 10_000, 10_000)
+    for bad in ("1x", "", "-5s", "1h1m", "1e999h"):
+        with pytest.raises(ProfileError, match=r"^delay: "):
+            parse_delay(bad)
+    for bad in ("normal:1s", "uniform:1s", "exp:1s:2s"):
+        with pytest.raises(ProfileError, match=r"^delay: expected"):
+            parse_delay(bad)
+
+
+def test_profile_rejects_what_is_not_a_workload() -> None:
+    with pytest.raises(ProfileError, match=r"^workload: "):
+        profile({"rate": 10}, java=False)  # type: ignore[arg-type]
+
+
+# -- measured figures ----------------------------------------------------------------------------------
+
+SMALL = Workload(rate=2_000, duration_s=6, delay=parse_delay("1h"), nack_share=0.3)
+LARGER = Workload(rate=2_000, duration_s=30, delay=parse_delay("1h"), nack_share=0.3)
+
+
+@pytest.fixture(scope="module")
+def small() -> ProfileResult:
+    return profile(SMALL, java=False)
+
+
+@pytest.fixture(scope="module")
+def larger() -> ProfileResult:
+    return profile(LARGER, java=False)
+
+
+def test_more_pending_nacks_cost_more_by_every_measure(small: ProfileResult, larger: ProfileResult) -> None:
+    # 5x the messages, the same share nacked: 5x the pending nacks (the seed draws the same first ones).
+    assert 4.5 < larger.pending / small.pending < 5.5
+    for measure in ("malloc", "tracemalloc", "reported"):
+        assert small.memory[measure] > 0, measure
+        assert larger.memory[measure] > 2 * small.memory[measure], (measure, small.memory, larger.memory)
+    assert larger.breakdown_total > 2 * small.breakdown_total
+    # 30 % of a consecutive stream: array containers, a few bytes per pending nack — far from 0, far below
+    # the native client's hundreds.
+    assert 1.0 < larger.per_pending("malloc") < 50.0
+
+
+def test_the_breakdown_sums_to_its_total_and_agrees_with_outside(larger: ProfileResult) -> None:
+    assert larger.breakdown_total == sum(larger.breakdown.values())
+    assert larger.breakdown["CRoaring heap (32-bit bitmaps)"] > 0
+    assert "pyroaring.BitMap" in larger.breakdown
+    # The breakdown (pympler + CRoaring) and the process-level measure count the same objects.
+    assert 0.6 < larger.breakdown_total / larger.memory["malloc"] < 1.4, (larger.breakdown, larger.memory)
+    assert 0.6 < larger.breakdown_total / larger.memory["reported"] < 1.4
+
+
+def test_counts_and_times_are_reported(larger: ProfileResult) -> None:
+    assert larger.messages == 60_000
+    assert larger.pending == larger.nacked  # the delay outlasts the run: nothing forwarded yet
+    assert 0.27 < larger.nacked / larger.messages < 0.33
+    assert larger.pending_ids == larger.pending  # no batches: one index id per message
+    assert larger.ledgers == 2  # 60,000 entries of 50,000 per ledger
+    assert larger.buckets > 100 and larger.slots >= larger.buckets  # 30 s of 256 ms buckets
+    assert larger.nack_us > 0 and larger.forward_us > 0 and larger.forward_source == "drain"
+
+
+def test_a_delay_shorter_than_the_run_leaves_a_delay_worth_pending() -> None:
+    result = profile(Workload(rate=2_000, duration_s=10, delay=parse_delay("2s")), java=False)
+    # ~2 s of nacks pending (plus up to one bucket and the native lead forwarded early)
+    assert 3_000 < result.pending < 4_600, result.pending
+    assert result.forwards > 0 and result.forwarded_entries >= result.nacked - result.pending
+    assert result.forward_source == "run"
+
+
+def test_the_native_figure_is_the_packaged_measurement(small: ProfileResult) -> None:
+    packaged = json.loads(
+        resources.files("pulsar_nack").joinpath("data", "native_nack_cost.json").read_text()
+    )
+    assert small.native is not None
+    assert small.native["bytes_per_nack"] == packaged["bytes_per_nack"]
+    assert small.native["bytes"] == pytest.approx(packaged["bytes_per_nack"] * small.pending)
+    assert packaged["commit"] in small.native["source"]
+
+
+def test_the_breakdown_adds_croarings_heap_that_asizeof_misses() -> None:
+    from pympler import asizeof
+
+    bitmap = BitMap(range(0, 200_000, 3))
+    breakdown = type_breakdown([[bitmap]])
+    assert breakdown["CRoaring heap (32-bit bitmaps)"] == bitmap_heap_bytes(bitmap)
+    assert breakdown["pyroaring.BitMap"] == BitMap.__basicsize__
+    serialized: int = asizeof.asizeof(bitmap)  # type: ignore[no-untyped-call]
+    assert sum(breakdown.values()) > serialized  # serialized size: misses the C heap
+
+
+def test_the_java_structure_runs_beside_it() -> None:
+    from pulsar_nack import profile as module
+
+    reference = module._java_reference()
+    if reference is None or not reference.available():
+        pytest.skip("java and mvn are needed")
+    result, note = java_side(SMALL, 3_600)
+    assert result is not None, note
+    assert result["n"] == 3_600 and result["retained_bytes"] > 0 and result["buckets"] > 0
+    assert "x = 1 nacked entries/ms" in note
