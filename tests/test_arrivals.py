@@ -186,3 +186,23 @@ def test_a_batch_acked_after_its_redelivery_is_one_bit_while_copies_may_come() -
         clock.now += arrivals.linger_ms / 2
         arrivals.sweep()
     assert arrivals.idle
+
+
+def test_a_big_forward_leaves_no_table_behind_once_it_is_done() -> None:
+    """CPython never shrinks a dict on deletion: after a forward of 50,000 non-batched ids whose copies
+    all came, the emptied in-flight table must be released, not kept at its peak size."""
+    arrivals, clock, _ = make()
+    empty = arrivals.memory_bytes()
+    entries = list(range(50_000))
+    for entry in entries:
+        arrivals.pending(7, entry, -1, "t")
+    arrivals.forwarded("t", 7, entries, {}, clock.now, int(clock.now + 102))
+    clock.now += 150
+    assert all(admit(arrivals, entry) is Verdict.DELIVER for entry in entries)
+    for entry in entries:
+        arrivals.acked(7, entry, -1, "t")
+    for _ in range(3):
+        clock.now += arrivals.linger_ms / 2
+        arrivals.sweep()
+    assert arrivals.idle
+    assert arrivals.memory_bytes() < empty + 10_000
