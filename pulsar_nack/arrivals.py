@@ -67,6 +67,40 @@ _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
 
 
+class LatenessWindow:
+    """The lateness (ms) of the last ``size`` redeliveries, in one float array allocated at the first
+    sample: 8 bytes a sample, where a deque of floats takes 32 (a float object and a slot)."""
+
+    __slots__ = ("_count", "_samples", "size")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._samples: npt.NDArray[np.float64] | None = None
+        self._count = 0
+
+    def add(self, value: float) -> None:
+        """Record one sample, replacing the oldest once full. O(1)."""
+        if self._samples is None:
+            self._samples = np.empty(self.size, dtype=np.float64)
+        self._samples[self._count % self.size] = value
+        self._count += 1
+
+    def values(self) -> npt.NDArray[np.float64]:
+        """A copy of the samples held (in no particular order). O(size)."""
+        if self._samples is None:
+            return np.empty(0, dtype=np.float64)
+        return self._samples[: min(self._count, self.size)].copy()
+
+    def __len__(self) -> int:
+        return min(self._count, self.size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the array and this object. O(1)."""
+        held = self._samples
+        return python_bytes(self) + (0 if held is None else python_bytes(held))  # the array owns its data
+
+
 class _Flight:
     """One forwarded message (or non-batched entry) until a copy of it has been handed out."""
 
@@ -240,9 +274,9 @@ class ArrivalFilter:
         self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
-        # one record per forward call, in order: (at, topic, ledger id, entry ids, batch indexes)
-        self._forwards: deque[tuple[float, str, int, EntryIds, Mapping[int, tuple[int, ...]]]] = deque()
-        self.lateness: deque[float] = deque(maxlen=lateness_window)
+        # one record per forward call, in order: (at, topic, ledger id, entry ids)
+        self._forwards: deque[tuple[float, str, int, EntryIds]] = deque()
+        self.lateness = LatenessWindow(lateness_window)
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
 
     @property
@@ -310,7 +344,9 @@ class ArrivalFilter:
         as an array). O(entries + batch indexes)."""
         with self._lock:
             bitmap = self._pending.get((topic, ledger_id))
-            self._forwards.append((now, topic, ledger_id, entry_ids, batch_indexes))
+            if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
+                entry_ids = entry_ids.copy()  # not a view: it would keep its buffer and 3 objects alive
+            self._forwards.append((now, topic, ledger_id, entry_ids))  # batch indexes: in the entries
             for entry_id in _ints(entry_ids):
                 key = (topic, ledger_id, entry_id)
                 if bitmap is not None:
@@ -421,7 +457,7 @@ class ArrivalFilter:
         asked_by_us = now >= flight.at + NATIVE_MIN_DELAY_MS
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
-            self.lateness.append(now - flight.target)
+            self.lateness.add(now - flight.target)
             return Verdict.DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
@@ -541,7 +577,7 @@ class ArrivalFilter:
             self._recent.rotate(now, self.linger_ms / 2)
             forwards = self._forwards
             while forwards and forwards[0][0] <= horizon:
-                at, topic, ledger_id, entry_ids, _ = forwards.popleft()
+                at, topic, ledger_id, entry_ids = forwards.popleft()
                 for entry_id in _ints(entry_ids):
                     key = (topic, ledger_id, entry_id)
                     flight = self._flights.get(key)
@@ -631,22 +667,22 @@ class ArrivalFilter:
             bitmaps = itertools.chain(self._pending.values(), self._quiet.values(), self._recent.bitmaps())
             for bitmap in bitmaps:
                 total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
-            for record in self._forwards:  # (at, topic, ledger, ids, batch indexes): the ids dominate
-                total += _TUPLE5 + python_bytes(record[0]) + _ids_bytes(record[3])
+            for record in self._forwards:  # (at, topic, ledger, ids): the ids dominate
+                total += _TUPLE4 + python_bytes(record[0]) + _ids_bytes(record[3])
             total += _scaled(self._entries, sample, _entry_bytes)
             total += _scaled(self._flights, sample, _flight_bytes)
+            total += self.lateness.nbytes
         return total
 
 
 _TUPLE2 = python_bytes((1 << 40, "t"))
 _TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
-_TUPLE5 = python_bytes(("t", 1 << 40, 1 << 40, 1, 1))
+_TUPLE4 = python_bytes(("t", 1 << 40, 1 << 40, 1))
 
 
 def _ids_bytes(ids: EntryIds) -> int:
-    nbytes = getattr(ids, "nbytes", None)
-    if nbytes is not None:  # a numpy array
-        return python_bytes(ids) + int(nbytes)
+    if isinstance(ids, np.ndarray):  # getsizeof counts an array's data only when the array owns it
+        return python_bytes(ids) + (ids.nbytes if ids.base is not None else 0)
     return python_bytes(ids) + sum(_int_bytes(i) for i in ids)
 
 

@@ -41,6 +41,8 @@ import time
 import weakref
 from collections.abc import Callable
 
+from pulsar_nack.memory import python_bytes
+
 __all__ = ["MAX_WAIT_MS", "Timeout", "TimerWheel", "check_finite", "monotonic_ms", "weak_callback"]
 
 _log = logging.getLogger(__name__)
@@ -238,6 +240,22 @@ class TimerWheel:
             _fire(timeout)
         return len(due)
 
+    def memory_bytes(self) -> int:
+        """Bytes the wheel holds: its levels' bucket slots, the buckets made so far, the heap and the
+        pending timeouts (not what their callbacks refer to). O(levels × wheel_size + pending)."""
+        with self._cond:
+            total = python_bytes(self) + python_bytes(self._heap) + python_bytes(self._ready)
+            total += len(self._heap) * _HEAP_ENTRY_BYTES
+            level: _Wheel | None = self._wheel
+            while level is not None:
+                total += python_bytes(level) + python_bytes(level.buckets)
+                for bucket in level.buckets:
+                    if bucket is not None:
+                        total += python_bytes(bucket) + python_bytes(bucket.timeouts)
+                        total += len(bucket.timeouts) * _TIMEOUT_BYTES
+                level = level.overflow
+            return total + len(self._ready) * _TIMEOUT_BYTES
+
     @property
     def closed(self) -> bool:
         """True once :meth:`close` was called. O(1)."""
@@ -393,6 +411,8 @@ class TimerWheel:
 
 
 _READY = _Bucket()  # marker bucket of timeouts that were due on arrival
+_TIMEOUT_BYTES = python_bytes(Timeout(None, 1 << 40, int)) + python_bytes(1 << 40)  # type: ignore[arg-type]
+_HEAP_ENTRY_BYTES = python_bytes((1 << 40, 1 << 40, _READY)) + 2 * python_bytes(1 << 40)
 
 
 def _fire(timeout: Timeout) -> None:

@@ -323,9 +323,11 @@ class NackTracker:
         self.arrivals.clear()
 
     def _memory_bytes(self) -> int:
-        """The index and the arrival filter (the timer holds at most three timeouts). O(index objects)."""
+        """The index, the arrival filter and, when it is this tracker's own, the timer wheel.
+        O(index objects)."""
         index_bytes: int = self.index.memory_usage().total_bytes
-        return index_bytes + self.arrivals.memory_bytes()
+        wheel_bytes = self._wheel.memory_bytes() if self._owns_wheel else 0
+        return index_bytes + self.arrivals.memory_bytes() + wheel_bytes
 
     @property
     def closed(self) -> bool:
@@ -340,7 +342,7 @@ class NackTracker:
         for the percentiles, plus the arrival filter's counts (O(its open batch entries)).
         ``with_memory=True`` also measures ``memory_bytes``: O(index objects), holding the index's lock
         meanwhile; else it is None."""
-        samples = np.array(list(self.arrivals.lateness), dtype=float)  # list(): one atomic copy
+        samples = self.arrivals.lateness.values()
         p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
         counts = self.arrivals.counts()
         return NackStats(

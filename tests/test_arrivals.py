@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -205,4 +208,29 @@ def test_a_big_forward_leaves_no_table_behind_once_it_is_done() -> None:
         clock.now += arrivals.linger_ms / 2
         arrivals.sweep()
     assert arrivals.idle
-    assert arrivals.memory_bytes() < empty + 10_000
+    assert arrivals.memory_bytes() < empty + arrivals.lateness.nbytes + 10_000  # the window: fixed size
+
+
+def test_a_forward_keeps_neither_the_callers_batch_indexes_nor_the_buffer_behind_its_ids() -> None:
+    """A forward is remembered for ``linger_ms``: its record holds its entry ids in an array of its own,
+    not the caller's mapping of batch indexes (~150 B per entry, in the entries' records already) nor a
+    view that keeps a larger buffer alive."""
+
+    class Indexes(dict[int, tuple[int, ...]]):  # a dict that can be referred to weakly
+        pass
+
+    arrivals, clock, _ = make()
+    for entry in range(100):
+        for index in range(10):
+            admit(arrivals, entry, index)
+        arrivals.pending(7, entry, 3, "t")
+    buffer = np.arange(1_000, dtype=np.uint32)
+    indexes = Indexes({entry: (3,) for entry in range(100)})
+    kept_indexes, kept_buffer = weakref.ref(indexes), weakref.ref(buffer)
+    arrivals.forwarded("t", 7, buffer[:100], indexes, clock.now, int(clock.now + 102))
+    del buffer, indexes
+    gc.collect()
+    assert kept_indexes() is None, "the forward record holds the caller's batch indexes"
+    assert kept_buffer() is None, "the forward record holds a view of the caller's buffer"
+    clock.now += 150
+    assert all(admit(arrivals, entry, 3) is Verdict.DELIVER for entry in range(100)), "still followed"
