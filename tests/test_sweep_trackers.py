@@ -304,3 +304,11 @@ def test_a_small_spark_run_of_the_models(spark: Any, tmp_path: Path) -> None:
     assert len(cells) == len(points) and "| " + " | ".join(headers) + " |" in text
     assert (tmp_path / "trackers.html").read_text().count("<tr>") >= len(points) + 1
     assert all(" | ".join(row) in text for row in seed_comparison(rows))
+    # a modelled read cost is shown apart from the measured recovery, as replayed × cost
+    buckets = max((r for r in rows if r["model"] == "buckets"), key=lambda r: r["n"])
+    modelled = seed_comparison(rows, read_cost_us=100.0)[-1][2]
+    assert modelled.startswith(f"{buckets['recovery_s']:,.1f} s (")
+    assert (
+        f"+ {buckets['replayed'] * 1e-4:,.1f} s modelled read at 100 µs/message of {buckets['replayed']:,}"
+        in (modelled)
+    )

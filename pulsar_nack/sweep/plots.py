@@ -245,34 +245,43 @@ def tracker_series(rows: Sequence[Row]) -> dict[str, list[Row]]:
     }
 
 
-def plot_trackers(rows: Sequence[Row], seed: Seed004Figures = SEED004) -> Figure | None:
-    """Seed 004's two charts for the models: measured memory against delayed messages (a cross where a
-    heap with a memory limit ran out: it holds no more) and measured recovery time against messages
-    (log scale), with the seed's figures as black stars. None without two sizes of any variant."""
+def plot_trackers(
+    rows: Sequence[Row], seed: Seed004Figures = SEED004, read_cost_us: float | None = None
+) -> Figure | None:
+    """Seed 004's two charts for the models, against the messages each tracker *held* (a heap with a
+    memory limit stops where it ran out, marked with a cross): measured memory, and measured recovery
+    time (log scale) — with ``read_cost_us``, also the recovery plus a modelled read of every replayed
+    message (thin dotted lines, labelled as modelled). The seed's figures are black stars. None without
+    two sizes of any variant."""
     series = tracker_series(rows)
     if not series:
         return None
-    figure = Figure(figsize=(13, 5), layout="constrained")
+    figure = Figure(figsize=(13, 5.5), layout="constrained")
     memory, recovery = figure.subplots(1, 2)
     for (name, group), style in zip(series.items(), itertools.cycle(("-", "--", ":", "-."))):
         colour = _MODEL_COLOURS.get(str(group[0]["model"]), "#555555")
-        x = [number(r["n"]) / _MILLION for r in group]
-        memory.plot(
-            x, [number(r["heap_bytes"]) / 2**20 for r in group], ls=style, marker="o", c=colour, label=name
-        )
+        x = [number(r["held"]) / _MILLION for r in group]
+        mib = [number(r["heap_bytes"]) / 2**20 for r in group]
+        memory.plot(x, mib, ls=style, marker="o", c=colour, label=name)
         recovery.plot(x, [number(r["recovery_s"]) for r in group], ls=style, marker="o", c=colour, label=name)
-        for row in group:
-            if row["oom_at"] is not None:
-                memory.scatter(
-                    number(row["n"]) / _MILLION, number(row["heap_bytes"]) / 2**20, marker="X", s=90, c=colour
-                )
-        first_oom = next((r for r in group if r["oom_at"] is not None), None)
-        if first_oom is not None:
+        if read_cost_us is not None:
+            recovery.plot(
+                x,
+                [number(r["recovery_s"]) + number(r["replayed"]) * read_cost_us / 1e6 for r in group],
+                ls=":",
+                lw=1,
+                c=colour,
+                label=f"{name} + modelled read",
+            )
+        oom = [r for r in group if r["oom_at"] is not None]
+        if oom:
+            held, held_mib = number(oom[0]["held"]) / _MILLION, number(oom[0]["heap_bytes"]) / 2**20
+            memory.scatter(held, held_mib, marker="X", s=120, c=colour, zorder=4)
             memory.annotate(
-                f"out of memory at {number(first_oom['oom_at']) / _MILLION:.1f}M",
-                (number(first_oom["n"]) / _MILLION, number(first_oom["heap_bytes"]) / 2**20),
+                f"out of memory at {held:.1f}M",
+                (held, held_mib),
                 textcoords="offset points",
-                xytext=(8, 8),
+                xytext=(8, -14),
                 fontsize="small",
                 color=colour,
             )
@@ -294,11 +303,14 @@ def plot_trackers(rows: Sequence[Row], seed: Seed004Figures = SEED004) -> Figure
         label=f"seed 004: in-memory {seed.in_memory_recovery_s:,} s, buckets {seed.bucket_recovery_s} s",
         zorder=5,
     )
-    memory.set(xlabel="delayed messages (millions)", ylabel="measured memory (MiB)")
-    memory.set_title("Memory against delayed messages (X: out of memory, holds no more)")
-    recovery.set(xlabel="delayed messages (millions)", ylabel="recovery (s, measured)", yscale="log")
-    recovery.set_title("Recovery after a restart")
+    memory.set(xlabel="delayed messages held (millions)", ylabel="measured memory (MiB)")
+    memory.set_title("Memory against delayed messages (X: out of memory)")
+    recovery.set(xlabel="delayed messages held (millions)", ylabel="recovery (s)", yscale="log")
+    title = "Recovery after a restart, measured"
+    if read_cost_us is not None:
+        title += f"\n(dotted: + modelled read, {read_cost_us:.0f} µs per replayed message)"
+    recovery.set_title(title, fontsize="medium")
     for axes in (memory, recovery):
         axes.grid(True, alpha=0.3)
-        axes.legend(fontsize="small")
+        axes.legend(fontsize="x-small")
     return figure
