@@ -648,8 +648,9 @@ class TimeBucketIndex:
                 buckets, ledgers, entries = buckets[whole], ledgers[whole], entries[whole]
             if len(entries) == 0:
                 return
+            known: dict[LedgerKey, BitMap] = {}  # ledger → ids it may have pending (see _add_run)
             for bucket, ledger_id, run in _runs(buckets, ledgers, entries):
-                self._add_run(bucket, ledger_id, topic, run)
+                self._add_run(bucket, ledger_id, topic, run, known)
             self._forget_slot()
 
     # -- popping, querying, removing --------------------------------------------------------------
@@ -798,10 +799,10 @@ class TimeBucketIndex:
         """Compact buckets the add path has moved away from; returns how many were compacted.
 
         A bitmap of its own holding one run of consecutive ids becomes a packed int (``_Run``); others
-        are ``run_optimize``-d and ``shrink_to_fit``-ed, as is the bucket's shared bitmap. Adding to a
-        compacted bucket later is fine (a run is turned back into a bitmap). O(bitmaps and containers in
-        the compacted buckets). Call it off the nack path, e.g. from the timer thread; never needed for
-        correctness.
+        are ``run_optimize``-d and ``shrink_to_fit``-ed; shared bitmaps see ``_compact_shared``. Adding
+        to a compacted bucket later is fine (a run is turned back into a bitmap). O(bitmaps and
+        containers in the compacted buckets, plus O(P log P) numpy work per shared bitmap). Call it off
+        the nack path, e.g. from the timer thread; never needed for correctness.
         """
         done = 0
         with self._lock:
@@ -825,8 +826,8 @@ class TimeBucketIndex:
     def _compact_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
         """Compact a bucket's shared bitmap: a slot holding one run of consecutive ids becomes a ``_Run``
         of its own if it has :data:`RUN_AT` ids or more, or if every slot of the shared bitmap is such a
-        run (the bitmap then goes away: ~400 bytes for one id); the rest is ``shrink_to_fit``-ed.
-        O(P log P) numpy work plus O(log B_l) per converted slot."""
+        run (the bitmap then goes away: ~400 bytes for one id); the rest is ``shrink_to_fit``-ed if that
+        frees memory. O(P log P) numpy work plus O(log B_l) per converted slot."""
         codes = _array_of(packed, np.uint64)
         ordinals, entries = _decode(codes)
         if len(ordinals) > 1 and not bool((ordinals == ordinals[0]).all()):
@@ -839,7 +840,7 @@ class TimeBucketIndex:
         runs = highs - lows + 1 == counts
         convert = runs if bool(runs.all()) else runs & (counts >= RUN_AT)
         if not convert.any():
-            packed.shrink_to_fit()
+            _shrink(packed)
             return
         for ordinal, lo, hi in zip(
             ordinals[starts[convert]].tolist(), lows[convert].tolist(), highs[convert].tolist(), strict=True
@@ -854,7 +855,7 @@ class TimeBucketIndex:
             return
         moved = np.repeat(convert, counts)
         packed.difference_update(BitMap64(array("Q", codes[moved].tobytes())))
-        packed.shrink_to_fit()
+        _shrink(packed)
 
     def __iter__(self) -> Iterator[tuple[int, str, int, npt.NDArray[np.uint32]]]:
         """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` per slot in bucket order (a snapshot). O(n)."""
@@ -872,13 +873,16 @@ class TimeBucketIndex:
     def structure(self) -> dict[str, int]:
         """Buckets, (bucket, ledger) slots and the Roaring container mix: ``slots``, ``packed_slots``
         (slots in their bucket's shared bitmap), ``bitmaps`` (slots with their own bitmap, and shared
-        bitmaps), ``packed_runs`` (slots compacted to one run), ``ledgers``, ``array_containers``,
+        bitmaps), ``packed_runs`` (slots compacted to one run), ``ledgers`` (with ids pending),
+        ``ordinals`` (ledger numbers handed out: the most ledgers pending at one time), ``array_containers``,
         ``bitset_containers``, ``run_containers``. O(slots + containers)."""
-        counts = dict.fromkeys(("buckets", "slots", "packed_slots", "bitmaps", "packed_runs", "ledgers"), 0)
+        counts = dict.fromkeys(("buckets", "slots", "packed_slots", "bitmaps", "packed_runs"), 0)
+        counts |= dict.fromkeys(("ledgers", "ordinals"), 0)
         counts |= dict.fromkeys(("array_containers", "bitset_containers", "run_containers"), 0)
         with self._lock:
             counts["buckets"] = len(self._schedule)
             counts["ledgers"] = len(self._ledgers)
+            counts["ordinals"] = len(self._ordinals)
             for record in self._ledgers.values():
                 counts["slots"] += len(record)
                 counts["packed_slots"] += len(record) - record.sizes[record.head :].count(_OWN)
@@ -947,7 +951,8 @@ class TimeBucketIndex:
                 parts["bitmap_objects"] += once(slots.packed)
                 # compact() shrinks a bucket's shared bitmap and takes the bucket off the cold list; adds
                 # put it back (or it is the add path's current bucket).
-                shrunk = bucket not in self._cold and bucket != self._slot_bucket
+                compacted = bucket not in self._cold and bucket != self._slot_bucket
+                shrunk = compacted and _worth_shrinking(slots.packed)
                 roaring += shared_bitmap64_heap_bytes(slots.packed, shrunk)
         parts["ledgers"] += python_bytes(self._ledgers) + python_bytes(self._ordinals)
         parts["ledgers"] += python_bytes(self._free) + sum(once(o) for o in self._free)
@@ -1353,31 +1358,34 @@ class TimeBucketIndex:
         else:
             masks.add_index(entry_id, batch_index)
 
-    def _add_run(self, bucket: int, ledger_id: int, topic: str, run: npt.NDArray[np.uint32]) -> None:
-        """Add sorted unique entry ids of one (bucket, ledger) run; ids maybe pending elsewhere go the
-        per-id way. O(len(run)) in CRoaring, O(B_l) when the run overlaps the ledger's pending range."""
+    def _add_run(
+        self,
+        bucket: int,
+        ledger_id: int,
+        topic: str,
+        run: npt.NDArray[np.uint32],
+        known: dict[LedgerKey, BitMap],
+    ) -> None:
+        """Add sorted unique entry ids of one (bucket, ledger) run; ids maybe pending already go the
+        per-id way. ``known`` holds, per ledger, a superset of its pending ids, gathered once per
+        :meth:`add_many` call when a run first overlaps the ledger's pending range (O(B_l + P) then) and
+        kept up to date, so that each run costs O(len(run)) in CRoaring."""
         self._select(bucket, ledger_id, topic)
         record = self._slot_record
         assert record is not None
         lo, hi = int(run[0]), int(run[-1])
         fresh: npt.NDArray[np.uint32] = run
         repeated: BitMap | None = None
-        if len(record) > 1 and record.lo <= record.hi and not (lo > record.hi or hi < record.lo):
+        pending = known.get(record.key)
+        overlaps = record.lo <= record.hi and not (lo > record.hi or hi < record.lo)
+        if pending is None and overlaps and len(record) > 1:
+            pending = known[record.key] = self._ledger_ids(record)
+        if pending is not None:
             incoming = BitMap(_u32(run))
-            for i in range(record.head, len(record.buckets)):
-                other = record.buckets[i]
-                if other == bucket or not incoming:
-                    continue
-                slots: _Bucket = self._schedule[other]
-                if record.sizes[i] == _OWN:
-                    incoming -= _as_bitmap(slots.own(record.key))
-                elif slots.packed is not None:
-                    mine = BitMap64(_codes(record.base, _array_of(incoming, np.uint32))) & slots.packed
-                    if mine:
-                        incoming -= BitMap(_u32(_decode(_array_of(mine, np.uint64))[1]))
-            if len(incoming) != len(run):
-                repeated = BitMap(_u32(run)) - incoming
-                fresh = _array_of(incoming, np.uint32)
+            repeated = incoming & pending
+            if repeated:
+                fresh = _array_of(incoming - repeated, np.uint32)
+            pending |= incoming
         if len(fresh):
             self._put_many(fresh)
             masks = self._slot_members
@@ -1389,11 +1397,28 @@ class TimeBucketIndex:
                     self._slot_members = None
             record.widen(int(fresh[0]), self._slot_is_last)
             record.widen(int(fresh[-1]), self._slot_is_last)
-        for entry_id in repeated or ():
+        for entry_id in repeated or ():  # maybe pending elsewhere (or already here)
             self._select(bucket, ledger_id, topic)
             self._add_checked(entry_id, -1)
         self._select(bucket, ledger_id, topic)
         self._drop_if_empty()
+
+    def _ledger_ids(self, record: _Ledger) -> BitMap:
+        """Every entry id the ledger has pending, in any slot. O(B_l) bitmap unions plus O(P) numpy work
+        per bucket of its shared slots."""
+        ids = BitMap()
+        shared: list[BitMap64] = []
+        for i in range(record.head, len(record.buckets)):
+            slots: _Bucket = self._schedule[record.buckets[i]]
+            if record.sizes[i] == _OWN:
+                ids |= _as_bitmap(slots.own(record.key))
+            elif slots.packed is not None:
+                shared.append(slots.packed)
+        if shared:
+            codes = _array_of(BitMap64.union(*shared) if len(shared) > 1 else shared[0], np.uint64)
+            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(record.base)]
+            ids.update(_u32(_decode(mine)[1]))
+        return ids
 
     def _put_many(self, fresh: npt.NDArray[np.uint32]) -> None:
         """Put sorted unique whole entries (none pending in another slot) into the cached slot."""
@@ -1589,6 +1614,22 @@ def _runs(
 def _run_starts(buckets: npt.NDArray[np.int64], ledgers: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     change = (buckets[1:] != buckets[:-1]) | (ledgers[1:] != ledgers[:-1])
     return np.concatenate(([0], np.flatnonzero(change) + 1))
+
+
+def _worth_shrinking(bitmap: BitMap64) -> bool:
+    """Whether ``shrink_to_fit`` frees memory: arrays of 64 values and more on average (measured: with
+    fewer, glibc cannot split the spare bytes off and the tree's reallocation costs more than it saves)."""
+    stats = bitmap.get_statistics()
+    arrays = stats["n_array_containers"]
+    return arrays == 0 or stats["n_values_array_containers"] >= _SHRINK_FROM * arrays
+
+
+def _shrink(bitmap: BitMap64) -> None:
+    if _worth_shrinking(bitmap):
+        bitmap.shrink_to_fit()
+
+
+_SHRINK_FROM = 64
 
 
 def _merge_own(
