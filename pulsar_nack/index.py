@@ -1,9 +1,16 @@
 """The TimeBucket nack index: PIP-393's *bucket time → ledger → Roaring bitmap of entry ids*.
 
 A nack's due time (ms) is trimmed to a multiple of ``2**precision_bits`` (the *bucket*). All ids of one
-ledger that fall into one bucket share one bitmap, so memory grows with buckets × ledgers, not with ids:
-at 8 nacks/ms and 1-s buckets an id costs about one *bit*. The buckets sit in a sorted map, so finding
-what is due touches only the due buckets (PIP-393 seed, section "New Data Structure").
+ledger that fall into one bucket (a *slot*) share one bitmap, so memory grows with buckets × ledgers, not
+with ids: at 8 nacks/ms and 1-s buckets an id costs about one *bit*. Finding what is due touches only the
+due buckets (their times sit in a heap).
+
+Unlike the Java structure, a slot does not always get a bitmap of its own: when many topics (ledgers)
+share a bucket, each slot holds a few ids, and a bitmap, a map entry and a key per slot cost ~500 bytes —
+60 bytes per id with 100 topics over 60 s. Small slots therefore share one 64-bit Roaring bitmap per
+bucket, the ledger's number stored *below* the entry id so that up to 256 ledgers share each Roaring
+container (a few bytes per id); a slot that grows to :data:`PROMOTE_AT` ids moves to a bitmap of its own,
+where dense, in-order ids become run or bitset containers as before.
 
 Beyond the Java tracker this index
 
@@ -14,8 +21,8 @@ Beyond the Java tracker this index
   nothing extra;
 * answers :meth:`TimeBucketIndex.due_of` — *is this id pending, and until when?* — without a per-id
   reverse map (see the complexity notes there);
-* compacts buckets that stopped receiving ids (:meth:`TimeBucketIndex.compact`): a bitmap that holds one
-  run of consecutive ids becomes a 36-byte packed int, others get ``run_optimize`` + ``shrink_to_fit``.
+* compacts buckets that stopped receiving ids (:meth:`TimeBucketIndex.compact`): a slot that holds one
+  run of consecutive ids becomes a 36-byte packed int, bitmaps get ``run_optimize`` + ``shrink_to_fit``.
 
 Thread safety: every public method takes one internal lock, so the index may be shared by user threads
 (nacks) and a timer thread (``pop_due``, ``compact``). ``add_many`` and ``pop_due`` hold the lock for the
@@ -470,7 +477,8 @@ class TimeBucketIndex:
     * :meth:`due_of`, :meth:`pending_mask`, :meth:`remove` — O(1) for an id outside its ledger's pending
       range, else O(log B_l) when the ledger's slots hold ordered ranges in bitmaps of their own, else
       O(B_l) bitmap probes.
-    * ``len``, :attr:`bucket_count` — O(1); :meth:`next_due_ms` — O(log B).
+    * ``len``, :attr:`bucket_count` — O(1); :meth:`next_due_ms` — O(1) (amortized: O(log B) per bucket
+      emptied by :meth:`remove`).
     """
 
     def __init__(
@@ -551,7 +559,8 @@ class TimeBucketIndex:
         return (_check_due(due_ms) + self._round_up) & self._mask
 
     def next_due_ms(self) -> int | None:
-        """The earliest bucket time, or None when nothing is pending. O(log B)."""
+        """The earliest bucket time, or None when nothing is pending. O(1), plus O(log B) per bucket
+        emptied by :meth:`remove` that it finds at the head of the heap (and drops)."""
         with self._lock:
             times, tombs = self._times, self._tombs
             while tombs and times and times[0] in tombs:
@@ -782,7 +791,7 @@ class TimeBucketIndex:
             return removed
 
     def clear(self) -> None:
-        """Forget everything. O(1) here (the structures are dropped)."""
+        """Forget everything. O(B + ledgers) (the structures are dropped)."""
         with self._lock:
             self._schedule.clear()
             self._times.clear()
@@ -858,7 +867,8 @@ class TimeBucketIndex:
         _shrink(packed)
 
     def __iter__(self) -> Iterator[tuple[int, str, int, npt.NDArray[np.uint32]]]:
-        """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` per slot in bucket order (a snapshot). O(n)."""
+        """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` per slot in bucket order (a snapshot).
+        O(n + B log B)."""
         with self._lock:
             snapshot: list[tuple[int, LedgerKey, npt.NDArray[np.uint32]]] = []
             for bucket, slots in sorted(self._schedule.items(), key=_item_time):
@@ -1636,8 +1646,8 @@ def _merge_own(
     shared: npt.NDArray[np.uint32] | None, parts: list[tuple[int, Entries]]
 ) -> tuple[npt.NDArray[np.uint32], int]:
     """One ledger's due entry ids: ``shared`` (from the shared bitmaps, or None) merged with its due
-    bitmaps of their own; and how many (bucket, entry) pairs those held. Many runs (one-id buckets at
-    small k) are expanded by numpy: a few list steps per part instead of a bitmap call each."""
+    bitmaps of their own; and how many (bucket, entry) pairs those held. Many runs of one id each (one
+    id per bucket at small k) are gathered by numpy: a list step per part instead of a bitmap call."""
     if shared is None and len(parts) == 1:
         entries = parts[0][1]
         return _as_array(entries), len(entries)
@@ -1646,35 +1656,24 @@ def _merge_own(
         [entries for _, entries in parts if isinstance(entries, BitMap)] if len(runs) < len(parts) else []
     )
     count = sum(map(len, bitmaps))
-    if len(runs) <= _RUNS_ONE_BY_ONE:
-        union = BitMap() if shared is None else BitMap(_u32(shared))
-        for run in runs:
-            union.add_range(run.lo, run.hi + 1)
-            count += len(run)
-        for bitmap in bitmaps:
-            union |= bitmap
-        return _array_of(union, np.uint32), count
-    packed = np.array(runs, dtype=np.uint64)
-    lows = (packed >> np.uint64(32)).astype(np.int64)
-    lengths = (packed & np.uint64(MAX_ENTRY_ID)).astype(np.int64) - lows + 1
-    total = int(lengths.sum())
-    count += total
-    if total == len(runs):  # runs of one id each (one id per bucket)
-        expanded = lows.astype(np.uint32)
-    else:
-        starts = np.repeat(lows - (np.cumsum(lengths) - lengths), lengths)
-        expanded = (np.arange(total, dtype=np.int64) + starts).astype(np.uint32)
-    if not bitmaps:
-        pieces = [expanded] if shared is None else [shared, expanded]
-        return np.unique(np.concatenate(pieces)), count
-    union = BitMap.union(*bitmaps, BitMap(_u32(expanded)))
-    if shared is not None:
-        union |= BitMap(_u32(shared))
+    union = BitMap() if shared is None else BitMap(_u32(shared))
+    if len(runs) > _RUNS_ONE_BY_ONE:
+        packed = np.array(runs, dtype=np.uint64)
+        lows = packed >> np.uint64(32)
+        if bool((lows == packed & np.uint64(MAX_ENTRY_ID)).all()):  # each run one id
+            count += len(runs)
+            union.update(_u32(lows.astype(np.uint32)))
+            runs = []
+    for run in runs:
+        union.add_range(run.lo, run.hi + 1)
+        count += len(run)
+    for bitmap in bitmaps:
+        union |= bitmap
     return _array_of(union, np.uint32), count
 
 
-#: _merge_own adds up to this many runs to a bitmap one by one (each call ~0.5 us), more with numpy
-#: (~15 us a call, whatever the count).
+#: _merge_own adds up to this many runs to a bitmap one by one (~0.5 us each); more, if each holds one
+#: id, with numpy (~10 us whatever the count).
 _RUNS_ONE_BY_ONE = 24
 
 
