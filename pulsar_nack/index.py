@@ -37,6 +37,7 @@ import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import pairwise
 from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 import numpy as np
@@ -275,6 +276,10 @@ _OWN = 255  # the size byte of a slot that has its own bitmap
 #: consecutive ids a ``_Run`` of its own (36 bytes plus its dict entry, against 2 bytes per id).
 RUN_AT = 16
 
+#: A ledger's slots are checked for ordered entry ranges (lookups then bisect) if at most this many of
+#: them are in shared bitmaps, whose extremes cost O(P) to find.
+_ORDER_SHARED = 4
+
 #: Bucket times are kept in signed 64-bit arrays (ceil rounding may add up to 2**30 - 1): a later due
 #: time (~292 million years ahead) is filed as this one.
 MAX_DUE_MS: int = 2**63 - 2**MAX_PRECISION_BITS
@@ -403,15 +408,39 @@ class _Ledger:
     def _all_own(self) -> bool:
         return self.sizes[self.head :].count(_OWN) == len(self)
 
+    def _extremes(self, schedule: Mapping[int, _Bucket]) -> list[tuple[int, int]] | None:
+        """(smallest, largest) entry id of every slot, or None when that would cost more than O(B_l):
+        slots in a shared bitmap are read with numpy (O(P)), so at most _ORDER_SHARED of them."""
+        shared = len(self) - self.sizes[self.head :].count(_OWN)
+        if shared > _ORDER_SHARED:
+            return None
+        out = []
+        for i in range(self.head, len(self.buckets)):
+            slots = schedule[self.buckets[i]]
+            if self.sizes[i] == _OWN:
+                entries = slots.own(self.key)
+                if not entries:
+                    return None
+                out.append((_min(entries), _max(entries)))
+                continue
+            if slots.packed is None:  # a new slot, still empty: no order to speak of
+                return None
+            codes = _array_of(slots.packed, np.uint64)
+            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(self.base)]
+            if not len(mine):
+                return None
+            entry_ids = _decode(mine)[1]
+            out.append((int(entry_ids[0]), int(entry_ids[-1])))  # codes of one ledger: by entry id
+        return out
+
     def refresh_bounds(self, schedule: Mapping[int, _Bucket]) -> None:
-        """Exact ``lo``/``hi`` when every slot has its own bitmap (O(B_l)); shared slots keep the loose
-        bounds (finding a ledger's extremes in a shared bitmap would cost the bucket's size)."""
+        """Exact ``lo``/``hi`` when the slots' extremes are cheap to find (O(B_l), see ``_extremes``);
+        else the loose bounds stay."""
         self.stale = False
-        if not self._all_own():
-            return
-        own = [schedule[bucket].own(self.key) for bucket in self.buckets[self.head :]]
-        self.lo = min(_min(e) for e in own)
-        self.hi = max(_max(e) for e in own)
+        extremes = self._extremes(schedule)
+        if extremes:
+            self.lo = min(low for low, _ in extremes)
+            self.hi = max(high for _, high in extremes)
 
     def candidates(self, schedule: Mapping[int, _Bucket], entry_id: int) -> Iterable[int]:
         """Positions of the slots that may hold ``entry_id``: O(log B_l) when ordered, else all B_l."""
@@ -425,14 +454,11 @@ class _Ledger:
 
     def _order(self, schedule: Mapping[int, _Bucket]) -> None:
         self.mins, self.ordered = [], False
-        if not self._all_own():
+        extremes = self._extremes(schedule)
+        if extremes is None:
             return
-        own = [schedule[bucket].own(self.key) for bucket in self.buckets[self.head :]]
-        if not all(own):
-            return
-        lows = [_min(e) for e in own]
-        highs = [_max(e) for e in own]
-        self.ordered = all(high < low for high, low in zip(highs, lows[1:], strict=False))
+        lows = [low for low, _ in extremes]
+        self.ordered = all(a[1] < b[0] for a, b in pairwise(extremes))
         if self.ordered:
             self.mins = [-1] * self.head + lows  # aligned with the positions; dead ones sort first
 
@@ -604,9 +630,20 @@ class TimeBucketIndex:
             if batch_index == -1 and self._slot_members is None:
                 record = self._slot_record
                 assert record is not None
-                if len(record) == 1 or entry_id > record.hi or entry_id < record.lo:
-                    # The ledger's only slot (membership is exact), or outside every pending id of the
-                    # ledger: cannot be a duplicate elsewhere.
+                own = self._slot_own
+                if own is not None and record.lo <= record.hi < entry_id <= MAX_ENTRY_ID:
+                    # The in-order nack into a slot with its own bitmap: above every pending id of the
+                    # ledger, so new. (_put's work, inlined: this is the nack path.)
+                    own.add(entry_id)
+                    self._count += 1
+                    record.hi = entry_id
+                    if not self._slot_is_last:
+                        record.mins = None  # ranges may overlap now
+                    self._added += 1
+                    return bucket
+                if entry_id > record.hi or entry_id < record.lo or len(record) == 1:
+                    # Outside every pending id of the ledger, or the ledger's only slot (membership is
+                    # exact): cannot be a duplicate elsewhere.
                     self._put(entry_id)
                     self._added += 1
                     return bucket
@@ -1136,13 +1173,6 @@ class TimeBucketIndex:
             record.sizes[i] = size
         record.mins = None  # the slot's smallest entry may have changed
 
-    def _has(self, record: _Ledger, i: int, entry_id: int) -> bool:
-        slots: _Bucket = self._schedule[record.buckets[i]]
-        if record.sizes[i] == _OWN:
-            return entry_id in slots.own(record.key)
-        packed = slots.packed
-        return packed is not None and (record.base | entry_id << _ORDINAL_BITS) in packed
-
     def _holding(self, record: _Ledger, entry_id: int) -> list[int]:
         """Bucket times (ascending) of every slot of this ledger that holds ``entry_id``."""
         if entry_id > record.hi or entry_id < record.lo:
@@ -1153,11 +1183,18 @@ class TimeBucketIndex:
                 return []
         if not 0 <= entry_id <= MAX_ENTRY_ID:
             return []
-        return [
-            record.buckets[i]
-            for i in record.candidates(self._schedule, entry_id)
-            if self._has(record, i, entry_id)
-        ]
+        schedule, key, buckets, sizes = self._schedule, record.key, record.buckets, record.sizes
+        code = record.base | entry_id << _ORDINAL_BITS
+        out = []
+        for i in record.candidates(schedule, entry_id):
+            bucket = buckets[i]
+            slots = schedule[bucket]
+            if sizes[i] == _OWN:
+                if entry_id in slots[key]:
+                    out.append(bucket)
+            elif slots.packed is not None and code in slots.packed:  # None: a new slot, still empty
+                out.append(bucket)
+        return out
 
     # -- internals: the add path ------------------------------------------------------------------
 

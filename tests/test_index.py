@@ -552,3 +552,17 @@ def test_memory_usage_with_100_ledgers_per_bucket_is_within_10_percent_and_a_few
     for outside, inside in (figures["hot"], figures["cold"]):
         assert abs(inside - outside) <= 0.10 * outside, figures
     assert figures["cold"][0] / 100_000 < 8, "bytes per id (a bitmap per slot: ~60)"
+
+
+@pytest.mark.parametrize("promote_at", [1, 128])
+def test_a_renack_inside_the_range_opens_a_slot_between_others(promote_at: int) -> None:
+    """The dedupe runs while the new slot is still empty (no ids, no shared bitmap yet)."""
+    index = TimeBucketIndex(0, promote_at=promote_at)
+    index.add(100, 1, 5)
+    index.add(300, 1, 9)
+    assert index.due_of(1, 9) == 300  # orders the two slots
+    index.add(200, 1, 7)  # inside 5..9, in a bucket of its own
+    index.add(250, 1, 9)  # earlier than its pending copy: moves
+    index.add(260, 1, 5)  # later than its pending copy: stays
+    assert [index.due_of(1, e) for e in (5, 7, 9)] == [100, 200, 250] and len(index) == 3
+    assert [d.entry_ids.tolist() for d in index.pop_due(1_000)] == [[5, 7, 9]]
