@@ -1322,7 +1322,11 @@ class TimeBucketIndex:
         assert record is not None and slots is not None
         own = BitMap()
         packed = slots.packed
-        if packed is not None and record.sizes[self._slot_pos]:
+        size = record.sizes[self._slot_pos]
+        if packed is not None and size and len(packed) == size:  # the slot is all of the bitmap
+            own.update([(code & _CODE_ENTRY) >> _ORDINAL_BITS for code in packed])
+            slots.packed = None
+        elif packed is not None and size:
             codes = _array_of(packed, np.uint64)
             mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(record.base)]
             own.update(_u32(_decode(mine)[1]))

@@ -376,8 +376,12 @@ def test_a_ledger_number_is_reused_once_its_ledger_has_nothing_pending() -> None
     assert _contents(index) == {(10, "B", 1): [7], (20, "C", 1): [8]}
 
 
-def test_a_growing_slot_moves_to_its_own_bitmap() -> None:
+@pytest.mark.parametrize("other_first", [False, True], ids=["alone", "shared"])
+def test_a_growing_slot_moves_to_its_own_bitmap(other_first: bool) -> None:
+    """The slot moves out of the bucket's shared bitmap, alone in it or beside another ledger's ids."""
     index = TimeBucketIndex(0, promote_at=4)
+    if other_first:
+        index.add(50, 2, 9)
     for entry in range(10):
         index.add(50, 1, entry * 3)  # ledger 1 grows past promote_at
     index.add(50, 2, 9)  # ledger 2 stays in the shared bitmap
