@@ -405,9 +405,6 @@ class _Ledger:
         else:
             self.mins = None
 
-    def _all_own(self) -> bool:
-        return self.sizes[self.head :].count(_OWN) == len(self)
-
     def _extremes(self, schedule: Mapping[int, _Bucket]) -> list[tuple[int, int]] | None:
         """(smallest, largest) entry id of every slot, or None when that would cost more than O(B_l):
         slots in a shared bitmap are read with numpy (O(P)), so at most _ORDER_SHARED of them."""
@@ -493,16 +490,19 @@ class TimeBucketIndex:
 
     * :meth:`add` — O(1) when the id's bucket and ledger repeat the previous call or the entry id lies
       outside the ledger's pending range (the usual in-order nack); O(log B + log B_l) when it opens a
-      slot; O(B_l) when the id might already be pending (re-nack inside the ledger's pending range);
-      O(P) once per slot, when it reaches :data:`PROMOTE_AT` ids and moves to its own bitmap.
-    * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger
-      (O(B_l) for a run inside the ledger's pending range); unsorted input is sorted first (O(n log n)).
+      slot (plus a C memmove of the ledger's arrays when the slot is not its latest); O(B_l) when the id
+      might already be pending (re-nack inside the ledger's pending range); O(P) once per slot, when it
+      reaches :data:`PROMOTE_AT` ids and moves to its own bitmap.
+    * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
+      O(B_l + P) once per ledger and call if a run overlaps the ledger's pending range (the ids it may
+      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)).
     * :meth:`pop_due` — O(due ids log due ids) in numpy and CRoaring (the due buckets' shared bitmaps are
       merged in one call), plus O(1) Python work per due bucket, per slot with its own bitmap, and per
       due ledger.
     * :meth:`due_of`, :meth:`pending_mask`, :meth:`remove` — O(1) for an id outside its ledger's pending
-      range, else O(log B_l) when the ledger's slots hold ordered ranges in bitmaps of their own, else
-      O(B_l) bitmap probes.
+      range, else O(log B_l) when the ledger's slots hold ordered ranges (and at most 4 of them are
+      shared), else O(B_l) bitmap probes. Finding the order costs O(B_l) (+ O(P) per shared slot) once
+      after each change of the ledger.
     * ``len``, :attr:`bucket_count` — O(1); :meth:`next_due_ms` — O(1) (amortized: O(log B) per bucket
       emptied by :meth:`remove`).
     """
