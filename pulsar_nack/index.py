@@ -1,9 +1,16 @@
 """The TimeBucket nack index: PIP-393's *bucket time → ledger → Roaring bitmap of entry ids*.
 
 A nack's due time (ms) is trimmed to a multiple of ``2**precision_bits`` (the *bucket*). All ids of one
-ledger that fall into one bucket share one bitmap, so memory grows with buckets × ledgers, not with ids:
-at 8 nacks/ms and 1-s buckets an id costs about one *bit*. The buckets sit in a sorted map, so finding
-what is due touches only the due buckets (PIP-393 seed, section "New Data Structure").
+ledger that fall into one bucket (a *slot*) share one bitmap, so memory grows with buckets × ledgers, not
+with ids: at 8 nacks/ms and 1-s buckets an id costs about one *bit*. Finding what is due touches only the
+due buckets (their times sit in a heap).
+
+Unlike the Java structure, a slot does not always get a bitmap of its own: when many topics (ledgers)
+share a bucket, each slot holds a few ids, and a bitmap, a map entry and a key per slot cost ~500 bytes —
+60 bytes per id with 100 topics over 60 s. Small slots therefore share one 64-bit Roaring bitmap per
+bucket, the ledger's number stored *below* the entry id so that up to 256 ledgers share each Roaring
+container (a few bytes per id); a slot that grows to :data:`PROMOTE_AT` ids moves to a bitmap of its own,
+where dense, in-order ids become run or bitset containers as before.
 
 Beyond the Java tracker this index
 
@@ -14,8 +21,8 @@ Beyond the Java tracker this index
   nothing extra;
 * answers :meth:`TimeBucketIndex.due_of` — *is this id pending, and until when?* — without a per-id
   reverse map (see the complexity notes there);
-* compacts buckets that stopped receiving ids (:meth:`TimeBucketIndex.compact`): a bitmap that holds one
-  run of consecutive ids becomes a 36-byte packed int, others get ``run_optimize`` + ``shrink_to_fit``.
+* compacts buckets that stopped receiving ids (:meth:`TimeBucketIndex.compact`): a slot that holds one
+  run of consecutive ids becomes a 36-byte packed int, bitmaps get ``run_optimize`` + ``shrink_to_fit``.
 
 Thread safety: every public method takes one internal lock, so the index may be shared by user threads
 (nacks) and a timer thread (``pop_due``, ``compact``). ``add_many`` and ``pop_due`` hold the lock for the
@@ -24,24 +31,35 @@ whole call.
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import threading
+from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import pairwise
 from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
-from sortedcontainers import SortedDict
 
-from pulsar_nack.memory import MemoryUsage, bitmap64_heap_bytes, bitmap_heap_bytes, python_bytes
+from pulsar_nack.memory import (
+    MemoryUsage,
+    bitmap64_heap_bytes,
+    bitmap_heap_bytes,
+    python_bytes,
+    shared_bitmap64_heap_bytes,
+)
 
 __all__ = [
     "MAX_BATCH_INDEX",
+    "MAX_DUE_MS",
     "MAX_ENTRY_ID",
+    "MAX_LEDGERS",
     "MAX_PRECISION_BITS",
     "MEMBER_BITS",
+    "PROMOTE_AT",
     "DueIds",
     "Rounding",
     "TimeBucketIndex",
@@ -218,7 +236,7 @@ class _Run(int):
         return isinstance(entry_id, int) and self >> 32 <= entry_id <= self & MAX_ENTRY_ID
 
     def __len__(self) -> int:
-        return self.hi - self.lo + 1
+        return (self & MAX_ENTRY_ID) - (self >> 32) + 1
 
     def __bool__(self) -> bool:
         return True  # a run is never empty, though the run 0..0 packs to the int 0
@@ -229,64 +247,221 @@ class _Run(int):
         return bitmap
 
 
-#: What a bucket stores per ledger: a live bitmap, or a compacted run.
+#: What a ledger's own bitmap slot stores: a live bitmap, or a compacted run.
 Entries: TypeAlias = "BitMap | _Run"
+
+# -- the packed layout ---------------------------------------------------------------------------------
+# Small slots of one bucket share one 64-bit Roaring bitmap. A ledger gets an *ordinal* (reused once the
+# ledger has nothing pending) and an id is stored as ``group << 48 | entry_id << 8 | ordinal & 255`` with
+# ``group = ordinal >> 8``: the ordinal sits *below* the entry id, so up to 256 ledgers share every
+# Roaring container (one container spans 256 entry ids of 256 ledgers). Ledger-major codes would cost one
+# container (~100 B of C heap) per (bucket, ledger) slot — 12 B per id when slots hold 8 ids.
+_ORDINAL_BITS = 8
+_ORDINAL_LOW = (1 << _ORDINAL_BITS) - 1
+_GROUP_SHIFT = 48
+_CODE_ENTRY = (1 << _GROUP_SHIFT) - 1  # entry id and low ordinal bits
+MAX_LEDGERS: int = 1 << (64 - _GROUP_SHIFT + _ORDINAL_BITS)  # ledgers with ids pending at one time
+_U64_ORDINAL_LOW = np.uint64(_ORDINAL_LOW)
+_U64_GROUP_SHIFT = np.uint64(_GROUP_SHIFT)
+_U64_ORDINAL_BITS = np.uint64(_ORDINAL_BITS)
+_U64_CODE_ENTRY = np.uint64(_CODE_ENTRY)
+
+#: A packed slot that reaches this many ids moves to a bitmap of its own: there it can become a run or
+#: bitset container (dense, in-order nacks) and its lookups skip the shared bitmap. Sizes are kept in a
+#: byte per slot, so this stays below _OWN.
+PROMOTE_AT = 128
+_OWN = 255  # the size byte of a slot that has its own bitmap
+
+#: :meth:`TimeBucketIndex.compact` gives a slot of the shared bitmap holding one run of this many
+#: consecutive ids a ``_Run`` of its own (36 bytes plus its dict entry, against 2 bytes per id).
+RUN_AT = 16
+
+#: A ledger's slots are checked for ordered entry ranges (lookups then bisect) if at most this many of
+#: them are in shared bitmaps, whose extremes cost O(P) to find.
+_ORDER_SHARED = 4
+
+#: Bucket times are kept in signed 64-bit arrays (ceil rounding may add up to 2**30 - 1): a later due
+#: time (~292 million years ahead) is filed as this one.
+MAX_DUE_MS: int = 2**63 - 2**MAX_PRECISION_BITS
+
+
+def _base(ordinal: int) -> int:
+    """The part of a packed code that names the ledger (entry id bits zero)."""
+    return (ordinal >> _ORDINAL_BITS) << _GROUP_SHIFT | ordinal & _ORDINAL_LOW
+
+
+def _decode(codes: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32]]:
+    """(ordinals, entry ids) of packed codes. O(n) numpy."""
+    ordinals = (codes >> _U64_GROUP_SHIFT) << _U64_ORDINAL_BITS | codes & _U64_ORDINAL_LOW
+    entries = ((codes & _U64_CODE_ENTRY) >> _U64_ORDINAL_BITS).astype(np.uint32)
+    return ordinals, entries
+
+
+def _codes(base: int, entry_ids: npt.NDArray[np.uint32]) -> array[int]:
+    """Packed codes of one ledger's entry ids, as an ``array('Q')`` (pyroaring reads it as a buffer)."""
+    values = entry_ids.astype(np.uint64) << _U64_ORDINAL_BITS | np.uint64(base)
+    return array("Q", values.tobytes())
+
+
+def _u32(entry_ids: npt.NDArray[np.uint32]) -> array[int]:
+    """An ``array('I')`` of entry ids: pyroaring builds from it ~10x faster than from a numpy array."""
+    return array("I", np.ascontiguousarray(entry_ids, dtype=np.uint32).tobytes())
+
+
+def _array_of(bitmap: BitMap | BitMap64, dtype: type[np.unsignedinteger[Any]]) -> Any:
+    return np.frombuffer(bitmap.to_array(), dtype=dtype)
+
+
+class _Bucket(dict[LedgerKey, Entries]):
+    """One bucket: slots that have their own bitmap (the dict, keyed by ledger key) and one shared
+    ``packed`` bitmap of the small slots (None when there are none)."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.packed: BitMap64 | None = None
+
+    def own(self, key: LedgerKey) -> Entries:
+        entries: Entries = self[key]
+        return entries
 
 
 class _Ledger:
-    """Bookkeeping of a ledger that has ids in more than one bucket (single-bucket ledgers need none).
+    """One ledger with ids pending: its ordinal in the shared bitmaps and its slots.
 
-    ``buckets`` (sorted) and ``entries`` are parallel lists. ``lo``/``hi`` bound every pending entry id
-    (loosely after pops: ``stale`` says so), so that a nack outside them skips any search. ``mins`` holds
-    each bucket's smallest entry id when the buckets hold increasing, disjoint ranges of entry ids (the
-    usual in-order case), so a lookup bisects instead of probing every bucket; None = not known yet.
+    ``buckets`` (``array('q')``, sorted) holds the bucket times of its slots and ``sizes`` (``array('B')``,
+    parallel) each slot's id count while it is in the shared bitmap, or ``_OWN``. Positions below
+    ``head`` are slots already popped: popping the earliest slots only moves ``head``, and the arrays drop
+    that prefix once it is half of them (amortized O(1) per popped slot, where deleting the prefix at
+    every pop cost O(B_l) — 100,000 slots of one ledger at k = 0). Positions are absolute.
+    ``lo``/``hi`` bound every pending entry id (loosely after removals: ``stale`` says so), so that an id
+    outside them skips any search. ``mins`` (aligned with the positions) holds each slot's smallest
+    entry id when all slots have bitmaps of their own holding increasing, disjoint ranges of entry ids
+    (the usual in-order case), so a lookup bisects instead of probing every slot; None = not known yet.
     """
 
-    __slots__ = ("buckets", "entries", "hi", "lo", "mins", "ordered", "stale")
+    __slots__ = (
+        "base",
+        "buckets",
+        "head",
+        "hi",
+        "key",
+        "lo",
+        "mins",
+        "ordered",
+        "ordinal",
+        "sizes",
+        "stale",
+    )
 
-    def __init__(self, buckets: list[int], entries: list[Entries]) -> None:
-        self.buckets = buckets
-        self.entries = entries
+    def __init__(self, key: LedgerKey, ordinal: int) -> None:
+        self.key = key
+        self.ordinal = ordinal
+        self.base = _base(ordinal)
+        self.buckets = array("q")
+        self.sizes = array("B")
+        self.head = 0
         self.lo = 0
-        self.hi = -1
-        self.stale = True
+        self.hi = -1  # empty: no bound yet
+        self.stale = False
         self.mins: list[int] | None = None
         self.ordered = False
-        self.refresh_bounds()
 
-    def refresh_bounds(self) -> None:
-        """Recompute exact ``lo``/``hi``. O(buckets of this ledger)."""
-        lows = [_min(e) for e in self.entries if e]
-        highs = [_max(e) for e in self.entries if e]
-        self.lo = min(lows) if lows else 0
-        self.hi = max(highs) if highs else -1
-        self.stale = False
-
-    def candidates(self, entry_id: int) -> Iterator[tuple[int, Entries]]:
-        """(bucket, entries) of the slots that may hold ``entry_id``. O(log B_l) when ordered, else O(B_l)."""
-        if self.mins is None:
-            self._order()
-        if self.ordered:
-            assert self.mins is not None
-            i = bisect_right(self.mins, entry_id) - 1
-            if i >= 0:
-                yield self.buckets[i], self.entries[i]
-            return
-        yield from zip(self.buckets, self.entries, strict=True)
-
-    def _order(self) -> None:
-        if not all(self.entries):  # a new, still empty slot: no order to speak of
-            self.mins, self.ordered = [], False
-            return
-        self.mins = [_min(e) for e in self.entries]
-        highs = [_max(e) for e in self.entries]
-        self.ordered = all(high < low for high, low in zip(highs, self.mins[1:], strict=False))
+    def __len__(self) -> int:
+        """Slots (live positions). O(1)."""
+        return len(self.buckets) - self.head
 
     def position(self, bucket: int) -> int:
-        i = bisect_left(self.buckets, bucket)
+        """Position of the slot at ``bucket``. O(log B_l)."""
+        i = bisect_left(self.buckets, bucket, self.head)
         if i == len(self.buckets) or self.buckets[i] != bucket:
             raise KeyError(bucket)
         return i
+
+    def drop_first(self, count: int) -> None:
+        """Forget the ``count`` earliest slots. Amortized O(count)."""
+        self.head += count
+        self.stale = True  # lo/hi still bound the rest, loosely
+        # The first of ordered ranges dropped: the rest stay ordered, and mins stays aligned.
+        if self.head * 2 > len(self.buckets) and self.head >= 16:
+            del self.buckets[: self.head]
+            del self.sizes[: self.head]
+            if self.mins:
+                del self.mins[: self.head]
+            self.head = 0
+
+    def widen(self, entry_id: int, last: bool) -> None:
+        """Make ``lo``/``hi`` cover a new id of the slot (``last``: the ledger's latest slot). O(1)."""
+        if self.hi < self.lo:
+            self.lo = self.hi = entry_id
+        elif entry_id > self.hi:
+            self.hi = entry_id
+            if not last:
+                self.mins = None  # ranges may overlap now
+        elif entry_id < self.lo:
+            self.lo = entry_id
+            self.mins = None
+        else:
+            self.mins = None
+
+    def _extremes(self, schedule: Mapping[int, _Bucket]) -> list[tuple[int, int]] | None:
+        """(smallest, largest) entry id of every slot, or None when that would cost more than O(B_l):
+        slots in a shared bitmap are read with numpy (O(P)), so at most _ORDER_SHARED of them."""
+        shared = len(self) - self.sizes[self.head :].count(_OWN)
+        if shared > _ORDER_SHARED:
+            return None
+        out = []
+        for i in range(self.head, len(self.buckets)):
+            slots = schedule[self.buckets[i]]
+            if self.sizes[i] == _OWN:
+                entries = slots.own(self.key)
+                if not entries:
+                    return None
+                out.append((_min(entries), _max(entries)))
+                continue
+            if slots.packed is None:  # a new slot, still empty: no order to speak of
+                return None
+            codes = _array_of(slots.packed, np.uint64)
+            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(self.base)]
+            if not len(mine):
+                return None
+            entry_ids = _decode(mine)[1]
+            out.append((int(entry_ids[0]), int(entry_ids[-1])))  # codes of one ledger: by entry id
+        return out
+
+    def refresh_bounds(self, schedule: Mapping[int, _Bucket]) -> None:
+        """Exact ``lo``/``hi`` when the slots' extremes are cheap to find (O(B_l), see ``_extremes``);
+        else the loose bounds stay."""
+        self.stale = False
+        extremes = self._extremes(schedule)
+        if extremes:
+            self.lo = min(low for low, _ in extremes)
+            self.hi = max(high for _, high in extremes)
+
+    def candidates(self, schedule: Mapping[int, _Bucket], entry_id: int) -> Iterable[int]:
+        """Positions of the slots that may hold ``entry_id``: O(log B_l) when ordered, else all B_l."""
+        if self.mins is None:
+            self._order(schedule)
+        if self.ordered:
+            assert self.mins is not None
+            i = bisect_right(self.mins, entry_id, self.head) - 1
+            return (i,) if i >= self.head else ()
+        return range(self.head, len(self.buckets))
+
+    def _order(self, schedule: Mapping[int, _Bucket]) -> None:
+        self.mins, self.ordered = [], False
+        extremes = self._extremes(schedule)
+        if extremes is None:
+            return
+        lows = [low for low, _ in extremes]
+        self.ordered = all(a[1] < b[0] for a, b in pairwise(extremes))
+        if self.ordered:
+            self.mins = [-1] * self.head + lows  # aligned with the positions; dead ones sort first
+
+
+def _first_bucket(record: _Ledger) -> int:
+    return record.buckets[record.head]
 
 
 def _min(entries: Entries) -> int:
@@ -305,20 +480,42 @@ class TimeBucketIndex:
     ``2**k - 1`` ms early and never late; ``"ceil"`` uses the bucket at or after it: never early, up to
     ``2**k - 1`` ms late.
 
-    Complexity (B = buckets, L = ledgers with ids in a bucket, B_l = buckets of one ledger):
+    Layout: a (bucket, ledger) *slot* with fewer than :data:`PROMOTE_AT` ids lives in its bucket's one
+    shared 64-bit bitmap (see ``_base``: a few bytes per id however many ledgers share the bucket); a
+    larger slot has a 32-bit bitmap of its own (dense slots become run or bitset containers). Per ledger
+    the index keeps the sorted bucket times of its slots in a compact array.
+
+    Complexity (n = ids in the call, B = buckets, L = ledgers with ids in a bucket, B_l = slots of one
+    ledger, P = ids in one bucket's shared bitmap):
 
     * :meth:`add` — O(1) when the id's bucket and ledger repeat the previous call or the entry id lies
-      outside the ledger's pending range (the usual in-order nack); O(log B) when it opens a bucket;
-      O(B_l) when the id might already be pending (re-nack inside the ledger's pending range).
+      outside the ledger's pending range (the usual in-order nack); O(log B + log B_l) when it opens a
+      slot (plus a C memmove of the ledger's arrays when the slot is not its latest); O(B_l) when the id
+      might already be pending (re-nack inside the ledger's pending range); O(P) once per slot, when it
+      reaches :data:`PROMOTE_AT` ids and moves to its own bitmap.
     * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
-      unsorted input is sorted first (O(n log n)).
-    * :meth:`pop_due` — O(due buckets × L + due ids) (ids are copied out by CRoaring in bulk).
+      O(B_l + P) once per ledger and call if a run overlaps the ledger's pending range (the ids it may
+      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)).
+    * :meth:`pop_due` — O(due ids log due ids) in numpy and CRoaring (the due buckets' shared bitmaps are
+      merged in one call), plus O(1) Python work per due bucket, per slot with its own bitmap, and per
+      due ledger.
     * :meth:`due_of`, :meth:`pending_mask`, :meth:`remove` — O(1) for an id outside its ledger's pending
-      range, else O(B_l).
-    * ``len``, :attr:`bucket_count` — O(1); :meth:`next_due_ms` — O(log B).
+      range, else O(log B_l) when the ledger's slots hold ordered ranges (and at most 4 of them are
+      shared), else O(B_l) bitmap probes. Finding the order costs O(B_l) (+ O(P) per shared slot) once
+      after each change of the ledger.
+    * ``len``, :attr:`bucket_count` — O(1); :meth:`next_due_ms` — O(1) (amortized: O(log B) per bucket
+      emptied by :meth:`remove`).
     """
 
-    def __init__(self, precision_bits: int = 8, rounding: Rounding = "floor") -> None:
+    def __init__(
+        self, precision_bits: int = 8, rounding: Rounding = "floor", *, promote_at: int = PROMOTE_AT
+    ) -> None:
+        """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
+        bitmap of its own; 1 gives every slot its own bitmap from its first id. O(1)."""
+        if isinstance(promote_at, bool) or not isinstance(promote_at, int | np.integer):
+            raise TypeError(f"promote_at must be an int, got {type(promote_at).__name__}")
+        if not 1 <= promote_at < _OWN:
+            raise ValueError(f"promote_at must be in 1..{_OWN - 1}, got {promote_at}")
         if isinstance(precision_bits, bool) or not isinstance(precision_bits, int | np.integer):
             raise TypeError(f"precision_bits must be an int, got {type(precision_bits).__name__}")
         if not 0 <= precision_bits <= MAX_PRECISION_BITS:
@@ -328,13 +525,21 @@ class TimeBucketIndex:
             raise ValueError(f"rounding must be 'floor' or 'ceil', got {rounding!r}")
         self._precision_bits = precision_bits
         self._rounding: Rounding = rounding
+        self._promote_at = int(promote_at)
         self._mask = -1 << precision_bits
         self._round_up = (1 << precision_bits) - 1 if rounding == "ceil" else 0
         self._lock = threading.Lock()
-        # bucket_ms → {ledger key → entry ids}: the PIP-393 map.
-        self._schedule: SortedDict = SortedDict()
-        # ledger key → its only bucket (an int), or a _Ledger when it has ids in several buckets.
-        self._ledgers: dict[LedgerKey, int | _Ledger] = {}
+        # bucket_ms → _Bucket: the PIP-393 map, its bucket times in a heap. Popping the earliest buckets
+        # is what the timer does all the time: a heap pop is O(log B) in C, where deleting a sorted map's
+        # first keys one by one cost ~0.5 us of Python each. A bucket emptied by remove() stays in the
+        # heap as a tombstone until its time comes (or it is filled again), so it is pushed only once.
+        self._schedule: dict[int, _Bucket] = {}
+        self._times: list[int] = []
+        self._tombs: set[int] = set()
+        # ledger key → its record; ordinal → record (None: free); free ordinals (a heap: smallest first).
+        self._ledgers: dict[LedgerKey, _Ledger] = {}
+        self._ordinals: list[_Ledger | None] = []
+        self._free: list[int] = []
         # (bucket, key) → {entry id → bitmask of pending batch indexes}, for entries that are pending
         # only for some messages of their batch. Entries absent here are pending as a whole.
         self._members: dict[tuple[int, LedgerKey], _Members] = {}
@@ -348,11 +553,18 @@ class TimeBucketIndex:
 
     @property
     def precision_bits(self) -> int:
+        """*k*: bucket times are multiples of ``2**k`` ms. O(1)."""
         return self._precision_bits
 
     @property
     def rounding(self) -> Rounding:
+        """``"floor"`` or ``"ceil"``. O(1)."""
         return self._rounding
+
+    @property
+    def promote_at(self) -> int:
+        """Ids at which a slot moves to a bitmap of its own. O(1)."""
+        return self._promote_at
 
     @property
     def bucket_count(self) -> int:
@@ -361,23 +573,25 @@ class TimeBucketIndex:
 
     @property
     def added(self) -> int:
-        """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included."""
+        """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included. O(1)."""
         return self._added
 
     def __len__(self) -> int:
-        """Pending ids, counting an entry once per bucket (batch messages of one entry count once)."""
+        """Pending ids, counting an entry once per bucket (batch messages of one entry count once). O(1)."""
         return self._count
 
     def bucket_of(self, due_ms: int) -> int:
-        """The bucket time an id due at ``due_ms`` is stored under (and popped at)."""
+        """The bucket time an id due at ``due_ms`` is stored under (and popped at). O(1)."""
         return (_check_due(due_ms) + self._round_up) & self._mask
 
     def next_due_ms(self) -> int | None:
-        """The earliest bucket time, or None when nothing is pending. O(log B)."""
+        """The earliest bucket time, or None when nothing is pending. O(1), plus O(log B) per bucket
+        emptied by :meth:`remove` that it finds at the head of the heap (and drops)."""
         with self._lock:
-            if not self._schedule:
-                return None
-            return int(self._schedule.keys()[0])
+            times, tombs = self._times, self._tombs
+            while tombs and times and times[0] in tombs:
+                tombs.discard(heapq.heappop(times))
+            return times[0] if times else None
 
     # -- adding ---------------------------------------------------------------------------------------
 
@@ -390,7 +604,7 @@ class TimeBucketIndex:
         topic: str = "",
         fresh: bool = False,
     ) -> int:
-        """Schedule one id; returns the bucket time it was filed under.
+        """Schedule one id; returns the bucket time it was filed under. Complexity: see the class.
 
         A pending id keeps its earlier due time (earliest wins).
 
@@ -400,43 +614,39 @@ class TimeBucketIndex:
         entry, none of its batch messages), so the dedupe against the ledger's other buckets is skipped —
         O(1) even for ids inside the ledger's pending range (the consumer's arrival filter knows this for
         every nack). A wrong ``fresh`` makes an id pending twice.
+        A due time beyond :data:`MAX_DUE_MS` is filed as that one.
         Raises ``ValueError``/``TypeError`` naming the bad parameter; the index is then unchanged.
         """
-        if type(due_ms) is not int or due_ms < 0:  # bools, floats, negatives: rejected, whatever rounding
+        if type(due_ms) is not int or not 0 <= due_ms <= MAX_DUE_MS:  # bools, floats, negatives, huge
             due_ms = _check_due(due_ms)
         bucket = (due_ms + self._round_up) & self._mask
         if type(entry_id) is not int or type(ledger_id) is not int:
             entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
         with self._lock:
-            if bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic:
-                entries = self._slot_entries
-            else:
-                entries = self._select(bucket, ledger_id, topic)
+            if not (
+                bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic
+            ):
+                self._select(bucket, ledger_id, topic)
             if batch_index == -1 and self._slot_members is None:
                 record = self._slot_record
-                try:
-                    if record is None:
-                        # The ledger's only bucket: membership is exact.
-                        if entry_id not in entries:
-                            entries.add(entry_id)
-                            self._count += 1
-                        self._added += 1
-                        return bucket
-                    if entry_id > record.hi or entry_id < record.lo:
-                        # Outside every pending id of the ledger: cannot be a duplicate.
-                        entries.add(entry_id)
-                        self._count += 1
-                        if entry_id > record.hi:
-                            record.hi = entry_id
-                            if not self._slot_is_last:
-                                record.mins = None  # ranges may overlap now
-                        else:
-                            record.lo = entry_id
-                            record.mins = None
-                        self._added += 1
-                        return bucket
-                except OverflowError:  # pyroaring: negative or >= 2**32
-                    self._reject(_bad_entry(entry_id))
+                assert record is not None
+                own = self._slot_own
+                if own is not None and record.lo <= record.hi < entry_id <= MAX_ENTRY_ID:
+                    # The in-order nack into a slot with its own bitmap: above every pending id of the
+                    # ledger, so new. (_put's work, inlined: this is the nack path.)
+                    own.add(entry_id)
+                    self._count += 1
+                    record.hi = entry_id
+                    if not self._slot_is_last:
+                        record.mins = None  # ranges may overlap now
+                    self._added += 1
+                    return bucket
+                if entry_id > record.hi or entry_id < record.lo or len(record) == 1:
+                    # Outside every pending id of the ledger, or the ledger's only slot (membership is
+                    # exact): cannot be a duplicate elsewhere.
+                    self._put(entry_id)
+                    self._added += 1
+                    return bucket
             if fresh:
                 self._insert(entry_id, self._checked_batch_index(batch_index))
             else:
@@ -455,13 +665,16 @@ class TimeBucketIndex:
         """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
 
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
-        anything changes. Ids with a batch index >= 0 go through the per-id path.
+        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: see the
+        class (O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger).
         """
         due, ledgers, entries, batches = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, got {type(topic).__name__}")
         if len(entries) == 0:
             return
+        if int(due.max()) > MAX_DUE_MS:
+            due = np.minimum(due, MAX_DUE_MS)  # as add(): the last bucket the arrays can hold
         buckets = (due + self._round_up) & self._mask
         with self._lock:
             self._added += len(entries)
@@ -481,8 +694,9 @@ class TimeBucketIndex:
                 buckets, ledgers, entries = buckets[whole], ledgers[whole], entries[whole]
             if len(entries) == 0:
                 return
+            known: dict[LedgerKey, BitMap] = {}  # ledger → ids it may have pending (see _add_run)
             for bucket, ledger_id, run in _runs(buckets, ledgers, entries):
-                self._add_run(bucket, ledger_id, topic, run)
+                self._add_run(bucket, ledger_id, topic, run, known)
             self._forget_slot()
 
     # -- popping, querying, removing --------------------------------------------------------------
@@ -491,46 +705,73 @@ class TimeBucketIndex:
         """Remove and return every id whose bucket time is <= ``now_ms``, one ``DueIds`` per ledger.
 
         Ledgers come in the order of their earliest due bucket. An entry due in several buckets comes
-        once; if it is due as a whole in any of them it comes as a whole.
+        once; if it is due as a whole in any of them it comes as a whole. Complexity: O(due ids log due
+        ids) in numpy/CRoaring — the due buckets' shared bitmaps are merged by one CRoaring union — plus
+        O(1) Python work per due bucket, per due slot with its own bitmap and per due ledger (and per due
+        slot with batch members).
         """
-        now_ms = _check_due(now_ms, "now_ms")
+        now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
-            schedule = self._schedule
-            stop = schedule.bisect_right(now_ms)
-            if stop == 0:
+            times = self._times
+            if not times or times[0] > now_ms:
                 return []
             self._forget_slot()
-            if stop <= _POP_ONE_BY_ONE:  # the timer's case: SortedDict pops its first item cheaply
-                due = [schedule.popitem(0) for _ in range(stop)]
-            else:
-                keys = schedule.keys()
-                due = [(bucket, schedule[bucket]) for bucket in keys[:stop]]
-                del keys[:stop]
-            # ledger key → [(entries, batch masks or None for whole entries)] over the due buckets
-            merged: dict[LedgerKey, list[tuple[Entries, _Members | None]]] = {}
-            members = self._members
-            for bucket, slots in due:
-                self._cold.pop(bucket, None)
-                for key, entries in slots.items():
-                    masks = members.pop((bucket, key), None) if members else None
-                    parts = merged.get(key)
-                    if parts is None:
-                        merged[key] = [(entries, masks)]
-                    else:
-                        parts.append((entries, masks))
-                    self._count -= len(entries)
-            for key, parts in merged.items():  # the popped buckets are each ledger's earliest ones
-                self._unlink_first(key, len(parts))
-            return [_due_ids(key, parts) for key, parts in merged.items()]
+            schedule, tombs, cold, pop = self._schedule, self._tombs, self._cold, heapq.heappop
+            due: list[tuple[int, _Bucket]] = []  # in bucket order
+            packed: list[BitMap64] = []  # their shared bitmaps
+            owned: dict[LedgerKey, list[tuple[int, Entries]]] = {}  # ledger → its own due bitmaps
+            while times and times[0] <= now_ms:
+                bucket = pop(times)
+                slots = schedule.pop(bucket, None)
+                if slots is None:
+                    tombs.discard(bucket)
+                    continue
+                due.append((bucket, slots))
+                if cold:
+                    cold.pop(bucket, None)
+                if slots.packed is not None:
+                    packed.append(slots.packed)
+                if slots:
+                    for key, entries in slots.items():
+                        owned.setdefault(key, []).append((bucket, entries))
+            if not due:
+                return []
+            last = due[-1][0]
+            shared = self._decode_union(packed) if packed else {}
+            self._count -= sum(map(len, packed))
+            ledgers = self._ledgers
+            records = [ledgers[key] for key in (shared.keys() | owned.keys() if owned else shared)]
+            records.sort(key=_first_bucket)
+            out = []
+            due_map = dict(due) if self._members else None
+            for record in records:
+                key = record.key
+                gone = bisect_right(record.buckets, last, record.head) - record.head
+                parts = owned.get(key)
+                entry_ids = shared.get(key)
+                if parts:
+                    entry_ids, count = _merge_own(entry_ids, parts)
+                    self._count -= count
+                assert entry_ids is not None
+                topic, ledger_id = _split_key(key)
+                partial = self._due_members(record, gone, due_map, parts) if due_map is not None else None
+                if partial:
+                    out.append(DueIds(topic, ledger_id, entry_ids, partial))
+                else:
+                    out.append(DueIds(topic, ledger_id, entry_ids))
+                self._unlink_first(record, gone)
+            return out
 
     def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
         """The batch indexes of this entry pending in any bucket, as a bitmask; -1 if the whole entry is
-        pending, 0 if nothing is. O(1) if the entry lies outside the ledger's pending range, else O(B_l)."""
+        pending, 0 if nothing is. Complexity as :meth:`due_of`."""
         with self._lock:
-            key = _key(ledger_id, topic)
+            record = self._ledgers.get(_key(ledger_id, topic))
+            if record is None:
+                return 0
             mask = 0
-            for bucket, _ in self._holding(key, entry_id):
-                masks = self._members.get((bucket, key)) if self._members else None
+            for bucket in self._holding(record, entry_id):
+                masks = self._members.get((bucket, record.key)) if self._members else None
                 member = masks.get(entry_id) if masks else None
                 if member is None:
                     return -1
@@ -542,33 +783,36 @@ class TimeBucketIndex:
 
         With ``batch_index`` -1: the earliest bucket holding any part of the entry. With a batch index:
         the earliest bucket holding that message or the whole entry. O(1) if the entry lies outside the
-        ledger's pending range, else O(B_l) bitmap probes.
+        ledger's pending range, O(log B_l) if the ledger's slots hold ordered ranges in bitmaps of their
+        own, else O(B_l) bitmap probes.
         """
         with self._lock:
-            key = _key(ledger_id, topic)
-            best: int | None = None
-            for bucket, _ in self._holding(key, entry_id):
-                if best is not None and bucket >= best:
-                    continue
-                masks = self._members.get((bucket, key)) if self._members else None
+            record = self._ledgers.get(_key(ledger_id, topic))
+            if record is None:
+                return None
+            for bucket in self._holding(record, entry_id):  # earliest first
+                masks = self._members.get((bucket, record.key)) if self._members else None
                 mask = masks.get(entry_id) if masks else None
                 if batch_index < 0 or mask is None or mask >> batch_index & 1:
-                    best = bucket
-            return best
+                    return bucket
+            return None
 
     def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
-        """Forget a pending id; True if something was removed.
+        """Forget a pending id; True if something was removed. Complexity as :meth:`due_of`, plus
+        O(log B_l) per slot the id leaves.
 
         ``batch_index`` -1 removes every pending part of the entry. A batch index removes that message
         where it is pending on its own (a message covered by a pending whole entry stays).
         """
         with self._lock:
             self._forget_slot()
-            key = _key(ledger_id, topic)
+            record = self._ledgers.get(_key(ledger_id, topic))
+            if record is None:
+                return False
+            key = record.key
             removed = False
-            for bucket, entries in list(self._holding(key, entry_id)):
-                slot = (bucket, key)
-                masks = self._members.get(slot) if self._members else None
+            for bucket in self._holding(record, entry_id):
+                masks = self._members.get((bucket, key)) if self._members else None
                 mask = masks.get(entry_id) if masks else None
                 if batch_index >= 0:
                     if mask is None or not mask >> batch_index & 1:
@@ -579,15 +823,19 @@ class TimeBucketIndex:
                         masks.discard_index(entry_id, batch_index)
                         removed = True
                         continue
-                self._discard(bucket, key, entries, entry_id)
+                self._discard(record, bucket, entry_id)
                 removed = True
             return removed
 
     def clear(self) -> None:
-        """Forget everything."""
+        """Forget everything. O(B + ledgers) (the structures are dropped)."""
         with self._lock:
             self._schedule.clear()
+            self._times.clear()
+            self._tombs.clear()
             self._ledgers.clear()
+            self._ordinals.clear()
+            self._free.clear()
             self._members.clear()
             self._cold.clear()
             self._count = 0
@@ -596,10 +844,11 @@ class TimeBucketIndex:
     def compact(self, max_buckets: int | None = None) -> int:
         """Compact buckets the add path has moved away from; returns how many were compacted.
 
-        A bitmap holding one run of consecutive ids becomes a packed int (``_Run``); others are
-        ``run_optimize``-d and ``shrink_to_fit``-ed. Adding to a compacted bucket later is fine (it is
-        turned back into a bitmap). O(bitmaps in the compacted buckets). Call it off the nack path, e.g.
-        from the timer thread; never needed for correctness.
+        A bitmap of its own holding one run of consecutive ids becomes a packed int (``_Run``); others
+        are ``run_optimize``-d and ``shrink_to_fit``-ed; shared bitmaps see ``_compact_shared``. Adding
+        to a compacted bucket later is fine (a run is turned back into a bitmap). O(bitmaps and
+        containers in the compacted buckets, plus O(P log P) numpy work per shared bitmap). Call it off
+        the nack path, e.g. from the timer thread; never needed for correctness.
         """
         done = 0
         with self._lock:
@@ -609,51 +858,99 @@ class TimeBucketIndex:
                 if bucket == self._slot_bucket:
                     continue  # still receiving ids
                 del self._cold[bucket]
-                slots = self._schedule.get(bucket)
+                slots: _Bucket | None = self._schedule.get(bucket)
                 if slots is None:
                     continue
                 for key, entries in slots.items():
                     if isinstance(entries, BitMap):
-                        self._replace(bucket, key, _compacted(entries))
+                        slots[key] = _compacted(entries)  # same ids: the ledger's order still holds
+                if slots.packed is not None:
+                    self._compact_shared(bucket, slots, slots.packed)
                 done += 1
         return done
 
+    def _compact_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
+        """Compact a bucket's shared bitmap: a slot holding one run of consecutive ids becomes a ``_Run``
+        of its own if it has :data:`RUN_AT` ids or more, or if every slot of the shared bitmap is such a
+        run (the bitmap then goes away: ~400 bytes for one id); the rest is ``shrink_to_fit``-ed if that
+        frees memory. O(P log P) numpy work plus O(log B_l) per converted slot."""
+        codes = _array_of(packed, np.uint64)
+        ordinals, entries = _decode(codes)
+        if len(ordinals) > 1 and not bool((ordinals == ordinals[0]).all()):
+            order = np.argsort(ordinals, kind="stable")
+            codes, ordinals, entries = codes[order], ordinals[order], entries[order]
+        starts = np.concatenate(([0], np.flatnonzero(ordinals[1:] != ordinals[:-1]) + 1))
+        ends = np.append(starts[1:], len(ordinals))
+        counts = ends - starts
+        lows, highs = entries[starts].astype(np.int64), entries[ends - 1].astype(np.int64)
+        runs = highs - lows + 1 == counts
+        convert = runs if bool(runs.all()) else runs & (counts >= RUN_AT)
+        if not convert.any():
+            _shrink(packed)
+            return
+        for ordinal, lo, hi in zip(
+            ordinals[starts[convert]].tolist(), lows[convert].tolist(), highs[convert].tolist(), strict=True
+        ):
+            record = self._ordinals[ordinal]
+            assert record is not None
+            slots[record.key] = _Run.of(lo, hi)
+            record.sizes[record.position(bucket)] = _OWN
+            record.mins = None
+        if bool(convert.all()):
+            slots.packed = None
+            return
+        moved = np.repeat(convert, counts)
+        packed.difference_update(BitMap64(array("Q", codes[moved].tobytes())))
+        _shrink(packed)
+
     def __iter__(self) -> Iterator[tuple[int, str, int, npt.NDArray[np.uint32]]]:
-        """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` in bucket order (a snapshot). O(n)."""
+        """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` per slot in bucket order (a snapshot).
+        O(n + B log B)."""
         with self._lock:
-            snapshot = [
-                (int(bucket), key, _as_array(entries))
-                for bucket, slots in self._schedule.items()
-                for key, entries in slots.items()
-            ]
+            snapshot: list[tuple[int, LedgerKey, npt.NDArray[np.uint32]]] = []
+            for bucket, slots in sorted(self._schedule.items(), key=_item_time):
+                snapshot.extend((int(bucket), key, _as_array(entries)) for key, entries in slots.items())
+                if slots.packed is not None:
+                    for key, entry_ids in self._decode_union([slots.packed]).items():
+                        snapshot.append((int(bucket), key, entry_ids))
         for bucket, key, entry_ids in snapshot:
             topic, ledger_id = _split_key(key)
             yield bucket, topic, ledger_id, entry_ids
 
     def structure(self) -> dict[str, int]:
-        """Buckets, (bucket, ledger) slots and the Roaring container mix: ``slots``, ``bitmaps``,
-        ``packed_runs`` (slots compacted to one run), ``array_containers``, ``bitset_containers``,
-        ``run_containers``. O(slots)."""
-        counts = dict.fromkeys(("buckets", "slots", "bitmaps", "packed_runs"), 0)
+        """Buckets, (bucket, ledger) slots and the Roaring container mix: ``slots``, ``packed_slots``
+        (slots in their bucket's shared bitmap), ``bitmaps`` (slots with their own bitmap, and shared
+        bitmaps), ``packed_runs`` (slots compacted to one run), ``ledgers`` (with ids pending),
+        ``ordinals`` (ledger numbers handed out: the most ledgers pending at one time), ``array_containers``,
+        ``bitset_containers``, ``run_containers``. O(slots + containers)."""
+        counts = dict.fromkeys(("buckets", "slots", "packed_slots", "bitmaps", "packed_runs"), 0)
+        counts |= dict.fromkeys(("ledgers", "ordinals"), 0)
         counts |= dict.fromkeys(("array_containers", "bitset_containers", "run_containers"), 0)
         with self._lock:
             counts["buckets"] = len(self._schedule)
+            counts["ledgers"] = len(self._ledgers)
+            counts["ordinals"] = len(self._ordinals)
+            for record in self._ledgers.values():
+                counts["slots"] += len(record)
+                counts["packed_slots"] += len(record) - record.sizes[record.head :].count(_OWN)
             for slots in self._schedule.values():
-                for entries in slots.values():
-                    counts["slots"] += 1
-                    if isinstance(entries, _Run):
-                        counts["packed_runs"] += 1
-                        continue
-                    stats = entries.get_statistics()
+                bitmaps: list[BitMap | BitMap64] = [e for e in slots.values() if not isinstance(e, _Run)]
+                counts["packed_runs"] += len(slots) - len(bitmaps)
+                if slots.packed is not None:
+                    bitmaps.append(slots.packed)
+                for bitmap in bitmaps:
+                    stats = bitmap.get_statistics()
                     counts["bitmaps"] += 1
-                    for kind in ("array", "bitset", "run"):
-                        counts[f"{kind}_containers"] += stats[f"n_{kind}_containers"]
+                    counts["array_containers"] += stats["n_array_containers"]
+                    counts["bitset_containers"] += stats["n_bitset_containers"]
+                    counts["run_containers"] += stats["n_run_containers"]
         return counts
 
     def memory_usage(self) -> MemoryUsage:
         """Bytes held by the index: Python objects at the sizes the allocator hands out
         (:func:`~pulsar_nack.memory.python_bytes`) and CRoaring's C heap
-        (:func:`~pulsar_nack.memory.bitmap_heap_bytes`), by part. O(objects in the index).
+        (:func:`~pulsar_nack.memory.bitmap_heap_bytes`, :func:`~pulsar_nack.memory.bitmap64_heap_bytes`),
+        by part. O(objects in the index + Roaring containers).
 
         Shared objects (a bucket's int key stored in several places, a topic string) count once; small
         ints that CPython caches count nothing.
@@ -679,14 +976,14 @@ class TimeBucketIndex:
             return once(key)
 
         schedule = self._schedule
-        # Fixed part: the index object, its attributes' holders, SortedDict's per-instance bound methods.
-        for holder in (self, self._lock, schedule, schedule._list):
+        # Fixed part: the index object and its attributes' holders.
+        for holder in (self, self._lock, schedule, self._times, self._tombs):
             parts["schedule"] += once(holder)
             attributes = getattr(holder, "__dict__", None)
             if attributes is not None:
                 parts["schedule"] += once(attributes)
                 parts["schedule"] += sum(once(v) for v in attributes.values() if inspect.ismethod(v))
-        parts["schedule"] += _sorted_list_bytes(schedule._list)
+        parts["schedule"] += sum(once(t) for t in self._times)
         for bucket, slots in schedule.items():
             parts["schedule"] += once(bucket)
             parts["buckets"] += python_bytes(slots)
@@ -697,21 +994,207 @@ class TimeBucketIndex:
                     roaring += bitmap_heap_bytes(entries)
                 elif not isinstance(entries, _Run):
                     raise TypeError(f"unexpected entries type {type(entries).__name__}")
-        parts["ledgers"] += python_bytes(self._ledgers)
+            if slots.packed is not None:
+                parts["bitmap_objects"] += once(slots.packed)
+                # compact() shrinks a bucket's shared bitmap and takes the bucket off the cold list; adds
+                # put it back (or it is the add path's current bucket).
+                compacted = bucket not in self._cold and bucket != self._slot_bucket
+                shrunk = compacted and _worth_shrinking(slots.packed)
+                roaring += shared_bitmap64_heap_bytes(slots.packed, shrunk)
+        parts["ledgers"] += python_bytes(self._ledgers) + python_bytes(self._ordinals)
+        parts["ledgers"] += python_bytes(self._free) + sum(once(o) for o in self._free)
         for key, record in self._ledgers.items():
-            parts["ledgers"] += key_bytes(key) + once(record)
-            if isinstance(record, _Ledger):
-                parts["ledgers"] += python_bytes(record.buckets) + python_bytes(record.entries)
-                parts["ledgers"] += once(record.lo) + once(record.hi)
+            parts["ledgers"] += key_bytes(key) + once(record) + once(record.ordinal) + once(record.base)
+            parts["ledgers"] += python_bytes(record.buckets) + python_bytes(record.sizes)
+            parts["ledgers"] += once(record.lo) + once(record.hi)
+            if record.mins:
+                parts["ledgers"] += python_bytes(record.mins) + sum(once(m) for m in record.mins)
         parts["batch_members"] += python_bytes(self._members)
         for slot, members in self._members.items():
-            parts["batch_members"] += once(slot) + once(members) + once(members.bitmap)
+            parts["batch_members"] += once(slot) + once(slot[0]) + once(members) + once(members.bitmap)
             roaring += bitmap64_heap_bytes(members.bitmap)
             if members.wide:
                 parts["batch_members"] += python_bytes(members.wide)
                 parts["batch_members"] += sum(once(e) + once(m) for e, m in members.wide.items())
         parts["schedule"] += python_bytes(self._cold)
         return MemoryUsage(sum(parts.values()), roaring, len(self), parts)
+
+    # -- internals: ledgers and slots -------------------------------------------------------------
+
+    def _ledger_record(self, key: LedgerKey) -> _Ledger:
+        """The ledger's record, registering the ledger (and an ordinal) if it has nothing pending. O(1)
+        (O(log ledgers) when an ordinal is reused)."""
+        record = self._ledgers.get(key)
+        if record is None:
+            if self._free:
+                ordinal = heapq.heappop(self._free)
+            else:
+                ordinal = len(self._ordinals)
+                if ordinal >= MAX_LEDGERS:
+                    raise ValueError(f"more than {MAX_LEDGERS} ledgers with pending ids")
+                self._ordinals.append(None)
+            record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, ordinal)
+        return record
+
+    def _release(self, record: _Ledger) -> None:
+        """The ledger has nothing pending: forget it and free its ordinal for reuse. O(log ledgers)."""
+        del self._ledgers[record.key]
+        self._ordinals[record.ordinal] = None
+        heapq.heappush(self._free, record.ordinal)
+
+    def _decode_union(self, packed: list[BitMap64]) -> dict[LedgerKey, npt.NDArray[np.uint32]]:
+        """Ledger key → sorted unique entry ids in the union of shared bitmaps. One CRoaring union, then
+        O(ids log ids) numpy and O(1) Python work per ledger."""
+        union = packed[0] if len(packed) == 1 else BitMap64.union(*packed)
+        codes = _array_of(union, np.uint64)
+        if not len(codes):
+            return {}
+        if len(self._ledgers) == 1:  # one ledger pending (one topic, in order): no grouping to do
+            (key,) = self._ledgers
+            return {key: ((codes & _U64_CODE_ENTRY) >> _U64_ORDINAL_BITS).astype(np.uint32)}
+        ordinals, entries = _decode(codes)
+        ordinals_ = self._ordinals
+        first = int(ordinals[0])
+        if bool((ordinals == ordinals[0]).all()):  # one ledger: codes are sorted by entry id already
+            record = ordinals_[first]
+            assert record is not None
+            return {record.key: entries}
+        # Codes of one ledger are sorted by entry id; a stable sort by ordinal keeps that order.
+        order = np.argsort(ordinals, kind="stable")
+        ordinals, entries = ordinals[order], entries[order]
+        starts = np.flatnonzero(ordinals[1:] != ordinals[:-1]) + 1
+        bounds = [0, *starts.tolist(), len(ordinals)]
+        out: dict[LedgerKey, npt.NDArray[np.uint32]] = {}
+        for ordinal, start, end in zip(ordinals[bounds[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True):
+            record = ordinals_[ordinal]
+            assert record is not None
+            out[record.key] = entries[start:end]
+        return out
+
+    def _due_members(
+        self,
+        record: _Ledger,
+        gone: int,
+        due_map: dict[int, _Bucket],
+        parts: list[tuple[int, Entries]] | None,
+    ) -> dict[int, tuple[int, ...]]:
+        """The partially due entries of a ledger whose first ``gone`` slots are due: entry id → due batch
+        indexes, for entries not due as a whole in any due slot. Pops the slots' batch members.
+        O(due slots + partial entries × due slots)."""
+        key, members = record.key, self._members
+        first = record.head
+        slot_masks = [
+            (bucket, members.pop((bucket, key), None)) for bucket in record.buckets[first : first + gone]
+        ]
+        if all(masks is None for _, masks in slot_masks):
+            return {}
+        own = dict(parts or ())
+        merged: dict[int, int] = {}
+        for _, masks in slot_masks:
+            if masks is not None:
+                for entry_id, mask in masks.items():
+                    merged[entry_id] = merged.get(entry_id, 0) | mask
+        partial: dict[int, tuple[int, ...]] = {}
+        for entry_id, mask in sorted(merged.items()):
+            whole = False
+            for bucket, masks in slot_masks:
+                if masks is not None and entry_id in masks:
+                    continue
+                entries = own.get(bucket)
+                if entries is not None:
+                    whole = entry_id in entries
+                else:
+                    shared = due_map[bucket].packed
+                    whole = shared is not None and (record.base | entry_id << _ORDINAL_BITS) in shared
+                if whole:
+                    break
+            if not whole:
+                partial[entry_id] = tuple(batch_indexes(mask))
+        return partial
+
+    def _unlink_first(self, record: _Ledger, count: int) -> None:
+        """Forget the ledger's ``count`` earliest slots (they were popped). Amortized O(count)."""
+        if count >= len(record):
+            self._release(record)
+        else:
+            record.drop_first(count)
+
+    def _unlink(self, record: _Ledger, i: int) -> None:
+        """Forget the ledger's slot at position ``i`` (the bucket is the caller's job). O(1) for the first
+        slot, else O(B_l)."""
+        if len(record) == 1:
+            self._release(record)
+        elif i == record.head:
+            record.drop_first(1)
+        else:
+            del record.buckets[i]
+            del record.sizes[i]
+            record.stale = True  # lo/hi still bound the rest, loosely
+            record.mins = None
+
+    def _drop_bucket_if_empty(self, bucket: int, slots: _Bucket) -> None:
+        if slots.packed is not None and not slots.packed:
+            slots.packed = None
+        if slots.packed is None and not slots:
+            del self._schedule[bucket]
+            self._tombs.add(bucket)  # its time stays in the heap until popped or filled again
+            self._cold.pop(bucket, None)
+
+    def _discard(self, record: _Ledger, bucket: int, entry_id: int) -> None:
+        """Remove every pending part of ``entry_id`` from the ledger's slot at ``bucket``. O(log B_l)."""
+        key = record.key
+        if self._members:
+            masks = self._members.get((bucket, key))
+            if masks is not None:
+                masks.pop(entry_id, None)
+                if not masks:
+                    del self._members[(bucket, key)]
+        self._count -= 1
+        slots: _Bucket = self._schedule[bucket]
+        i = record.position(bucket)
+        if record.sizes[i] == _OWN:
+            entries = slots.own(key)
+            if len(entries) == 1:
+                del slots[key]
+                self._unlink(record, i)
+                self._drop_bucket_if_empty(bucket, slots)
+                return
+            if isinstance(entries, _Run):
+                entries = slots[key] = entries.to_bitmap()
+            entries.discard(entry_id)
+        else:
+            assert slots.packed is not None
+            slots.packed.discard(record.base | entry_id << _ORDINAL_BITS)
+            size = record.sizes[i] - 1
+            if not size:
+                self._unlink(record, i)
+                self._drop_bucket_if_empty(bucket, slots)
+                return
+            record.sizes[i] = size
+        record.mins = None  # the slot's smallest entry may have changed
+
+    def _holding(self, record: _Ledger, entry_id: int) -> list[int]:
+        """Bucket times (ascending) of every slot of this ledger that holds ``entry_id``."""
+        if entry_id > record.hi or entry_id < record.lo:
+            return []
+        if record.stale:
+            record.refresh_bounds(self._schedule)
+            if entry_id > record.hi or entry_id < record.lo:
+                return []
+        if not 0 <= entry_id <= MAX_ENTRY_ID:
+            return []
+        schedule, key, buckets, sizes = self._schedule, record.key, record.buckets, record.sizes
+        code = record.base | entry_id << _ORDINAL_BITS
+        out = []
+        for i in record.candidates(schedule, entry_id):
+            bucket = buckets[i]
+            slots = schedule[bucket]
+            if sizes[i] == _OWN:
+                if entry_id in slots[key]:
+                    out.append(bucket)
+            elif slots.packed is not None and code in slots.packed:  # None: a new slot, still empty
+                out.append(bucket)
+        return out
 
     # -- internals: the add path ------------------------------------------------------------------
 
@@ -723,57 +1206,150 @@ class TimeBucketIndex:
         self._slot_bucket: int | None = None
         self._slot_ledger: int | None = None
         self._slot_topic: str | None = None
-        self._slot_key: LedgerKey = 0
-        self._slot_entries: BitMap = _EMPTY
         self._slot_record: _Ledger | None = None
-        self._slot_is_last = False  # the slot is its ledger's latest bucket
+        self._slot_slots: _Bucket | None = None
+        self._slot_pos = 0  # the slot's position in its ledger's arrays
+        self._slot_own: BitMap | None = None  # the slot's own bitmap, or None: it is packed
+        self._slot_is_last = False  # the slot is its ledger's latest
         self._slot_members: _Members | None = None
 
-    def _select(self, bucket: int, ledger_id: int, topic: str) -> BitMap:
-        """Find or create the slot (bucket, ledger) and make it the cached one. O(log B) if new."""
+    def _select(self, bucket: int, ledger_id: int, topic: str) -> None:
+        """Find or create the slot (bucket, ledger) and make it the cached one. O(log B + log B_l)."""
         bucket = _check_due(bucket, "due_ms")
         ledger_id = _ledger(ledger_id)
         if not isinstance(topic, str):
             raise TypeError(f"topic must be a str, got {type(topic).__name__}")
         if self._slot_bucket is not None and self._slot_bucket != bucket:
             self._cold[self._slot_bucket] = None
-        key = _key(ledger_id, topic)
-        slots: dict[LedgerKey, Entries] | None = self._schedule.get(bucket)
+        record = self._ledger_record(_key(ledger_id, topic))
+        key = record.key
+        slots: _Bucket | None = self._schedule.get(bucket)
         if slots is None:
-            slots = self._schedule[bucket] = {}
-        entries = slots.get(key)
-        if entries is None:
-            entries = slots[key] = BitMap()
-            self._link(key, bucket, entries)
-        elif isinstance(entries, _Run):
-            entries = entries.to_bitmap()  # thaw: ids arrive again
-            self._replace(bucket, key, entries)
-        record = self._ledgers[key]
+            slots = self._schedule[bucket] = _Bucket()
+            if bucket in self._tombs:
+                self._tombs.discard(bucket)  # its time is still in the heap
+            else:
+                heapq.heappush(self._times, bucket)
+        buckets = record.buckets
+        n = len(buckets)
+        if n > record.head and buckets[-1] == bucket:
+            i = n - 1
+        else:
+            i = bisect_left(buckets, bucket, record.head)
+            if i == n or buckets[i] != bucket:
+                buckets.insert(i, bucket)
+                record.sizes.insert(i, 0)
+                record.mins = None
+                n += 1
+        own: BitMap | None = None
+        if record.sizes[i] == _OWN:
+            entries = slots.own(key)
+            if isinstance(entries, _Run):
+                entries = slots[key] = entries.to_bitmap()  # thaw: ids arrive again
+            own = entries
         self._slot_bucket = bucket
         self._slot_ledger = ledger_id
         self._slot_topic = topic
-        self._slot_key = key
-        self._slot_entries = entries
-        self._slot_record = record if isinstance(record, _Ledger) else None
-        self._slot_is_last = self._slot_record is not None and self._slot_record.buckets[-1] == bucket
+        self._slot_record = record
+        self._slot_slots = slots
+        self._slot_pos = i
+        self._slot_own = own
+        self._slot_is_last = i == n - 1
         self._slot_members = self._members.get((bucket, key)) if self._members else None
-        return entries
+
+    def _slot_empty(self) -> bool:
+        record = self._slot_record
+        if record is None:
+            return False
+        if self._slot_own is not None:
+            return not self._slot_own
+        return record.sizes[self._slot_pos] == 0
+
+    def _drop_if_empty(self) -> None:
+        """Drop the cached slot if nothing went into it (an add that turned out to be a no-op)."""
+        if self._slot_empty():
+            self._drop_cached_slot()
+            self._forget_slot()
+
+    def _drop_cached_slot(self) -> None:
+        record, slots, bucket = self._slot_record, self._slot_slots, self._slot_bucket
+        assert record is not None and slots is not None and bucket is not None
+        if self._slot_own is not None:
+            del slots[record.key]
+        self._unlink(record, self._slot_pos)
+        self._drop_bucket_if_empty(bucket, slots)
 
     def _reject(self, error: Exception) -> NoReturn:
         """Raise ``error`` for bad input, first dropping the cached slot if it is a new, empty one."""
-        if self._slot_bucket is not None and not self._slot_entries:
-            self._drop_slot(self._slot_bucket, self._slot_key)
+        if self._slot_empty():
+            self._drop_cached_slot()
         self._forget_slot()
         raise error
 
+    def _put(self, entry_id: int) -> bool:
+        """Put a whole entry into the cached slot if it is not there; True if it was new. O(1), or O(P)
+        when the slot moves to its own bitmap."""
+        if not 0 <= entry_id <= MAX_ENTRY_ID:
+            self._reject(_bad_entry(entry_id))
+        record = self._slot_record
+        assert record is not None
+        own = self._slot_own
+        if own is None and record.sizes[self._slot_pos] + 1 >= self._promote_at:
+            self._promote()
+            own = self._slot_own
+        if own is not None:
+            if entry_id in own:
+                return False
+            own.add(entry_id)
+        else:
+            slots = self._slot_slots
+            assert slots is not None
+            packed = slots.packed
+            if packed is None:
+                packed = slots.packed = BitMap64()
+            code = record.base | entry_id << _ORDINAL_BITS
+            if code in packed:
+                return False
+            packed.add(code)
+            record.sizes[self._slot_pos] += 1
+        self._count += 1
+        record.widen(entry_id, self._slot_is_last)
+        return True
+
+    def _promote(self) -> None:
+        """Move the cached packed slot's ids into a bitmap of its own. O(P)."""
+        record, slots = self._slot_record, self._slot_slots
+        assert record is not None and slots is not None
+        own = BitMap()
+        packed = slots.packed
+        size = record.sizes[self._slot_pos]
+        if packed is not None and size and len(packed) == size:  # the slot is all of the bitmap
+            own.update([(code & _CODE_ENTRY) >> _ORDINAL_BITS for code in packed])
+            slots.packed = None
+        elif packed is not None and size:
+            codes = _array_of(packed, np.uint64)
+            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(record.base)]
+            own.update(_u32(_decode(mine)[1]))
+            if len(mine) == len(codes):
+                packed.clear()
+            else:
+                packed.difference_update(BitMap64(array("Q", mine.tobytes())))
+            if not packed:
+                slots.packed = None
+        slots[record.key] = own
+        record.sizes[self._slot_pos] = _OWN
+        record.mins = None
+        self._slot_own = own
+
     def _add_checked(self, entry_id: int, batch_index: int) -> None:
         """The general add into the cached slot: dedupe against every bucket of the ledger."""
-        bucket, key = self._slot_bucket, self._slot_key
-        assert bucket is not None
+        bucket, record = self._slot_bucket, self._slot_record
+        assert bucket is not None and record is not None
         if not 0 <= entry_id <= MAX_ENTRY_ID:
             self._reject(_bad_entry(entry_id))
         batch_index = self._checked_batch_index(batch_index)
-        for other, other_entries in list(self._holding(key, entry_id)):
+        key = record.key
+        for other in self._holding(record, entry_id):
             masks = self._members.get((other, key)) if self._members else None
             mask = masks.get(entry_id) if masks else None
             if mask is None:  # the whole entry is pending at `other`
@@ -796,8 +1372,8 @@ class TimeBucketIndex:
             elif other < bucket:
                 continue  # some messages become due earlier than the whole entry; keep them
             # The pending id at `other` is later than (or covered by) this one: move it here.
-            self._discard(other, key, other_entries, entry_id)
-        # _discard may have emptied and dropped the cached slot; re-select it.
+            self._discard(record, other, entry_id)
+        # _discard may have emptied the cached slot, or shifted the ledger's arrays: select it again.
         topic, ledger_id = _split_key(key)
         self._select(bucket, ledger_id, topic)
         self._insert(entry_id, batch_index)
@@ -813,189 +1389,112 @@ class TimeBucketIndex:
 
     def _insert(self, entry_id: int, batch_index: int) -> None:
         """Put the id into the cached slot, no other bucket of the ledger holding it. O(1)."""
-        bucket, key = self._slot_bucket, self._slot_key
-        assert bucket is not None
-        if not 0 <= entry_id <= MAX_ENTRY_ID:
-            self._reject(_bad_entry(entry_id))
-        entries = self._slot_entries
-        if entry_id in entries:
-            masks = self._slot_members
-            if masks is None or entry_id not in masks:
-                return  # whole entry already here
-            if batch_index < 0:
-                del masks[entry_id]  # the whole entry now covers its messages
-                if not masks:
-                    del self._members[(bucket, key)]
-                    self._slot_members = None
-            else:
+        bucket, record = self._slot_bucket, self._slot_record
+        assert bucket is not None and record is not None
+        if self._put(entry_id):
+            if batch_index >= 0:
+                masks = self._slot_members
+                if masks is None:
+                    masks = self._members[(bucket, record.key)] = self._slot_members = _Members()
                 masks.add_index(entry_id, batch_index)
             return
-        entries.add(entry_id)
-        self._count += 1
-        record = self._slot_record
-        if record is not None:
-            record.lo = min(record.lo, entry_id)
-            record.hi = max(record.hi, entry_id)
-            record.mins = None
-        if batch_index >= 0:
-            masks = self._slot_members
-            if masks is None:
-                masks = self._members[(bucket, key)] = self._slot_members = _Members()
+        masks = self._slot_members
+        if masks is None or entry_id not in masks:
+            return  # whole entry already here
+        if batch_index < 0:
+            del masks[entry_id]  # the whole entry now covers its messages
+            if not masks:
+                del self._members[(bucket, record.key)]
+                self._slot_members = None
+        else:
             masks.add_index(entry_id, batch_index)
 
-    def _add_run(self, bucket: int, ledger_id: int, topic: str, run: npt.NDArray[np.uint32]) -> None:
-        """Add sorted unique entry ids of one (bucket, ledger) run; ids maybe pending elsewhere go the
-        per-id way."""
-        entries = self._select(bucket, ledger_id, topic)
-        key, record = self._slot_key, self._slot_record
+    def _add_run(
+        self,
+        bucket: int,
+        ledger_id: int,
+        topic: str,
+        run: npt.NDArray[np.uint32],
+        known: dict[LedgerKey, BitMap],
+    ) -> None:
+        """Add sorted unique entry ids of one (bucket, ledger) run; ids maybe pending already go the
+        per-id way. ``known`` holds, per ledger, a superset of its pending ids, gathered once per
+        :meth:`add_many` call when a run first overlaps the ledger's pending range (O(B_l + P) then) and
+        kept up to date, so that each run costs O(len(run)) in CRoaring."""
+        self._select(bucket, ledger_id, topic)
+        record = self._slot_record
+        assert record is not None
         lo, hi = int(run[0]), int(run[-1])
-        fresh: npt.NDArray[np.uint32] | BitMap = run
+        fresh: npt.NDArray[np.uint32] = run
         repeated: BitMap | None = None
-        if record is not None and not (lo > record.hi or hi < record.lo):
-            incoming = BitMap(run)
-            for other, other_entries in zip(record.buckets, record.entries, strict=True):
-                if other != bucket:
-                    incoming -= _as_bitmap(other_entries)
-            if len(incoming) != len(run):
-                repeated = BitMap(run) - incoming
-                fresh = incoming
+        pending = known.get(record.key)
+        overlaps = record.lo <= record.hi and not (lo > record.hi or hi < record.lo)
+        if pending is None and overlaps and len(record) > 1:
+            pending = known[record.key] = self._ledger_ids(record)
+        if pending is not None:
+            incoming = BitMap(_u32(run))
+            repeated = incoming & pending
+            if repeated:
+                fresh = _array_of(incoming - repeated, np.uint32)
+            pending |= incoming
         if len(fresh):
-            before = len(entries)
-            entries.update(fresh)
-            self._count += len(entries) - before
+            self._put_many(fresh)
             masks = self._slot_members
             if masks:
-                for entry_id in fresh if isinstance(fresh, BitMap) else fresh.tolist():
+                for entry_id in fresh.tolist():
                     masks.pop(entry_id, None)  # the whole entry covers its messages
                 if not masks:
-                    del self._members[(bucket, key)]
+                    del self._members[(bucket, record.key)]
                     self._slot_members = None
-            if record is not None:
-                record.lo = min(record.lo, lo)
-                record.hi = max(record.hi, hi)
-                record.mins = None
-        for entry_id in repeated or ():
+            record.widen(int(fresh[0]), self._slot_is_last)
+            record.widen(int(fresh[-1]), self._slot_is_last)
+        for entry_id in repeated or ():  # maybe pending elsewhere (or already here)
             self._select(bucket, ledger_id, topic)
             self._add_checked(entry_id, -1)
         self._select(bucket, ledger_id, topic)
         self._drop_if_empty()
 
-    # -- internals: structure maintenance ---------------------------------------------------------
+    def _ledger_ids(self, record: _Ledger) -> BitMap:
+        """Every entry id the ledger has pending, in any slot. O(B_l) bitmap unions plus O(P) numpy work
+        per bucket of its shared slots."""
+        ids = BitMap()
+        shared: list[BitMap64] = []
+        for i in range(record.head, len(record.buckets)):
+            slots: _Bucket = self._schedule[record.buckets[i]]
+            if record.sizes[i] == _OWN:
+                ids |= _as_bitmap(slots.own(record.key))
+            elif slots.packed is not None:
+                shared.append(slots.packed)
+        if shared:
+            codes = _array_of(BitMap64.union(*shared) if len(shared) > 1 else shared[0], np.uint64)
+            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(record.base)]
+            ids.update(_u32(_decode(mine)[1]))
+        return ids
 
-    def _drop_if_empty(self) -> None:
-        """Drop the cached slot if nothing went into it (an add that turned out to be a no-op)."""
-        if self._slot_bucket is not None and not self._slot_entries:
-            self._drop_slot(self._slot_bucket, self._slot_key)
-            self._forget_slot()
-
-    def _link(self, key: LedgerKey, bucket: int, entries: Entries) -> None:
-        """Register a new slot (bucket, key) in the ledger's bookkeeping."""
-        record = self._ledgers.get(key)
-        if record is None:
-            self._ledgers[key] = bucket
-        elif isinstance(record, _Ledger):
-            i = bisect_left(record.buckets, bucket)
-            record.buckets.insert(i, bucket)
-            record.entries.insert(i, entries)
-            record.mins = None
-        else:
-            first = self._schedule[record][key]
-            pairs = sorted([(record, first), (bucket, entries)], key=lambda p: p[0])
-            self._ledgers[key] = _Ledger([p[0] for p in pairs], [p[1] for p in pairs])
-
-    def _unlink(self, key: LedgerKey, bucket: int) -> None:
-        """Forget slot (bucket, key) in the ledger's bookkeeping (the schedule is the caller's job)."""
-        record = self._ledgers[key]
-        if not isinstance(record, _Ledger):
-            del self._ledgers[key]
-            return
-        i = 0 if record.buckets[0] == bucket else record.position(bucket)
-        del record.buckets[i]
-        del record.entries[i]
-        record.stale = True  # lo/hi still bound the rest, loosely
-        if i == 0 and record.mins:
-            del record.mins[0]  # dropping the first of ordered ranges keeps them ordered
-        else:
-            record.mins = None
-        if len(record.buckets) == 1:
-            self._ledgers[key] = record.buckets[0]
-
-    def _unlink_first(self, key: LedgerKey, count: int) -> None:
-        """Forget the ledger's ``count`` earliest slots in one go: O(remaining buckets of the ledger)."""
-        record = self._ledgers[key]
-        if not isinstance(record, _Ledger) or count >= len(record.buckets):
-            del self._ledgers[key]
-            return
-        del record.buckets[:count]
-        del record.entries[:count]
-        record.stale = True  # lo/hi still bound the rest, loosely
-        if record.mins:
-            del record.mins[:count]  # dropping the first of ordered ranges keeps them ordered
-        else:
-            record.mins = None
-        if len(record.buckets) == 1:
-            self._ledgers[key] = record.buckets[0]
-
-    def _replace(self, bucket: int, key: LedgerKey, entries: Entries) -> None:
-        """Swap the stored object of slot (bucket, key) (thaw or compaction)."""
-        self._schedule[bucket][key] = entries
-        record = self._ledgers[key]
-        if isinstance(record, _Ledger):
-            record.entries[record.position(bucket)] = entries
-
-    def _drop_slot(self, bucket: int, key: LedgerKey) -> None:
-        slots = self._schedule[bucket]
-        del slots[key]
-        if not slots:
-            del self._schedule[bucket]
-            self._cold.pop(bucket, None)
-        self._members.pop((bucket, key), None)
-        self._unlink(key, bucket)
-
-    def _discard(self, bucket: int, key: LedgerKey, entries: Entries, entry_id: int) -> None:
-        """Remove every pending part of ``entry_id`` from slot (bucket, key)."""
-        if self._members:
-            masks = self._members.get((bucket, key))
-            if masks is not None:
-                masks.pop(entry_id, None)
-                if not masks:
-                    del self._members[(bucket, key)]
-        self._count -= 1
-        if len(entries) == 1:
-            self._drop_slot(bucket, key)
-            return
-        if isinstance(entries, _Run):
-            bitmap = entries.to_bitmap()
-            self._replace(bucket, key, bitmap)
-        else:
-            bitmap = entries
-        bitmap.discard(entry_id)
-        record = self._ledgers[key]
-        if isinstance(record, _Ledger):
-            record.mins = None  # the slot's smallest entry may have changed
-
-    def _holding(self, key: LedgerKey, entry_id: int) -> Iterator[tuple[int, Entries]]:
-        """(bucket, entries) of every slot of this ledger that holds ``entry_id``."""
-        record = self._ledgers.get(key)
-        if record is None:
-            return
-        if not isinstance(record, _Ledger):
-            entries = self._schedule[record][key]
-            if entry_id in entries:
-                yield record, entries
-            return
-        if entry_id > record.hi or entry_id < record.lo:
-            return
-        if record.stale:
-            record.refresh_bounds()
-            if entry_id > record.hi or entry_id < record.lo:
+    def _put_many(self, fresh: npt.NDArray[np.uint32]) -> None:
+        """Put sorted unique whole entries (none pending in another slot) into the cached slot."""
+        record, slots = self._slot_record, self._slot_slots
+        assert record is not None and slots is not None
+        own = self._slot_own
+        if own is None:
+            size = record.sizes[self._slot_pos]
+            if size + len(fresh) >= self._promote_at:
+                self._promote()
+                own = self._slot_own
+            else:
+                packed = slots.packed
+                if packed is None:
+                    packed = slots.packed = BitMap64()
+                before = len(packed)
+                packed.update(_codes(record.base, fresh))
+                added = len(packed) - before
+                record.sizes[self._slot_pos] = size + added
+                self._count += added
                 return
-        for bucket, entries in record.candidates(entry_id):
-            if entry_id in entries:
-                yield bucket, entries
-
-
-_EMPTY = BitMap()
+        assert own is not None
+        before = len(own)
+        own.update(_u32(fresh))
+        self._count += len(own) - before
 
 
 def _key(ledger_id: int, topic: str) -> LedgerKey:
@@ -1006,11 +1505,13 @@ def _split_key(key: LedgerKey) -> tuple[str, int]:
     return key if isinstance(key, tuple) else ("", key)
 
 
-def _check_due(value: Any, name: str = "due_ms") -> int:
+def _check_due(value: Any, name: str = "due_ms", bounded: bool = True) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         raise TypeError(f"{name} must be an int (milliseconds), got {type(value).__name__}")
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
+    if bounded and value > MAX_DUE_MS:
+        return MAX_DUE_MS  # ~292 million years: filed at the last bucket the arrays can hold
     return int(value)
 
 
@@ -1054,38 +1555,6 @@ def _as_array(entries: Entries) -> npt.NDArray[np.uint32]:
     if isinstance(entries, _Run):
         return np.arange(entries.lo, entries.hi + 1, dtype=np.uint32)
     return np.frombuffer(entries.to_array(), dtype=np.uint32)
-
-
-def _due_ids(key: LedgerKey, parts: list[tuple[Entries, _Members | None]]) -> DueIds:
-    """Merge one ledger's due slots into a DueIds (whole entries win over batch masks)."""
-    topic, ledger_id = _split_key(key)
-    if len(parts) == 1:
-        entry_ids = _as_array(parts[0][0])
-    else:
-        union = BitMap()
-        for entries, _ in parts:
-            if isinstance(entries, _Run):
-                union.add_range(entries.lo, entries.hi + 1)
-            else:
-                union |= entries
-        entry_ids = np.frombuffer(union.to_array(), dtype=np.uint32)
-    if all(masks is None for _, masks in parts):
-        return DueIds(topic, ledger_id, entry_ids)
-    whole: set[int] = set()
-    merged_masks: dict[int, int] = {}
-    for entries, masks in parts:
-        if masks is None:
-            whole.update(_as_array(entries).tolist())
-            continue
-        whole.update(e for e in _as_array(entries).tolist() if e not in masks)
-        for entry_id, mask in masks.items():
-            merged_masks[entry_id] = merged_masks.get(entry_id, 0) | mask
-    partial = {
-        entry_id: tuple(batch_indexes(mask))
-        for entry_id, mask in sorted(merged_masks.items())
-        if entry_id not in whole
-    }
-    return DueIds(topic, ledger_id, entry_ids, partial)
 
 
 def batch_mask(indexes: Iterable[int]) -> int:
@@ -1167,9 +1636,6 @@ def as_id_arrays(
     )
 
 
-#: pop_due takes up to this many due buckets one by one, more with one slice deletion.
-_POP_ONE_BY_ONE = 8
-
 #: Inputs with more runs than n / this are sorted first, so per-run Python work stays amortized.
 _SORT_WHEN_RUNS_EXCEED = 16
 
@@ -1201,9 +1667,56 @@ def _run_starts(buckets: npt.NDArray[np.int64], ledgers: npt.NDArray[np.int64]) 
     return np.concatenate(([0], np.flatnonzero(change) + 1))
 
 
-def _sorted_list_bytes(inner: Any) -> int:
-    """A SortedList's storage: its sublists, maxes and positional index."""
-    total = python_bytes(inner._lists) + python_bytes(inner._maxes)
-    total += sum(python_bytes(sub) for sub in inner._lists)
-    total += python_bytes(inner._index)
-    return total
+def _worth_shrinking(bitmap: BitMap64) -> bool:
+    """Whether ``shrink_to_fit`` frees memory: arrays of 64 values and more on average (measured: with
+    fewer, glibc cannot split the spare bytes off and the tree's reallocation costs more than it saves)."""
+    stats = bitmap.get_statistics()
+    arrays = stats["n_array_containers"]
+    return arrays == 0 or stats["n_values_array_containers"] >= _SHRINK_FROM * arrays
+
+
+def _shrink(bitmap: BitMap64) -> None:
+    if _worth_shrinking(bitmap):
+        bitmap.shrink_to_fit()
+
+
+_SHRINK_FROM = 64
+
+
+def _merge_own(
+    shared: npt.NDArray[np.uint32] | None, parts: list[tuple[int, Entries]]
+) -> tuple[npt.NDArray[np.uint32], int]:
+    """One ledger's due entry ids: ``shared`` (from the shared bitmaps, or None) merged with its due
+    bitmaps of their own; and how many (bucket, entry) pairs those held. Many runs of one id each (one
+    id per bucket at small k) are gathered by numpy: a list step per part instead of a bitmap call."""
+    if shared is None and len(parts) == 1:
+        entries = parts[0][1]
+        return _as_array(entries), len(entries)
+    runs = [entries for _, entries in parts if isinstance(entries, _Run)]
+    bitmaps = (
+        [entries for _, entries in parts if isinstance(entries, BitMap)] if len(runs) < len(parts) else []
+    )
+    count = sum(map(len, bitmaps))
+    union = BitMap() if shared is None else BitMap(_u32(shared))
+    if len(runs) > _RUNS_ONE_BY_ONE:
+        packed = np.array(runs, dtype=np.uint64)
+        lows = packed >> np.uint64(32)
+        if bool((lows == packed & np.uint64(MAX_ENTRY_ID)).all()):  # each run one id
+            count += len(runs)
+            union.update(_u32(lows.astype(np.uint32)))
+            runs = []
+    for run in runs:
+        union.add_range(run.lo, run.hi + 1)
+        count += len(run)
+    for bitmap in bitmaps:
+        union |= bitmap
+    return _array_of(union, np.uint32), count
+
+
+#: _merge_own adds up to this many runs to a bitmap one by one (~0.5 us each); more, if each holds one
+#: id, with numpy (~10 us whatever the count).
+_RUNS_ONE_BY_ONE = 24
+
+
+def _item_time(item: tuple[int, _Bucket]) -> int:
+    return item[0]

@@ -317,3 +317,256 @@ def test_batch_members_of_any_index_round_trip(batch_index: int) -> None:
     assert index.remove(1, 7, 3) and index.pending_mask(1, 7) == 1 << batch_index
     (due,) = index.pop_due(10)
     assert due.batch_indexes == {7: (batch_index,), 8: (batch_index,)}
+
+
+# -- the shared bitmap: small slots of many ledgers in one bitmap per bucket --------------------------
+
+
+def _contents(index: TimeBucketIndex) -> dict[tuple[int, str, int], list[int]]:
+    return {(b, t, led): e.tolist() for b, t, led, e in index}
+
+
+def test_many_ledgers_share_a_bucket_and_come_out_apart() -> None:
+    """600 ledgers (more than the 256 that share a Roaring container) with a few ids each in 3 buckets."""
+    index = TimeBucketIndex(0)
+    expected: dict[tuple[int, str, int], list[int]] = {}
+    for ledger in range(600):
+        for bucket in (100, 200, 300):
+            entries = [ledger % 7 + bucket + 13 * i for i in range(3)]
+            for entry in entries:
+                index.add(bucket, ledger, entry, topic="t")
+            expected[(bucket, "t", ledger)] = entries
+    assert _contents(index) == expected
+    assert index.structure()["packed_slots"] == 1800 and index.structure()["bitmaps"] == 3
+    assert index.due_of(599, 599 % 7 + 200 + 13, topic="t") == 200
+    assert index.due_of(599, 5, topic="t") is None and index.due_of(599, 213) is None
+    due = index.pop_due(200)
+    assert [d.ledger_id for d in due] == list(range(600)), "one DueIds per ledger"
+    for d in due:
+        first = [d.ledger_id % 7 + b + 13 * i for b in (100, 200) for i in range(3)]
+        assert d.topic == "t" and d.entry_ids.tolist() == sorted(first)
+    assert len(index) == 1800 and index.bucket_count == 1
+
+
+def test_same_ledger_id_in_two_topics_stays_apart_in_a_shared_bitmap() -> None:
+    index = TimeBucketIndex(4)
+    for entry in range(10):
+        index.add(1_000, 42, entry, topic="a")
+    for entry in range(5, 15):
+        index.add(1_000, 42, entry, topic="b")
+    assert index.remove(42, 7, topic="a") and index.due_of(42, 7, topic="b") == 992
+    assert index.due_of(42, 12, topic="a") is None and index.pending_mask(42, 12, topic="b") == -1
+    due = {d.topic: d.entry_ids.tolist() for d in index.pop_due(1_000)}
+    assert due == {"a": [0, 1, 2, 3, 4, 5, 6, 8, 9], "b": list(range(5, 15))}
+
+
+def test_a_ledger_number_is_reused_once_its_ledger_has_nothing_pending() -> None:
+    """Ledger A empties (by remove, then by pop); B and C take its number and see none of A's ids."""
+    index = TimeBucketIndex(0)
+    index.add(10, 1, 5, topic="A")
+    index.add(20, 1, 6, topic="A")
+    index.add(10, 2, 5, topic="keep")  # the bucket and its shared bitmap stay
+    assert index.structure()["ordinals"] == 2
+    assert index.remove(1, 6, topic="A") and index.pop_due(10)
+    assert index.structure()["ledgers"] == 0
+    index.add(10, 1, 7, topic="B")
+    index.add(20, 1, 8, topic="C")
+    assert index.structure()["ordinals"] == 2 and index.structure()["ledgers"] == 2
+    assert index.due_of(1, 5, topic="B") is None and index.due_of(1, 6, topic="C") is None
+    assert _contents(index) == {(10, "B", 1): [7], (20, "C", 1): [8]}
+
+
+@pytest.mark.parametrize("other_first", [False, True], ids=["alone", "shared"])
+def test_a_growing_slot_moves_to_its_own_bitmap(other_first: bool) -> None:
+    """The slot moves out of the bucket's shared bitmap, alone in it or beside another ledger's ids."""
+    index = TimeBucketIndex(0, promote_at=4)
+    if other_first:
+        index.add(50, 2, 9)
+    for entry in range(10):
+        index.add(50, 1, entry * 3)  # ledger 1 grows past promote_at
+    index.add(50, 2, 9)  # ledger 2 stays in the shared bitmap
+    shape = index.structure()
+    assert shape["slots"] == 2 and shape["packed_slots"] == 1 and shape["bitmaps"] == 2
+    assert sorted((b, led) for b, _, led, _ in index) == [(50, 1), (50, 2)], "each slot once"
+    index.add(50, 1, 4)
+    assert index.remove(1, 3) and not index.remove(1, 3) and index.due_of(1, 27) == 50
+    assert _contents(index) == {(50, "", 1): [0, 4, 6, 9, 12, 15, 18, 21, 24, 27], (50, "", 2): [9]}
+    assert {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(50)} == {
+        1: [0, 4, 6, 9, 12, 15, 18, 21, 24, 27],
+        2: [9],
+    }
+
+
+@pytest.mark.parametrize("promote_at", [1, 3, 128])
+def test_due_of_remove_and_pending_mask_across_shared_and_own_slots(promote_at: int) -> None:
+    """One ledger in three buckets: a shared slot, an own slot, and batch members in either."""
+    index = TimeBucketIndex(0, promote_at=promote_at)
+    index.add(100, 7, 1)
+    for entry in range(10, 20):
+        index.add(200, 7, entry)
+    index.add(300, 7, 1, batch_index=4)  # covered by the whole entry at 100: no-op
+    index.add(300, 7, 30, batch_index=2)
+    index.add(300, 7, 30, batch_index=5)
+    index.add(50, 7, 15)  # earlier: moves out of the bucket at 200
+    assert len(index) == 12
+    assert index.due_of(7, 1) == 100 and index.due_of(7, 15) == 50 and index.due_of(7, 16) == 200
+    assert index.due_of(7, 30) == 300 and index.due_of(7, 30, 3) is None
+    assert index.pending_mask(7, 30) == 1 << 2 | 1 << 5 and index.pending_mask(7, 1) == -1
+    assert index.remove(7, 30, 2) and index.pending_mask(7, 30) == 1 << 5
+    assert index.remove(7, 16) and index.due_of(7, 16) is None
+    index.add(150, 7, 17)  # earlier again
+    assert index.due_of(7, 17) == 150
+    got = [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in index.pop_due(10**6)]
+    assert got == [([1, 10, 11, 12, 13, 14, 15, 17, 18, 19, 30], {30: (5,)})]
+    assert len(index) == 0 and index.bucket_count == 0 and index.next_due_ms() is None
+
+
+@pytest.mark.parametrize("promote_at", [2, 128])
+def test_batch_members_of_many_ledgers_in_shared_slots(promote_at: int) -> None:
+    index = TimeBucketIndex(0, promote_at=promote_at)
+    for ledger in range(20):
+        index.add(10, ledger, 1, batch_index=ledger % 3)
+        index.add(20, ledger, 1, batch_index=9)
+        index.add(20, ledger, 2)
+        index.add(30, ledger, 2, batch_index=1)  # covered by the whole entry at 20
+        index.add(10, ledger, 3, batch_index=4)
+        index.add(20, ledger, 3)  # whole, later than its message 4: both pending, due whole at 20
+    due = index.pop_due(20)
+    assert [(d.ledger_id, d.entry_ids.tolist(), dict(d.batch_indexes)) for d in due] == [
+        (ledger, [1, 2, 3], {1: tuple(sorted({ledger % 3, 9}))}) for ledger in range(20)
+    ]
+    assert len(index) == 0
+
+
+def test_compact_gives_shared_runs_their_own_packed_int() -> None:
+    index = TimeBucketIndex(0)
+    for entry in range(100, 120):  # a run of 20 (>= 16): gets a _Run
+        index.add(10, 1, entry)
+    for entry in (3, 9, 12):  # not a run: stays shared
+        index.add(10, 2, entry)
+    index.add(10, 3, 77)  # a run of one: stays shared (another slot is no run)
+    index.add(20, 4, 5)  # every slot of bucket 20 is a run: the shared bitmap goes away
+    index.add(30, 5, 1)  # the add path's current bucket: not compacted yet
+    before = _contents(index)
+    assert index.compact() == 2
+    assert _contents(index) == before
+    shape = index.structure()
+    assert shape["packed_runs"] == 2 and shape["packed_slots"] == 3 and shape["bitmaps"] == 2
+    index.add(10, 1, 120)  # extends a compacted run (thawed)
+    index.add(10, 1, 105)  # already there
+    assert index.due_of(1, 120) == 10 and index.due_of(4, 5) == 20 and len(index) == 27
+    assert index.remove(1, 110) and index.remove(4, 5) and index.bucket_count == 2
+    assert index.pop_due(10)[0].entry_ids.tolist() == [e for e in range(100, 121) if e != 110]
+
+
+def test_pop_due_of_thousands_of_buckets_at_once_and_in_steps() -> None:
+    rng = np.random.default_rng(11)
+    n = 30_000
+    due = rng.integers(0, 6_000, n)
+    ledgers = rng.integers(0, 5, n)
+    entries = rng.integers(0, 50_000, n)
+    expected: dict[int, dict[int, int]] = {}
+    for d, led, e in zip(due.tolist(), ledgers.tolist(), entries.tolist(), strict=True):
+        mine = expected.setdefault(led, {})
+        mine[e] = min(d, mine.get(e, d))
+    for step in (6_000, 37):
+        index = TimeBucketIndex(0)
+        index.add_many(due, ledgers, entries)
+        assert index.bucket_count > 4_000
+        index.compact(max_buckets=2_000)  # half shared, half compacted
+        got: dict[int, dict[int, int]] = {}
+        now = -1
+        while len(index):
+            now += step
+            popped = index.pop_due(now)
+            firsts = [min(expected[d.ledger_id][e] for e in d.entry_ids.tolist()) for d in popped]
+            assert firsts == sorted(firsts), "ledgers in the order of their earliest due bucket"
+            for d in popped:
+                for e in d.entry_ids.tolist():
+                    assert e not in got.setdefault(d.ledger_id, {}), "each id once"
+                    got[d.ledger_id][e] = now
+        assert {led: set(m) for led, m in got.items()} == {led: set(m) for led, m in expected.items()}
+        assert all(got[led][e] - step < d <= got[led][e] for led, m in expected.items() for e, d in m.items())
+        assert index.bucket_count == 0 and index.next_due_ms() is None
+
+
+def test_a_bucket_emptied_by_remove_is_not_due_and_can_be_filled_again() -> None:
+    index = TimeBucketIndex(0)
+    index.add(10, 1, 1)
+    index.add(20, 1, 2)
+    assert index.remove(1, 1) and index.bucket_count == 1
+    index.add(10, 1, 3)  # the emptied bucket again, before anything looked at the schedule
+    assert index.next_due_ms() == 10 and index.bucket_count == 2
+    assert index.remove(1, 3) and index.next_due_ms() == 20 and index.bucket_count == 1
+    index.add(10, 1, 3)  # and again, after next_due_ms() looked
+    assert [d.entry_ids.tolist() for d in index.pop_due(15)] == [[3]]
+    assert index.remove(1, 2) and index.next_due_ms() is None and index.pop_due(100) == []
+    assert len(index) == 0
+
+
+def test_due_times_beyond_the_arrays_are_filed_at_the_last_bucket() -> None:
+    from pulsar_nack.index import MAX_DUE_MS
+
+    index = TimeBucketIndex(8, "ceil")
+    assert index.add(10**300, 1, 1) == index.bucket_of(MAX_DUE_MS) <= 2**63 - 1
+    index.add_many([2**63 - 1], 1, [2])
+    assert len(index) == 2 and index.bucket_count == 1
+
+
+@pytest.mark.parametrize(("value", "error"), [(0, ValueError), (255, ValueError), (2.0, TypeError)])
+def test_promote_at_is_checked(value: object, error: type[Exception]) -> None:
+    with pytest.raises(error, match="promote_at"):
+        TimeBucketIndex(promote_at=value)  # type: ignore[arg-type]
+
+
+_MANY_TOPICS = """
+import gc, json, random
+from pulsar_nack import TimeBucketIndex
+from pulsar_nack.memory import heap_in_use
+def build(n):
+    index, rng = TimeBucketIndex(8), random.Random(7)
+    for i in range(n):  # 100 topics, due times spread over 60 s in no order
+        due = 3_600_000 + int(rng.uniform(0, 60_000))
+        index.add(due, 1_000 + i % 100, i // 100, -1, f"t-{i % 100}", True)
+    return index
+warm = build(100_000); warm.compact(); warm.memory_usage(); del warm  # first-use allocations
+gc.collect(); before = heap_in_use()
+index = build(100_000)
+gc.collect(); hot = heap_in_use() - before
+hot_inside = index.memory_usage().total_bytes
+index.compact()
+gc.collect(); cold = heap_in_use() - before
+print(json.dumps({"hot": [hot, hot_inside], "cold": [cold, index.memory_usage().total_bytes],
+                  "shared": index.structure()["packed_slots"], "slots": index.structure()["slots"]}))
+"""
+
+
+def test_memory_usage_with_100_ledgers_per_bucket_is_within_10_percent_and_a_few_bytes_an_id() -> None:
+    """The case the shared bitmaps are for: ~4 ids per (bucket, ledger) slot (one ledger per topic)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _MANY_TOPICS],
+        env={**os.environ, **MEASURING_ENV},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    figures = json.loads(out.stdout)
+    assert figures["shared"] == figures["slots"] > 20_000
+    for outside, inside in (figures["hot"], figures["cold"]):
+        assert abs(inside - outside) <= 0.10 * outside, figures
+    assert figures["cold"][0] / 100_000 < 8, "bytes per id (a bitmap per slot: ~60)"
+
+
+@pytest.mark.parametrize("promote_at", [1, 128])
+def test_a_renack_inside_the_range_opens_a_slot_between_others(promote_at: int) -> None:
+    """The dedupe runs while the new slot is still empty (no ids, no shared bitmap yet)."""
+    index = TimeBucketIndex(0, promote_at=promote_at)
+    index.add(100, 1, 5)
+    index.add(300, 1, 9)
+    assert index.due_of(1, 9) == 300  # orders the two slots
+    index.add(200, 1, 7)  # inside 5..9, in a bucket of its own
+    index.add(250, 1, 9)  # earlier than its pending copy: moves
+    index.add(260, 1, 5)  # later than its pending copy: stays
+    assert [index.due_of(1, e) for e in (5, 7, 9)] == [100, 200, 250] and len(index) == 3
+    assert [d.entry_ids.tolist() for d in index.pop_due(1_000)] == [[5, 7, 9]]

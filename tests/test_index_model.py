@@ -20,6 +20,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pulsar_nack import TimeBucketIndex
+from pulsar_nack.index import PROMOTE_AT
 
 TOPICS = ("", "persistent://public/default/t-partition-1")
 LEDGERS = (3, 7)
@@ -90,9 +91,15 @@ class Model:
 
 
 class IndexMachine(RuleBasedStateMachine):
-    @initialize(k=st.integers(0, 4), rounding=st.sampled_from(["floor", "ceil"]))
-    def setup(self, k: int, rounding: str) -> None:
-        self.index = TimeBucketIndex(k, rounding)  # type: ignore[arg-type]
+    @initialize(
+        k=st.integers(0, 4),
+        rounding=st.sampled_from(["floor", "ceil"]),
+        promote_at=st.sampled_from([1, 2, 3, PROMOTE_AT]),
+    )
+    def setup(self, k: int, rounding: str, promote_at: int) -> None:
+        # promote_at: 1 = every slot has its own bitmap; 2, 3 = slots move from the bucket's shared
+        # bitmap to their own while the machine runs; PROMOTE_AT = all shared (entries 0..6 per ledger).
+        self.index = TimeBucketIndex(k, rounding, promote_at=promote_at)  # type: ignore[arg-type]
         self.model = Model(k, rounding)
         self.now = 0
         self.added_since_pop = False

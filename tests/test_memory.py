@@ -54,3 +54,60 @@ def test_bitmap64_estimate_is_within_10_percent_of_the_heap(members: int) -> Non
     assert result["measured"] > 0
     error = result["estimated"] / result["measured"] - 1
     assert abs(error) <= 0.10, result
+
+
+_SHARED_PROBE = """
+import gc, json, sys
+import numpy as np
+from pyroaring import BitMap64
+from pulsar_nack.memory import heap_in_use, python_bytes, shared_bitmap64_heap_bytes
+ledgers, per, spread, shrink = (int(a) for a in sys.argv[1:5])
+rng = np.random.default_rng(ledgers * 1000 + per)
+def build(n):
+    out = []
+    for _ in range(n):
+        codes = np.concatenate([  # the index's shared layout: ordinal below the entry id
+            (o >> 8) << 48 | rng.choice(spread, per, replace=False).astype(np.uint64) << 8 | (o & 255)
+            for o in range(ledgers)
+        ]).astype(np.uint64)
+        rng.shuffle(codes)
+        bitmap = BitMap64()
+        for code in codes.tolist():  # one by one, as nacks arrive
+            bitmap.add(code)
+        if shrink:
+            bitmap.shrink_to_fit()
+        out.append(bitmap)
+    return out
+build(20)
+gc.collect()
+before = heap_in_use()
+bitmaps = build(max(20, 30_000 // (ledgers * per)))
+gc.collect()
+measured = heap_in_use() - before
+estimated = sum(shared_bitmap64_heap_bytes(b, bool(shrink)) + python_bytes(b) for b in bitmaps)
+print(json.dumps({"measured": measured, "estimated": estimated + python_bytes(bitmaps)}))
+"""
+
+
+@pytest.mark.parametrize("shrunk", [False, True])
+@pytest.mark.parametrize(
+    ("ledgers", "per", "spread"),
+    [(1, 1, 1), (10, 8, 2_000), (100, 8, 2_000), (100, 30, 2_000), (30, 20, 50_000)],
+)
+def test_shared_bitmap64_estimate_is_within_10_percent_of_the_heap(
+    ledgers: int, per: int, spread: int, shrunk: bool
+) -> None:
+    """The index's per-bucket shared bitmaps: 1 to 100 ledgers × 1 to 30 ids, 1 to ~190 containers,
+    as built (growth headroom) and after ``shrink_to_fit`` (what compact() does)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SHARED_PROBE, str(ledgers), str(per), str(spread), str(int(shrunk))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, **MEASURING_ENV},
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["measured"] > 0
+    error = result["estimated"] / result["measured"] - 1
+    assert abs(error) <= 0.10, result
