@@ -252,13 +252,15 @@ Entries: TypeAlias = "BitMap | _Run"
 
 # -- the packed layout ---------------------------------------------------------------------------------
 # Small slots of one bucket share one 64-bit Roaring bitmap. A ledger gets an *ordinal* (reused once the
-# ledger has nothing pending) and an id is stored as ``group << 48 | entry_id << 8 | ordinal & 255`` with
-# ``group = ordinal >> 8``: the ordinal sits *below* the entry id, so up to 256 ledgers share every
-# Roaring container (one container spans 256 entry ids of 256 ledgers). Ledger-major codes would cost one
-# container (~100 B of C heap) per (bucket, ledger) slot — 12 B per id when slots hold 8 ids.
-_ORDINAL_BITS = 8
+# ledger has nothing pending) and an id is stored as ``ordinal << 32 | entry_id``: a slot's ids share one
+# Roaring container (per 65,536 entry ids), ~100 B of C heap, where a bitmap of its own costs ~250 B plus
+# its dict entry and key. (Ordinal bits *below* the entry id let 256 ledgers share a container when
+# their entry ids are close — 8 B per id for 100 slow topics — but give every 256 entry ids of a slot a
+# container of their own when they are not: 6x more for one ledger nacked with random delays.)
+# The code keeps the general form ``group << _GROUP_SHIFT | entry_id << _ORDINAL_BITS | low ordinal``.
+_ORDINAL_BITS = 0
 _ORDINAL_LOW = (1 << _ORDINAL_BITS) - 1
-_GROUP_SHIFT = 48
+_GROUP_SHIFT = 32
 _CODE_ENTRY = (1 << _GROUP_SHIFT) - 1  # entry id and low ordinal bits
 MAX_LEDGERS: int = 1 << (64 - _GROUP_SHIFT + _ORDINAL_BITS)  # ledgers with ids pending at one time
 _U64_ORDINAL_LOW = np.uint64(_ORDINAL_LOW)

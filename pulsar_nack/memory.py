@@ -196,16 +196,15 @@ _BITMAP64_EMPTY = 208  # measured like the rest
 
 def shared_bitmap64_heap_bytes(bitmap: Any, shrunk: bool) -> int:
     """CRoaring's heap for one of the index's shared bitmaps (the small slots of one bucket, codes
-    ``ordinal`` below ``entry id``: containers of a few to a few thousand values), estimated from its
-    statistics. O(1).
+    ``ordinal << 32 | entry id``: a container per (ledger, 65,536 entry ids) slot, of a few to a few
+    hundred values), estimated from its statistics. O(1).
 
-    A model fitted to glibc's in-use bytes around building bitmaps of 1 to 300 ledgers × 1 to 127 ids
-    each (1 to 185 containers), value by value in random order: the bitmap (~260 bytes), ~92 bytes per
-    container for the first 20 (container struct, tree leaf and nodes, slot in the container array), ~70
-    beyond, and each container's payload in glibc chunks of at least 32 bytes. ``shrunk`` (after
-    ``shrink_to_fit``): payloads at their size; else CRoaring's growth headroom (arrays, container array
-    and tree grow by factors 1.25–2) adds ~27 %. Within 10 % of the heap on most of those shapes, within
-    18 % on all (``tests/test_memory.py`` checks a few).
+    A linear model fitted (least relative squares) to glibc's in-use bytes around building bitmaps of 1
+    to 300 ledgers × 1 to 120 ids each, entry ids spread over 1 to 60,000, value by value in random order:
+    a fixed part per bitmap, a part per container (container struct, tree leaf, inner nodes, slot in the
+    container array) and each container's payload in glibc chunks. ``shrunk`` (after ``shrink_to_fit``,
+    what compact() does): within 10 % on those shapes; as built, CRoaring's growth headroom depends on
+    each container's history: within 15 % (``tests/test_memory.py`` checks both).
     """
     stats = bitmap.get_statistics()
     containers = stats["n_containers"]
@@ -217,9 +216,12 @@ def shared_bitmap64_heap_bytes(bitmap: Any, shrunk: bool) -> int:
         if count:
             payload += count * _malloc_chunk(stats[f"n_bytes_{kind}_containers"] // count)
     payload += stats["n_bitset_containers"] * (_BITSET_BYTES + 64)  # aligned allocation
-    tree = 92 * min(containers, 20) + 70 * max(containers - 20, 0)
-    estimate = 260 + tree + payload
-    return int(estimate if shrunk or containers == 1 else 1.27 * estimate)
+    fixed, per_container, per_payload_byte = _SHARED_SHRUNK if shrunk else _SHARED_GROWN
+    return int(fixed + per_container * containers + per_payload_byte * payload)
+
+
+_SHARED_SHRUNK = (289.0, 71.2, 1.09)  # bytes: per bitmap, per container, per payload chunk byte
+_SHARED_GROWN = (254.0, 88.0, 1.66)
 
 
 def _malloc_chunk(size: int) -> int:
