@@ -38,7 +38,7 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.native import batch_size, chunk_first_entry, entry_message_id, forward, message_id_of
+from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
@@ -294,15 +294,14 @@ class NackBridge:
 
     def _nack_chunked(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
         """If ``message`` is chunked: hold it (True: done), or else prepare its nack at the broker as a nack
-        of every chunk entry (False: the caller schedules it). False for any other message. O(1) plus one
-        native call (the id's serialization) per non-batched nack."""
-        target = message_id_of(message)
-        first = chunk_first_entry(target[0]) if target is not None else None
-        if first is None or target is None:
+        of every chunk entry (False: the caller schedules it). False for any other message. O(1): one native
+        call (the payload's length) per non-batched nack, three for a large one (:func:`chunk_of`)."""
+        chunk = chunk_of(message)
+        if chunk is None:
             return False
+        _, inner, first = chunk
         ledger_id, entry_id, _, topic = ids
         key = (topic, ledger_id, entry_id)
-        inner = target[1]
         holdable = inner is not None and isinstance(message, pulsar.Message) and not self.tracker.closed
         if self.holding and holdable:
             due = self.tracker.now() + delay
