@@ -107,14 +107,16 @@ class ChunkHold:
     def __init__(self, max_bytes: int = DEFAULT_MAX_HELD_CHUNKED_BYTES) -> None:
         self.max_bytes = check_int(max_bytes, "max_held_chunked_bytes")
         self._lock = threading.Lock()
-        self._held: dict[Key, _Held] = {}
+        # key → held message. Public so that the per-message paths can test it as a plain dict (``if
+        # held``: no method call); never replaced, only mutated under the lock.
+        self.held: dict[Key, _Held] = {}
         self._heap: list[tuple[float, int, Key, _Held]] = []
         self._sequence = itertools.count()
         self._bytes = 0
         self.redelivered = self.dead_lettered = self.over_bound = self.native = self.copies_dropped = 0
 
     def __len__(self) -> int:
-        return len(self._held)
+        return len(self.held)
 
     def hold(
         self, key: Key, message: pulsar.Message, due_ms: float, redelivery_count: int, size: int
@@ -123,25 +125,25 @@ class ChunkHold:
         ``redelivery_count``. False, counted in ``chunked_over_bound``, if that would pass ``max_bytes``
         (nothing is kept then: the caller nacks it at the broker). A message held already is replaced."""
         with self._lock:
-            previous = self._held.get(key)
+            previous = self.held.get(key)
             freed = previous.size if previous is not None else 0
             if self._bytes - freed + size > self.max_bytes:
                 self.over_bound += 1
                 return False
             held = _Held(due_ms, message, redelivery_count, size)
-            self._held[key] = held
+            self.held[key] = held
             self._bytes += size - freed
             heapq.heappush(self._heap, (due_ms, next(self._sequence), key, held))
             return True
 
     def holds(self, key: Key) -> bool:
         """Whether the message of ``key`` is held (a copy of it from the broker is not handed out)."""
-        return key in self._held
+        return key in self.held
 
     def discard(self, key: Key) -> bool:
         """Forget a held message (the application acked it); whether it was held."""
         with self._lock:
-            held = self._held.pop(key, None)
+            held = self.held.pop(key, None)
             if held is None:
                 return False
             self._bytes -= held.size
@@ -161,22 +163,22 @@ class ChunkHold:
             if not self._heap or self._heap[0][0] > now_ms:
                 return None
             _, _, key, held = heapq.heappop(self._heap)
-            del self._held[key]
+            del self.held[key]
             self._bytes -= held.size
             return held.message, held.redelivery_count, key
 
     def _drop_stale(self) -> None:
         """(Lock held.) Pop heap entries whose message was acked, handed out or held again since."""
         heap = self._heap
-        while heap and self._held.get(heap[0][2]) is not heap[0][3]:
+        while heap and self.held.get(heap[0][2]) is not heap[0][3]:
             heapq.heappop(heap)
 
     def clear(self) -> int:
         """Forget every held message (seek, redeliver_unacknowledged_messages, close: the broker still has
         them unacked and sends them again); returns how many."""
         with self._lock:
-            count = len(self._held)
-            self._held.clear()
+            count = len(self.held)
+            self.held.clear()
             self._heap.clear()
             self._bytes = 0
             return count
@@ -184,9 +186,9 @@ class ChunkHold:
     def memory_bytes(self) -> int:
         """The payloads held plus this object's containers. O(held)."""
         with self._lock:
-            total = self._bytes + python_bytes(self._held) + python_bytes(self._heap)
+            total = self._bytes + python_bytes(self.held) + python_bytes(self._heap)
             per_entry = python_bytes(_Held(0.0, None, 0, 0)) + sys.getsizeof((0.0, 0, None, None))
-            return total + len(self._held) * per_entry
+            return total + len(self.held) * per_entry
 
     def stats(self, base: NackStats, *, with_memory: bool = False) -> ChunkedNackStats:
         """``base`` with this hold's counters (and its memory added to ``base.memory_bytes``). O(1)."""
@@ -195,7 +197,7 @@ class ChunkHold:
             values["memory_bytes"] = base.memory_bytes + self.memory_bytes()
         return ChunkedNackStats(
             **values,
-            chunked_held=len(self._held),
+            chunked_held=len(self.held),
             chunked_held_bytes=self._bytes,
             chunked_redelivered=self.redelivered,
             chunked_dead_lettered=self.dead_lettered,

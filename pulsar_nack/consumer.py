@@ -259,6 +259,7 @@ class NackBridge:
         # again (the synchronous one, without a listener) sets `holding`. Else, and past the bound, they
         # go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
         self.hold = ChunkHold(options.max_held_chunked_bytes)
+        self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = False
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
 
@@ -353,7 +354,7 @@ class NackBridge:
         batch_index = message_id.batch_index()
         arrivals = self._arrivals
         topic = self._fixed_topic
-        if batch_index < 0 and topic is not None and arrivals.idle and not self.hold:
+        if batch_index < 0 and topic is not None and arrivals.idle and not self.held:
             message.__dict__[_ADMITTED_IDS] = _UNTRACKED  # nothing can be a copy of it yet
             return True
         ledger_id = message_id.ledger_id()
@@ -362,7 +363,7 @@ class NackBridge:
         entry_id = message_id.entry_id()
         # Remembered on the message, so nacking or acking it later needs no calls into the client.
         message.__dict__[_ADMITTED_IDS] = (ledger_id, entry_id, batch_index, topic)
-        if batch_index < 0 and self.hold and self.hold.holds((topic, ledger_id, entry_id)):
+        if batch_index < 0 and self.held and (topic, ledger_id, entry_id) in self.held:
             # A broker copy of a chunked message held in memory (a reconnect): the held one comes at its
             # time; the application's ack of it acks every chunk, this copy included.
             self.hold.copies_dropped += 1
@@ -411,7 +412,7 @@ class NackBridge:
     def note_ack(self, message: Any) -> None:
         """Tell the tracker about an ack (before it goes to the native client); ack parked copies with it."""
         arrivals = self._arrivals
-        if self.hold:  # an ack of a chunked message held for redelivery: it is done
+        if self.held:  # an ack of a chunked message held for redelivery: it is done
             held = self._ids(message)
             if held is not None and held[2] < 0:
                 self.hold.discard((held[3], held[0], held[1]))
@@ -502,7 +503,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         ``timeout_millis`` bounds the whole call, as the official one's does; 0 returns a message already
         queued (or raises ``pulsar.Timeout``), as the official call does.
         """
-        if self._nacks.hold:
+        if self._nacks.held:
             return self._receive_holding(timeout_millis)
         admit = self._nacks.admit
         if timeout_millis is None:
@@ -564,7 +565,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     def batch_receive(self) -> list[pulsar.Message]:
         """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application;
         held chunked messages that are due come first, alone."""
-        if self._nacks.hold:
+        if self._nacks.held:
             due: list[pulsar.Message] = []
             while (held := self._due_held()) is not None:
                 due.append(held)
