@@ -480,3 +480,49 @@ def test_broker_restart_while_held_is_not_handed_out_early_or_twice() -> None:
         consumer.close()
         assert leftover(client, topic, SUB) == []
         client.close()
+
+
+def test_redeliver_unacknowledged_brings_a_held_message_back_at_once(
+    client: Client, topic: str, size: int
+) -> None:
+    """Like the official call: every unacked message comes again now — the held one from the broker, whole
+    (the hold is forgotten, so it is not handed out a second time at its due time)."""
+    consumer = client.subscribe(topic, SUB, consumer_type=SHARED)
+    data = payload(6, size)
+    send_chunked(client, topic, [data])
+    consumer.negative_acknowledge(receive_all(consumer, 1)[0], delay_ms=60_000)
+    assert consumer.nack_stats().chunked_held == 1  # type: ignore[attr-defined]
+    consumer.redeliver_unacknowledged_messages()
+    back = receive_all(consumer, 1, timeout_s=10)[0]
+    assert back.data() == data and type(back) is not HeldMessage
+    assert consumer.nack_stats().chunked_held == 0  # type: ignore[attr-defined]
+    consumer.acknowledge(back)
+    nothing_more(consumer, 1500)
+    consumer.close()
+    assert leftover(client, topic, SUB) == []
+
+
+def test_listener_consumer_nacks_chunk_by_chunk_at_the_broker(client: Client, topic: str, size: int) -> None:
+    """A ``message_listener`` is never called for held messages, so its nacks of chunked messages go to the
+    broker as a nack of every chunk entry (counted): contiguous chunks come back whole."""
+    seen: list[tuple[bytes, int]] = []
+    done = threading.Event()
+
+    def listener(consumer: Any, message: Any) -> None:
+        seen.append((message.data(), message.redelivery_count()))
+        if len(seen) == 1:
+            consumer.negative_acknowledge(message)
+        else:
+            consumer.acknowledge(message)
+            done.set()
+
+    consumer = client.subscribe(
+        topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=400, message_listener=listener
+    )
+    data = payload(8, size)
+    send_chunked(client, topic, [data])
+    assert done.wait(20), f"not back: {[(len(d), c) for d, c in seen]}"
+    assert [d == data for d, _ in seen] == [True, True] and seen[1][1] >= 1
+    assert consumer.nack_stats().chunked_native == 1  # type: ignore[attr-defined]
+    consumer.close()
+    assert leftover(client, topic, SUB) == []
