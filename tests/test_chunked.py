@@ -526,3 +526,25 @@ def test_listener_consumer_nacks_chunk_by_chunk_at_the_broker(client: Client, to
     assert consumer.nack_stats().chunked_native == 1  # type: ignore[attr-defined]
     consumer.close()
     assert leftover(client, topic, SUB) == []
+
+
+@pytest.mark.apache
+def test_seek_forgets_held_messages(apache_chunking: PulsarStandalone, topic: str) -> None:
+    """Apache only (pulsar-lite 0.2 cannot seek): after ``seek(earliest)`` the application receives every
+    message again from the broker, the held one included, once."""
+    client = _client(apache_chunking)
+    consumer = client.subscribe(topic, SUB, consumer_type=SHARED)
+    sent = [payload(i, SIZES["apache"]) for i in range(2)]
+    send_chunked(client, topic, sent)
+    first = receive_all(consumer, 2)
+    consumer.negative_acknowledge(first[0], delay_ms=60_000)
+    consumer.seek(pulsar.MessageId.earliest)
+    again = receive_all(consumer, 2)
+    assert sorted(m.data() for m in again) == sorted(sent)
+    assert not any(type(m) is HeldMessage for m in again)
+    nothing_more(consumer, 1500)
+    for message in again:
+        consumer.acknowledge(message)
+    consumer.close()
+    assert leftover(client, topic, SUB) == []
+    client.close()
