@@ -6,6 +6,10 @@ Apache standalone runs here with ``maxMessageSize`` 1 MiB (2.5 MB messages: 3 ch
 always announces 5 MiB (its ``max_message_size_bytes`` only makes it refuse larger sends), so its messages
 are 6.4 MB (2 chunks). Few messages per test: each is megabytes.
 
+*Redelivery counts* are asserted relative to the first hand-out's: under load pulsar-lite sometimes
+dispatches a chunk twice, the native consumer drops the half-built message and asks for it again, and the
+first hand-out already carries count 1 (a held message counts on from the broker's count).
+
 *Never early* here is exact: a held chunked message is handed out from memory no sooner than nack time +
 delay (no bucket rounding), up to ``CLOCK_TOLERANCE_S`` for reading the clocks.
 """
@@ -129,6 +133,7 @@ def test_nacked_chunked_message_comes_back_whole_once_at_its_time(
     assert all(is_chunked(m) for m in first), "the broker's size limit made these chunked"
     delay_s = {"per-call": 1.2, "default": 0.9, "backoff": 0.7}[mode]
     nacked_at: dict[bytes, float] = {}
+    first_count = {m.data(): m.redelivery_count() for m in first}
     for message in first:
         nacked_at[message.data()] = time.monotonic()
         if mode == "per-call":
@@ -141,7 +146,7 @@ def test_nacked_chunked_message_comes_back_whole_once_at_its_time(
         data = message.data()
         assert arrived >= nacked_at[data] + delay_s - CLOCK_TOLERANCE_S, "never early"
         assert arrived <= nacked_at[data] + delay_s + 5.0, "at its time (generous bound)"
-        assert message.redelivery_count() == 1
+        assert message.redelivery_count() == first_count[data] + 1
         assert message.properties() == {"tag": str(sent.index(data)), "kind": "large"}
     assert sorted(m.data() for m in again) == sorted(sent), "whole: the same bytes"
     nothing_more(consumer, 1000)  # exactly once
@@ -169,7 +174,7 @@ def test_failover_and_exclusive(apache_chunking: PulsarStandalone, topic: str, c
     consumer.negative_acknowledge(message)
     back = receive_all(consumer, 1)[0]
     assert time.monotonic() - nacked >= 0.5 - CLOCK_TOLERANCE_S
-    assert back.data() == data and back.redelivery_count() == 1
+    assert back.data() == data and back.redelivery_count() == message.redelivery_count() + 1
     nothing_more(consumer)
     consumer.acknowledge(back)
     consumer.close()
@@ -204,7 +209,8 @@ def test_alongside_single_and_batched_messages(client: Client, topic: str, size:
             consumer.acknowledge(message)
     again = receive_all(consumer, 3)
     assert sorted(m.data() for m in again) == sorted(nack)
-    assert next(m for m in again if m.data() == large[0]).redelivery_count() == 1
+    count = next(m for m in first if m.data() == large[0]).redelivery_count()
+    assert next(m for m in again if m.data() == large[0]).redelivery_count() == count + 1
     nothing_more(consumer, 1500)
     for message in again:
         consumer.acknowledge(message)
@@ -278,7 +284,8 @@ def test_interleaved_chunks_of_two_producers(apache_chunking: PulsarStandalone, 
             elif message.data() != inner_data:
                 consumer.acknowledge(message)
         back = receive_all(consumer, 1)
-        assert back[0].data() == outer_data and back[0].redelivery_count() == 1
+        outer = next(m for m in received if m.data() == outer_data)
+        assert back[0].data() == outer_data and back[0].redelivery_count() == outer.redelivery_count() + 1
         nothing_more(consumer, 2000)  # the enclosed message, still held by the app, is not handed out
         consumer.acknowledge(back[0])
         consumer.acknowledge(next(m for m in received if m.data() == inner_data))
@@ -311,7 +318,7 @@ def test_dead_letter_policy_sends_the_chunked_message_whole(client: Client, topi
         assert message.data() == data
         counts.append(message.redelivery_count())
         consumer.negative_acknowledge(message)
-    assert counts == [0, 1, 2], (counts, consumer.nack_stats())
+    assert counts == list(range(counts[0], 3)) and counts[0] <= 1, (counts, consumer.nack_stats())
     dead = receive_all(dead_letters, 1, timeout_s=20)[0]
     assert dead.data() == data, "whole"
     properties = dead.properties()
@@ -353,7 +360,8 @@ def test_past_the_bound_the_nack_goes_to_the_broker_for_every_chunk(
     assert sorted(type(m) is HeldMessage for m in again) == [False, True], (
         "one from memory, one from the broker"
     )
-    counts = {type(m) is HeldMessage: m.redelivery_count() for m in again}
+    before = {m.data(): m.redelivery_count() for m in first}
+    counts = {type(m) is HeldMessage: m.redelivery_count() - before[m.data()] for m in again}
     # the broker counts its own redeliveries: more than one if a copy came early and was asked for again
     assert counts[True] == 1 and counts[False] >= 1, counts
     nothing_more(consumer, 1500)
@@ -521,7 +529,8 @@ def test_listener_consumer_nacks_chunk_by_chunk_at_the_broker(client: Client, to
     )
     data = payload(8, size)
     send_chunked(client, topic, [data])
-    assert done.wait(20), f"not back: {[(len(d), c) for d, c in seen]}"
+    # generous: under load (an Apache JVM beside it) the listener was once not called in 20 s (cause unknown)
+    assert done.wait(45), f"not back: {[(len(d), c) for d, c in seen]}, {consumer.nack_stats()}"
     assert [d == data for d, _ in seen] == [True, True] and seen[1][1] >= 1
     assert consumer.nack_stats().chunked_native == 1  # type: ignore[attr-defined]
     consumer.close()
