@@ -14,6 +14,7 @@ nacks, arrivals and acks → tracker); the asyncio consumer of :mod:`pulsar_nack
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
 import logging
 import math
@@ -29,6 +30,7 @@ import pulsar
 from pulsar_nack.arrivals import Verdict
 from pulsar_nack.backoff import RedeliveryBackoff, backoff_delay, check_backoff
 from pulsar_nack.checks import check_int, check_ms
+from pulsar_nack.chunks import DEFAULT_MAX_HELD_CHUNKED_BYTES, ChunkHold, DeadLetters, HeldMessage
 from pulsar_nack.delay_limit import (
     DelayLimitedProducer,
     OnDelayLimit,
@@ -36,13 +38,14 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.native import batch_size, entry_message_id, forward, message_id_of
+from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
 _MAX_LEDGER_TOPICS = 65_536
+_MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first chunk is remembered
 #: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic), or
 #: :data:`_UNTRACKED` for a non-batched message admitted while nothing was tracked (ids not read).
 _ADMITTED_IDS = "_pulsar_nack_ids"
@@ -82,7 +85,9 @@ class NackOptions:
     pending nacks at close (Java's behaviour: the broker redelivers unacked messages when the consumer
     goes) or ``"flush"`` them to the broker first; ``native_delay_ms``: the wrapped native consumer's own
     ``negative_ack_redelivery_delay_ms`` (``wrap``'s own required argument); ``on_redelivery``: called on
-    the timer thread with the ids of each flush (Java's ``onNegativeAcksSend`` interceptor).
+    the timer thread with the ids of each flush (Java's ``onNegativeAcksSend`` interceptor);
+    ``max_held_chunked_bytes``: payload bytes of nacked chunked messages kept in memory to be handed out
+    again whole (:mod:`pulsar_nack.chunks`; 0: none, every chunked nack goes to the broker).
     """
 
     redelivery_delay_ms: int = field(default=60_000, metadata=_argument("negative_ack_redelivery_delay_ms"))
@@ -100,6 +105,9 @@ class NackOptions:
     on_redelivery: Callable[[Sequence[DueIds]], object] | None = field(
         default=None, metadata=_argument("on_redelivery")
     )
+    max_held_chunked_bytes: int = field(
+        default=DEFAULT_MAX_HELD_CHUNKED_BYTES, metadata=_argument("max_held_chunked_bytes")
+    )
 
     def __post_init__(self) -> None:
         """Check every option (docs/parameters.md), before anything is subscribed or wrapped; numpy
@@ -115,6 +123,7 @@ class NackOptions:
         if not isinstance(self.on_close, str) or self.on_close not in ("drop", "flush"):
             raise ValueError(f"on_close must be 'drop' or 'flush', got {self.on_close!r}")
         fix(self, "native_delay_ms", check_int(self.native_delay_ms, "native_delay_ms"))
+        fix(self, "max_held_chunked_bytes", check_int(self.max_held_chunked_bytes, "max_held_chunked_bytes"))
         if self.on_redelivery is not None and not callable(self.on_redelivery):
             raise TypeError(f"on_redelivery must be callable or None, got {self.on_redelivery!r}")
         try:  # the index checks them: now, before subscribe; its messages name its own parameters
@@ -246,6 +255,13 @@ class NackBridge:
             batch_size=batch_size,
         )
         self._arrivals = self.tracker.arrivals
+        # Nacked chunked messages kept in memory (pulsar_nack.chunks); only a consumer that hands them out
+        # again (the synchronous one, without a listener) sets `holding`. Else, and past the bound, they
+        # go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
+        self.hold = ChunkHold(options.max_held_chunked_bytes)
+        self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
+        self.holding = False
+        self._chunk_firsts: dict[tuple[str, int, int], int] = {}
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -268,12 +284,44 @@ class NackBridge:
         else:
             counts = delay_ms is None and options.backoff is not None
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
+        if batch_index < 0 and self._nack_chunked(message, ids, delay):
+            return
         tracker = self.tracker
         try:
             tracker.schedule(tracker.now() + delay, ledger_id, entry_id, batch_index, topic)
         except RuntimeError:
             if not tracker.closed:  # closed (before or during the call): nothing to do, as above
                 raise
+
+    def _nack_chunked(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
+        """If ``message`` is chunked: hold it (True: done), or else prepare its nack at the broker as a nack
+        of every chunk entry (False: the caller schedules it). False for any other message. O(1): one native
+        call (the payload's length) per non-batched nack, three for a large one (:func:`chunk_of`)."""
+        chunk = chunk_of(message)
+        if chunk is None:
+            return False
+        _, inner, first = chunk
+        ledger_id, entry_id, _, topic = ids
+        key = (topic, ledger_id, entry_id)
+        holdable = inner is not None and isinstance(message, pulsar.Message) and not self.tracker.closed
+        if self.holding and holdable:
+            due = self.tracker.now() + delay
+            if self.hold.hold(key, message, due, message.redelivery_count() + 1, inner.length()):
+                return True
+        self.hold.native += 1
+        if first[0] != ledger_id:  # chunks across a ledger roll-over: the entries in between are unknown
+            _log.warning(
+                "chunked message %s spans ledgers %d..%d: only its last chunk can be nacked at the broker",
+                key,
+                first[0],
+                ledger_id,
+            )
+            return False
+        firsts = self._chunk_firsts
+        if len(firsts) >= _MAX_CHUNK_FIRSTS and key not in firsts:
+            firsts.pop(next(iter(firsts)), None)  # the oldest: long forwarded or acked
+        firsts[key] = first[1]
+        return False
 
     def _topic_of(self, ledger_id: int) -> str:
         """The topic of a bare id: ledger ids are unique in a cluster, and we saw the ledger's messages."""
@@ -289,7 +337,7 @@ class NackBridge:
 
     def _forward(self, due: Sequence[DueIds]) -> None:
         """Timer thread: hand due entries to the native tracker, then call the redelivery hook."""
-        forward(self._native, due)
+        forward(self._native, due, self._chunk_firsts)
         if self.options.on_redelivery is not None:
             self.options.on_redelivery(due)
 
@@ -306,7 +354,7 @@ class NackBridge:
         batch_index = message_id.batch_index()
         arrivals = self._arrivals
         topic = self._fixed_topic
-        if batch_index < 0 and topic is not None and arrivals.idle:
+        if batch_index < 0 and topic is not None and arrivals.idle and not self.held:
             message.__dict__[_ADMITTED_IDS] = _UNTRACKED  # nothing can be a copy of it yet
             return True
         ledger_id = message_id.ledger_id()
@@ -315,6 +363,11 @@ class NackBridge:
         entry_id = message_id.entry_id()
         # Remembered on the message, so nacking or acking it later needs no calls into the client.
         message.__dict__[_ADMITTED_IDS] = (ledger_id, entry_id, batch_index, topic)
+        if batch_index < 0 and self.held and (topic, ledger_id, entry_id) in self.held:
+            # A broker copy of a chunked message held in memory (a reconnect): the held one comes at its
+            # time; the application's ack of it acks every chunk, this copy included.
+            self.hold.copies_dropped += 1
+            return False
         if batch_index < 0 and arrivals.idle:
             return True
         verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, message_id)
@@ -359,6 +412,10 @@ class NackBridge:
     def note_ack(self, message: Any) -> None:
         """Tell the tracker about an ack (before it goes to the native client); ack parked copies with it."""
         arrivals = self._arrivals
+        if self.held:  # an ack of a chunked message held for redelivery: it is done
+            held = self._ids(message)
+            if held is not None and held[2] < 0:
+                self.hold.discard((held[3], held[0], held[1]))
         ids = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
         if ids is _UNTRACKED:
             if arrivals.idle:
@@ -378,12 +435,16 @@ class NackBridge:
             self._native.acknowledge(entry_message_id(topic, ledger_id, entry_id))
 
     def reset(self) -> None:
-        """After a seek: pending nacks and what the filter knows are void (the broker starts over)."""
+        """After a seek: pending nacks, held chunked messages and what the filter knows are void (the
+        broker starts over)."""
         self.tracker.clear()
+        self.hold.clear()
 
     def forget_holdings(self) -> None:
-        """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again."""
+        """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again, and
+        so do held chunked messages (the broker still has them unacked: they come back whole)."""
         self.tracker.arrivals.forget_holdings()
+        self.hold.clear()
 
     def close(self) -> float:
         """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.
@@ -392,6 +453,7 @@ class NackBridge:
         flushed ids reach the broker (0 when nothing was flushed). Returns at once otherwise: a flush hook
         in progress on the timer thread is not waited for.
         """
+        self.hold.clear()  # unacked at the broker: it redelivers them when the consumer goes
         if self.tracker.closed:
             return 0.0
         flushing = self.options.on_close == "flush"
@@ -400,7 +462,8 @@ class NackBridge:
         return self.options.native.latency_ms / 1000.0 + 0.05 if flushing else 0.0
 
     def stats(self, *, with_memory: bool = False) -> NackStats:
-        return self.tracker.stats(with_memory=with_memory)
+        """The tracker's stats with the chunked messages' (:class:`~pulsar_nack.chunks.ChunkedNackStats`)."""
+        return self.hold.stats(self.tracker.stats(with_memory=with_memory), with_memory=with_memory)
 
 
 class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
@@ -410,6 +473,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     """
 
     _nacks: NackBridge
+    _dead_letters: DeadLetters | None = None  # dead-letters held chunked messages (dead_letter_policy)
 
     def _attach(self, native: pulsar.Consumer, options: NackOptions) -> None:
         """Take over ``native``'s C++ consumer; start the tracker."""
@@ -439,6 +503,8 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         ``timeout_millis`` bounds the whole call, as the official one's does; 0 returns a message already
         queued (or raises ``pulsar.Timeout``), as the official call does.
         """
+        if self._nacks.held:
+            return self._receive_holding(timeout_millis)
         admit = self._nacks.admit
         if timeout_millis is None:
             message = super().receive()
@@ -452,8 +518,59 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             message = super().receive(max(0, math.ceil((deadline - time.monotonic()) * 1000.0)))
         return message
 
+    def _receive_holding(self, timeout_millis: int | None) -> pulsar.Message:
+        """``receive`` while nacked chunked messages are held: a held one when due, else the broker's next
+        message; waits on the native ``receive`` no longer than until the next held one is due."""
+        nacks = self._nacks
+        deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
+        while True:
+            held = self._due_held()
+            if held is not None:
+                return held
+            wait = nacks.hold.wait_ms(nacks.tracker.now())
+            left_s = None if deadline is None else deadline - time.monotonic()
+            remaining = None if left_s is None else max(0, math.ceil(left_s * 1000.0))
+            if wait is None:  # nothing held any more: a plain receive for what is left of the timeout
+                return self.receive(remaining)
+            wait_ms = math.ceil(wait) if remaining is None else min(math.ceil(wait), remaining)
+            try:
+                message = super().receive(wait_ms)
+            except pulsar.Timeout:
+                if remaining is not None and wait_ms >= remaining:
+                    raise
+                continue
+            if nacks.admit(message):
+                return message
+
+    def _due_held(self) -> pulsar.Message | None:
+        """The next held chunked message that is due, as a :class:`~pulsar_nack.chunks.HeldMessage`; one
+        past the dead-letter policy's ``max_redeliver_count`` is sent to the dead-letter topic and acked
+        instead. None if none is due."""
+        hold, clock = self._nacks.hold, self._nacks.tracker.now
+        while (due := hold.pop_due(clock())) is not None:
+            message, count, key = due
+            dead_letters = self._dead_letters
+            if dead_letters is None or not dead_letters.due(count):
+                hold.redelivered += 1
+                return HeldMessage(message, count)
+            try:
+                dead_letters.send(message)
+            except Exception:
+                hold.hold(key, message, clock() + 1000.0, count, message._message.length())  # retried
+                raise
+            hold.dead_lettered += 1
+            self.acknowledge(message)
+        return None
+
     def batch_receive(self) -> list[pulsar.Message]:
-        """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application."""
+        """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application;
+        held chunked messages that are due come first, alone."""
+        if self._nacks.held:
+            due: list[pulsar.Message] = []
+            while (held := self._due_held()) is not None:
+                due.append(held)
+            if due:
+                return due
         while True:
             messages = super().batch_receive()
             admitted = [m for m in messages if self._nacks.admit(m)]
@@ -486,6 +603,8 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         Never hangs on a flush in progress: the timer is given a bounded time to finish it.
         """
         time.sleep(self._nacks.close())
+        if self._dead_letters is not None:
+            self._dead_letters.close()
         super().close()
 
     def nack_stats(self, *, with_memory: bool = False) -> NackStats:
@@ -551,6 +670,12 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         consumer._attach(native, options)
         if listener is not None:
             consumer._ready.set()
+        else:  # receive() hands held chunked messages out again; a listener is never called for them
+            consumer._nacks.holding = True
+            policy = arguments.get("dead_letter_policy")
+            if policy is not None:
+                create = functools.partial(pulsar.Client.create_producer, self)
+                consumer._dead_letters = DeadLetters(create, policy, arguments["subscription_name"])
         return consumer
 
     def close(self) -> None:
@@ -635,6 +760,7 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
         )
     wrapped = NackConsumer()
     wrapped._attach(consumer, nack)
+    wrapped._nacks.holding = True  # its dead_letter_policy is unknown here: held ones are not dead-lettered
     return wrapped
 
 
@@ -663,6 +789,8 @@ def _wrap_lateness_ms(native_delay_ms: int) -> tuple[int, int]:
 
 def _redelivery_count(message: Any) -> int:
     """The redelivery count of a message (0 for a bare id: the backoff starts over)."""
+    if isinstance(message, pulsar.Message):  # a HeldMessage counts the nacks held in memory
+        return int(message.redelivery_count())
     target = message_id_of(message)
     return target[1].redelivery_count() if target is not None and target[1] is not None else 0
 

@@ -6,13 +6,17 @@
 * :func:`forward` — due entries → one native ``negative_acknowledge`` per entry, the only per-id
   redelivery request the Python client has (ids rebuilt with their topic: a multi-topic consumer
   silently drops a rebuilt id without one);
-* :func:`entry_message_id` — such a rebuilt whole-entry id, also acked to complete a batch at the broker.
+* :func:`entry_message_id` — such a rebuilt whole-entry id, also acked to complete a batch at the broker;
+* :func:`chunk_first_entry` — the first chunk of a chunked message (its id names only the last one), read
+  from the serialized id's ``first_chunk_message_id`` (field 7): with pulsar-client 3.13 a native nack of
+  the assembled id re-sends the last chunk only, which the consumer drops; a native nack of *every* chunk
+  entry brings the message back whole (measured on both brokers, docs/parameters.md, chunked messages).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import _pulsar
@@ -20,10 +24,22 @@ import pulsar
 
 from pulsar_nack.index import DueIds
 
-__all__ = ["batch_size", "entry_message_id", "forward", "message_id_of"]
+__all__ = [
+    "MIN_CHUNKED_BYTES",
+    "batch_size",
+    "chunk_first_entry",
+    "chunk_of",
+    "entry_message_id",
+    "forward",
+    "message_id_of",
+]
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _BATCH_SIZE_FIELD = 6  # MessageIdData.batch_size
+_FIRST_CHUNK_FIELD = 7  # MessageIdData.first_chunk_message_id (a MessageIdData)
+_FIRST_CHUNK_TAG = bytes([_FIRST_CHUNK_FIELD << 3 | 2])  # field 7, length-delimited
+_LEDGER_FIELD, _ENTRY_FIELD = 1, 2
+ChunkFirsts = Mapping[tuple[str, int, int], int]  # (topic, ledger, last chunk's entry) → first chunk's entry
 
 
 def message_id_of(message: Any) -> tuple[Any, Any] | None:
@@ -47,8 +63,47 @@ def batch_size(message_id: Any) -> int:
     return _varint_field(message_id.serialize(), _BATCH_SIZE_FIELD)
 
 
+#: A message shorter than this is taken as not chunked without reading its id (two native calls, ~1.5 µs on
+#: the nack path): chunking starts above the broker's ``maxMessageSize`` (5 MiB by default), and a broker
+#: configured below 16 KiB is not a case this wrapper serves (docs/chunked.md).
+MIN_CHUNKED_BYTES = 16 * 1024
+
+
+def chunk_of(message: Any) -> tuple[Any, Any, tuple[int, int]] | None:
+    """``(_pulsar.MessageId, _pulsar.Message or None, first chunk's (ledger, entry))`` if ``message`` (what
+    :func:`message_id_of` accepts) is a chunked message or its id; None otherwise. O(1): one native call
+    for a message shorter than :data:`MIN_CHUNKED_BYTES`, three otherwise (two for a bare id)."""
+    inner = message._message if isinstance(message, pulsar.Message) else message
+    if isinstance(inner, _pulsar.Message) and inner.length() < MIN_CHUNKED_BYTES:
+        return None
+    target = message_id_of(message)
+    if target is None:
+        return None
+    first = chunk_first_entry(target[0])
+    return None if first is None else (target[0], target[1], first)
+
+
+def chunk_first_entry(message_id: Any) -> tuple[int, int] | None:
+    """``(ledger id, entry id)`` of the first chunk of a chunked message's ``_pulsar.MessageId`` (whose own
+    ledger and entry ids are the last chunk's); None for any other id. O(length of the id)."""
+    data = message_id.serialize()
+    if _FIRST_CHUNK_TAG not in data:  # no byte of it can be field 7's tag: no need to parse (the usual case)
+        return None
+    first = _field(data, _FIRST_CHUNK_FIELD)
+    if not isinstance(first, bytes):
+        return None
+    return int(_field(first, _LEDGER_FIELD) or 0), int(_field(first, _ENTRY_FIELD) or 0)
+
+
 def _varint_field(data: bytes, field: int) -> int:
-    """The value of varint ``field`` in a protobuf message (0 if absent); skips other wire types."""
+    """The value of varint ``field`` in a protobuf message (0 if absent)."""
+    value = _field(data, field)
+    return value if isinstance(value, int) else 0
+
+
+def _field(data: bytes, field: int) -> int | bytes | None:
+    """The value of ``field`` in a protobuf message: an int (varint) or the bytes of a length-delimited
+    field; None if absent. Skips fixed-size fields."""
     position, end = 0, len(data)
     while position < end:
         tag, position = _varint(data, position)
@@ -59,6 +114,8 @@ def _varint_field(data: bytes, field: int) -> int:
                 return value
         elif wire_type == 2:
             length, position = _varint(data, position)
+            if tag >> 3 == field:
+                return data[position : position + length]
             position += length
         elif wire_type == 1:
             position += 8
@@ -66,7 +123,7 @@ def _varint_field(data: bytes, field: int) -> int:
             position += 4
         else:
             raise ValueError(f"unexpected protobuf wire type {wire_type} in a message id")
-    return 0
+    return None
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:
@@ -80,14 +137,18 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
         shift += 7
 
 
-def forward(consumer: Any, due: Sequence[DueIds]) -> int:
+def forward(consumer: Any, due: Sequence[DueIds], chunk_firsts: ChunkFirsts | None = None) -> int:
     """Ask the native ``consumer`` (a ``_pulsar.Consumer``) to redeliver every due entry, one native nack
-    per entry; returns how many. O(due entries)."""
+    per entry; returns how many. A chunked message (its last chunk's entry in ``chunk_firsts``) is asked
+    for by a nack of every entry from its first chunk to its last: the broker then re-sends all its chunks
+    and the consumer reassembles it. O(due entries + chunks)."""
     nack = consumer.negative_acknowledge
     count = 0
     for ids in due:
         for entry_id in ids.entry_ids.tolist():
-            nack(entry_message_id(ids.topic, ids.ledger_id, entry_id))
+            first = chunk_firsts.get((ids.topic, ids.ledger_id, entry_id)) if chunk_firsts else None
+            for chunk_entry in range(entry_id if first is None else first, entry_id + 1):
+                nack(entry_message_id(ids.topic, ids.ledger_id, chunk_entry))
             count += 1
     return count
 

@@ -73,6 +73,8 @@ OPTION_BAD: list[tuple[str, Any, type[Exception]]] = [
     *(("on_delay_limit", v, ValueError) for v in ["ignore", None, True, 1, ["error"]]),
     *(("on_close", v, ValueError) for v in ["keep", None, True, 1, ["drop"]]),
     *(("on_redelivery", v, TypeError) for v in [5, "hook", True, object()]),
+    *(("max_held_chunked_bytes", v, TypeError) for v in [*WRONG_TYPES, 1.5, INF, NAN]),
+    *(("max_held_chunked_bytes", v, ValueError) for v in [-1, np.int64(-1)]),
 ]
 
 

@@ -89,6 +89,7 @@ NACK_OPTIONS = {
     "on_delay_limit",
     "on_close",
     "on_redelivery",
+    "max_held_chunked_bytes",
 }
 
 
