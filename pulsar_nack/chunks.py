@@ -33,7 +33,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 import pulsar
 
@@ -53,6 +53,7 @@ __all__ = [
 DEFAULT_MAX_HELD_CHUNKED_BYTES = 64 * 2**20
 
 Key = tuple[str, int, int]  # (topic, ledger id, entry id of the last chunk)
+Counter = Literal["redelivered", "dead_lettered", "native", "copies_dropped"]  # over_bound: by hold()
 
 #: Properties the official consumers set on a dead-lettered message (pulsar-client-cpp, Java).
 REAL_TOPIC, ORIGIN_MESSAGE_ID = "REAL_TOPIC", "ORIGIN_MESSAGE_ID"
@@ -135,6 +136,11 @@ class ChunkHold:
             self._bytes += size - freed
             heapq.heappush(self._heap, (due_ms, next(self._sequence), key, held))
             return True
+
+    def count(self, counter: Counter) -> None:
+        """Add one to ``counter`` (under the lock: nacks and receives run on any thread). O(1)."""
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
 
     def holds(self, key: Key) -> bool:
         """Whether the message of ``key`` is held (a copy of it from the broker is not handed out)."""

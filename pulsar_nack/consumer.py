@@ -308,7 +308,7 @@ class NackBridge:
             due = self.tracker.now() + delay
             if self.hold.hold(key, message, due, message.redelivery_count() + 1, inner.length()):
                 return True
-        self.hold.native += 1
+        self.hold.count("native")
         if first[0] != ledger_id:  # chunks across a ledger roll-over: the entries in between are unknown
             _log.warning(
                 "chunked message %s spans ledgers %d..%d: only its last chunk can be nacked at the broker",
@@ -366,7 +366,7 @@ class NackBridge:
         if batch_index < 0 and self.held and (topic, ledger_id, entry_id) in self.held:
             # A broker copy of a chunked message held in memory (a reconnect): the held one comes at its
             # time; the application's ack of it acks every chunk, this copy included.
-            self.hold.copies_dropped += 1
+            self.hold.count("copies_dropped")
             return False
         if batch_index < 0 and arrivals.idle:
             return True
@@ -551,14 +551,14 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             message, count, key = due
             dead_letters = self._dead_letters
             if dead_letters is None or not dead_letters.due(count):
-                hold.redelivered += 1
+                hold.count("redelivered")
                 return HeldMessage(message, count)
             try:
                 dead_letters.send(message)
             except Exception:
                 hold.hold(key, message, clock() + 1000.0, count, message._message.length())  # retried
                 raise
-            hold.dead_lettered += 1
+            hold.count("dead_lettered")
             self.acknowledge(message)
         return None
 

@@ -32,6 +32,7 @@ from pulsar_nack import Client, MultiplierRedeliveryBackoff
 from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkedNackStats, ChunkHold, HeldMessage
 from pulsar_nack.native import chunk_first_entry
 from pulsar_nack.testing import Broker, PulsarLite
+from pulsar_nack.tracker import NackStats
 
 SHARED = pulsar.ConsumerType.Shared
 SUB = "sub"
@@ -457,6 +458,13 @@ def test_hold_bound_order_and_replacement() -> None:
     assert hold.discard(a) and not hold.discard(a)
     assert hold.wait_ms(0.0) is None and len(hold) == 0
     assert hold.hold(c, "C", 1.0, 1, 100)
+    hold.count("native")
+    base = NackStats(0, 0, 0, 0, 0, 0, 0, 0, 0, None, None, memory_bytes=1000)
+    stats = hold.stats(base, with_memory=True)
+    assert (stats.chunked_held, stats.chunked_held_bytes, stats.chunked_native, stats.chunked_over_bound) == (
+        1, 100, 1, 1,
+    )  # fmt: skip
+    assert stats.memory_bytes is not None and stats.memory_bytes >= 1000 + 100
     assert hold.clear() == 1 and hold.pop_due(10.0) is None
 
 
