@@ -221,7 +221,7 @@ def measure(point: GridPoint) -> Row:
         if point.compact:
             tracker.compact()
         usage = tracker.memory_usage()
-        row |= tracker.structure()
+        row |= {k: v for k, v in tracker.structure().items() if k in COLUMNS}  # the columns the sweep keeps
         row |= {
             "python_bytes": usage.python_bytes,
             "roaring_bytes": usage.roaring_bytes,
