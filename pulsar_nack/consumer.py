@@ -17,6 +17,7 @@ import datetime
 import inspect
 import logging
 import math
+import os
 import threading
 import time
 import warnings
@@ -37,6 +38,14 @@ from pulsar_nack.delay_limit import (
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.native import batch_size, entry_message_id, forward, message_id_of
+from pulsar_nack.snapshot.storage import SnapshotStorage
+from pulsar_nack.snapshot.wiring import (
+    SubscriptionStorage,
+    arguments_snapshots,
+    check_snapshot_options,
+    subscription_storage,
+    tracker_snapshot_arguments,
+)
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
@@ -100,6 +109,8 @@ class NackOptions:
     on_redelivery: Callable[[Sequence[DueIds]], object] | None = field(
         default=None, metadata=_argument("on_redelivery")
     )
+    snapshot_dir: str | os.PathLike[str] | None = field(default=None, metadata=_argument("snapshot_dir"))
+    snapshot_storage: SnapshotStorage | None = field(default=None, metadata=_argument("snapshot_storage"))
 
     def __post_init__(self) -> None:
         """Check every option (docs/parameters.md), before anything is subscribed or wrapped; numpy
@@ -117,6 +128,7 @@ class NackOptions:
         fix(self, "native_delay_ms", check_int(self.native_delay_ms, "native_delay_ms"))
         if self.on_redelivery is not None and not callable(self.on_redelivery):
             raise TypeError(f"on_redelivery must be callable or None, got {self.on_redelivery!r}")
+        check_snapshot_options(self.snapshot_dir, self.snapshot_storage)
         try:  # the index checks them: now, before subscribe; its messages name its own parameters
             index = TimeBucketIndex(self.precision_bits, self.rounding)
         except (TypeError, ValueError) as error:
@@ -162,6 +174,18 @@ class NackOptions:
     @property
     def native(self) -> NativeTiming:
         return NativeTiming(self.native_delay_ms)
+
+    def snapshots_for(
+        self, topic: Any, subscription: str, consumer_name: str | None = None
+    ) -> SubscriptionStorage | None:
+        """The storage of this subscription's snapshot (None without ``snapshot_dir``/``snapshot_storage``):
+        the directory is created if missing and the subscription's key locked (see
+        :mod:`pulsar_nack.snapshot.namespace`). Call it before subscribing: it raises
+        :class:`~pulsar_nack.snapshot.SnapshotStorageError` if the directory cannot be used or another live
+        consumer holds the key."""
+        return subscription_storage(
+            self.snapshot_dir, self.snapshot_storage, topic, subscription, consumer_name
+        )
 
     def delay_for(self, delay_ms: float | datetime.timedelta | None, redelivery_count: int) -> float:
         """The delay of one nack (ms): ``delay_ms`` if given, else the backoff's for ``redelivery_count``,
@@ -231,21 +255,29 @@ class NackBridge:
     Thread-safe: the native consumer's ``negative_acknowledge`` is, and the tracker is.
     """
 
-    def __init__(self, native: Any, topic: str, options: NackOptions) -> None:
-        """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns."""
+    def __init__(
+        self, native: Any, topic: str, options: NackOptions, snapshots: SubscriptionStorage | None = None
+    ) -> None:
+        """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns; ``snapshots``:
+        where this subscription's pending nacks are kept (:meth:`NackOptions.snapshots_for`) — they are
+        restored now, before the application can receive anything."""
         self.options = options
         self._native = native
         self._topic = topic
         self._ledger_topics: dict[int, str] = {}
         self._fixed_topic: str | None = None  # the topic of every message, once known to be one
+        self._snapshots = snapshots
         self.tracker = NackTracker(
             self._forward,
             precision_bits=options.precision_bits,
             rounding=options.rounding,
             native=options.native,
             batch_size=batch_size,
+            **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
         self._arrivals = self.tracker.arrivals
+        if snapshots is not None:
+            self.tracker.restore()
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -396,6 +428,8 @@ class NackBridge:
             return 0.0
         flushing = self.options.on_close == "flush"
         self.tracker.close(flush=flushing)
+        if self._snapshots is not None:
+            self._snapshots.unlock()
         # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
         return self.options.native.latency_ms / 1000.0 + 0.05 if flushing else 0.0
 
@@ -411,9 +445,11 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
     _nacks: NackBridge
 
-    def _attach(self, native: pulsar.Consumer, options: NackOptions) -> None:
-        """Take over ``native``'s C++ consumer; start the tracker."""
-        self._nacks = NackBridge(native._consumer, native.topic(), options)
+    def _attach(
+        self, native: pulsar.Consumer, options: NackOptions, snapshots: SubscriptionStorage | None = None
+    ) -> None:
+        """Take over ``native``'s C++ consumer; start the tracker (restoring ``snapshots``)."""
+        self._nacks = NackBridge(native._consumer, native.topic(), options, snapshots)
         self._consumer = native._consumer
         self._client = native._client
         self._schema = native._schema
@@ -477,7 +513,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         super().redeliver_unacknowledged_messages()
 
     def unsubscribe(self) -> None:
+        """Like the official call; the subscription's snapshot is deleted (its pending nacks are void)."""
         super().unsubscribe()
+        self._nacks.tracker.discard_snapshots()
         self._nacks.close()
 
     def close(self) -> None:
@@ -543,12 +581,18 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         (keyword-only; see ``inspect.signature(pulsar_nack.Client.subscribe)``); returns a
         :class:`NackConsumer`. Every option is checked before anything is subscribed."""
         arguments, options = subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
+        snapshots = arguments_snapshots(options, arguments)  # before subscribing: it may fail
         consumer = NackConsumer()
         listener = arguments.get("message_listener")
         if listener is not None:
             arguments["message_listener"] = _admitting_listener(consumer, listener)
-        native = super().subscribe(**arguments)
-        consumer._attach(native, options)
+        try:
+            native = super().subscribe(**arguments)
+        except BaseException:
+            if snapshots is not None:
+                snapshots.unlock()
+            raise
+        consumer._attach(native, options, snapshots)
         if listener is not None:
             consumer._ready.set()
         return consumer
@@ -633,8 +677,9 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
             NATIVE_DELAY_MS,
             _wrap_lateness_ms(NATIVE_DELAY_MS)[0],
         )
+    snapshots = nack.snapshots_for(consumer.topic(), consumer.subscription_name())
     wrapped = NackConsumer()
-    wrapped._attach(consumer, nack)
+    wrapped._attach(consumer, nack, snapshots)
     return wrapped
 
 

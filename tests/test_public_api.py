@@ -89,6 +89,8 @@ NACK_OPTIONS = {
     "on_delay_limit",
     "on_close",
     "on_redelivery",
+    "snapshot_dir",
+    "snapshot_storage",
 }
 
 

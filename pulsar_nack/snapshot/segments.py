@@ -51,7 +51,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -60,6 +60,7 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex, batch_indexes, batch_mask
+from pulsar_nack.memory import MemoryUsage, bitmap_heap_bytes, python_bytes
 from pulsar_nack.snapshot.format import (
     Group,
     ReadLimits,
@@ -146,6 +147,7 @@ class SnapshotStats:
     bytes_total: int = 0
     ids_in_memory: int = 0
     ids_on_storage: int = 0
+    ids_unsealed: int = 0  # nacked since the last seal: in memory only (lost if the process dies now)
     create: OpStats = field(default_factory=OpStats)
     load: OpStats = field(default_factory=OpStats)
     delete: OpStats = field(default_factory=OpStats)
@@ -241,16 +243,31 @@ class SegmentStore:
 
     # -- the index's calls ------------------------------------------------------------------------------
 
-    def add(self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int:
+    def add(
+        self,
+        due_ms: int,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int = -1,
+        topic: str = "",
+        fresh: bool = False,
+    ) -> int:
         """Schedule one id (earliest due wins); returns the bucket it is due at, or — when an unloaded
         segment already holds it no later — that segment's first bucket (a lower bound to wake up at).
 
         The new due time is compared with each unloaded segment's time range *before* its membership is
         consulted (#26230): membership alone says neither when nor whether the copy is still pending.
+
+        ``fresh``: as :meth:`TimeBucketIndex.add <pulsar_nack.index.TimeBucketIndex.add>` — the caller
+        knows the id is pending nowhere. The nack path's case: a ledger no segment holds goes straight to
+        the mutable index (the loaded index only holds ids of segments, so it has none of that ledger):
+        one lock and one dict lookup more than the bare index. O(1) then; else O(S_l) bitmap probes.
         """
+        key = (topic, ledger_id)
         with self._lock:
+            if key not in self._by_key:
+                return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh=fresh)
             bucket = (int(due_ms) + self._round_up) & self._mask
-            key = (topic, ledger_id)
             loaded_due = self._loaded.due_of(ledger_id, entry_id, batch_index, topic)
             if loaded_due is not None:
                 if loaded_due <= bucket:
@@ -271,7 +288,7 @@ class SegmentStore:
                         self._dupes.setdefault(key, BitMap()).add(entry_id)
             if covered is not None:
                 return covered
-            return self._mutable.add(bucket, ledger_id, entry_id, batch_index, topic)
+            return self._mutable.add(bucket, ledger_id, entry_id, batch_index, topic, fresh=fresh)
 
     def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
         """Forget a pending id (acked) wherever it is; True if it was pending somewhere. O(S_l)."""
@@ -360,6 +377,60 @@ class SegmentStore:
             rows = list(self._mutable) + list(self._loaded)
         yield from rows
 
+    @property
+    def bucket_count(self) -> int:
+        """Buckets in memory (mutable and loaded index); segments on storage not counted. O(1)."""
+        return self._mutable.bucket_count + self._loaded.bucket_count
+
+    @property
+    def added(self) -> int:
+        """Ids accepted by :meth:`add` so far (repeats included), as the index counts them. O(1)."""
+        return self._mutable.added
+
+    @property
+    def unsealed(self) -> int:
+        """Ids nacked since the last seal: in memory only, lost by a crash now. O(1)."""
+        return len(self._mutable)
+
+    def compact(self) -> int:
+        """Compact the in-memory indexes' cold buckets (see :meth:`TimeBucketIndex.compact
+        <pulsar_nack.index.TimeBucketIndex.compact>`); returns how many. O(buckets compacted)."""
+        return self._mutable.compact() + self._loaded.compact()
+
+    def memory_usage(self) -> MemoryUsage:
+        """Bytes held in memory: both indexes, plus each segment's membership and deletion bitmaps
+        (Python objects and CRoaring heap). O(objects)."""
+        with self._lock:
+            parts = [self._mutable.memory_usage(), self._loaded.memory_usage()]
+            bitmaps = [
+                b for r in self._records.values() for maps in (r.membership, r.deleted) for b in maps.values()
+            ] + list(self._dupes.values())
+            python = sum(p.python_bytes for p in parts) + python_bytes(self._records)
+            python += sum(python_bytes(b) for b in bitmaps)
+            python += sum(python_bytes(r) for r in self._records.values())
+            roaring = sum(p.roaring_bytes for p in parts) + sum(bitmap_heap_bytes(b) for b in bitmaps)
+            ids = sum(p.ids for p in parts)
+            return MemoryUsage(python, roaring, ids, {"segments": len(self._records)})
+
+    def clear(self) -> None:
+        """Forget every pending id — in memory *and on storage* (a seek: the pending nacks are void, and
+        a restart must not bring them back). A file that cannot be deleted now is retried by
+        :meth:`maintain`. O(segments)."""
+        with self._lock:
+            names = [r.name for r in self._records.values() if r.persisted]
+            self._mutable.clear()
+            self._loaded.clear()
+            self._records.clear()
+            self._by_key.clear()
+            self._dupes.clear()
+            try:
+                names += self.storage.list()
+            except SnapshotStorageError as exc:
+                _log.warning("cannot list snapshot segments to clear them (%s)", exc)
+            for name in sorted(set(names)):
+                if _NAME.fullmatch(name):
+                    self._delete_file(name)
+
     # -- life cycle -----------------------------------------------------------------------------------
 
     def maintain(self, now_ms: int) -> None:
@@ -411,8 +482,12 @@ class SegmentStore:
                 self._merge([rec])
             return sealed
 
-    def restore(self, now_ms: int) -> RestoreReport:
-        """Read every segment on storage into an empty store (see the module docstring). O(total size)."""
+    def restore(self, now_ms: int, visit: Callable[[Group], object] | None = None) -> RestoreReport:
+        """Read every segment on storage into an empty store (see the module docstring). O(total size).
+
+        ``visit`` is called with every restored group (corrupt and superseded segments left out), under
+        the store's lock: how a consumer learns which ids are pending — also those left on storage — to
+        hold back the copies the broker redelivers at once. An id in two segments is visited twice."""
         with self._lock:
             if self._records or len(self._mutable) or len(self._loaded):
                 raise RuntimeError("restore() needs an empty store")
@@ -472,6 +547,9 @@ class SegmentStore:
                     else:
                         seen[key] = BitMap(members)
                 self._add_record(rec)
+                if visit is not None:
+                    for group in seg.groups:
+                        visit(group)
                 horizon = now_ms + self.config.load_ahead_ms
                 fits = len(self._loaded) + rec.count <= budget
                 if rec.min_due <= now_ms or (rec.min_due <= horizon and fits):
@@ -495,6 +573,7 @@ class SegmentStore:
                 segments_unpersisted=sum(1 for r in recs if not r.persisted),
                 bytes_total=sum(r.nbytes for r in recs if r.persisted),
                 ids_in_memory=len(self._mutable) + len(self._loaded),
+                ids_unsealed=len(self._mutable),
                 ids_on_storage=sum(r.live for r in recs if not r.loaded),
                 create=replace(self._stats.create, histogram=list(self._stats.create.histogram)),
                 load=replace(self._stats.load, histogram=list(self._stats.load.histogram)),
