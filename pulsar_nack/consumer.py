@@ -91,7 +91,9 @@ class NackOptions:
     pending nacks at close (Java's behaviour: the broker redelivers unacked messages when the consumer
     goes) or ``"flush"`` them to the broker first; ``native_delay_ms``: the wrapped native consumer's own
     ``negative_ack_redelivery_delay_ms`` (``wrap``'s own required argument); ``on_redelivery``: called on
-    the timer thread with the ids of each flush (Java's ``onNegativeAcksSend`` interceptor).
+    the timer thread with the ids of each flush (Java's ``onNegativeAcksSend`` interceptor);
+    ``snapshot_dir``/``snapshot_storage``: keep pending nacks on storage so that they survive a restart
+    (exclusive; ``snapshot_dir=D`` is ``snapshot_storage=LocalDirectoryStorage(D)``; docs/snapshots.md).
     """
 
     redelivery_delay_ms: int = field(default=60_000, metadata=_argument("negative_ack_redelivery_delay_ms"))

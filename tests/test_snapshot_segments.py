@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pulsar_nack.snapshot.format import decode_segment
-from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
+from pulsar_nack.snapshot.segments import WATERMARK_NAME, SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.storage import (
     InMemoryStorage,
     LocalDirectoryStorage,
@@ -401,3 +401,44 @@ def test_config_validation() -> None:
         store = SegmentStore(InMemoryStorage())
         store.add(1, 1, 1)
         store.restore(0)
+
+
+def test_pops_are_covered_by_the_watermark_not_by_rewrites(
+    storage: SnapshotStorage, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SegmentStore(storage, precision_bits=0)
+    for entry in range(100):
+        store.add(10_000 + entry * 100, 1, entry)  # due 10.0 .. 19.9 s: one segment
+    store.checkpoint(0)
+    popped = {e for ids in store.pop_due(15_000) for e in ids.entry_ids.tolist()}
+    assert popped == set(range(51))
+    store.checkpoint(15_000)
+    assert store.stats().merge.succeeded == 0, "a pop rewrote the segment"
+    assert WATERMARK_NAME in storage.list()
+    restarted = SegmentStore(storage, precision_bits=0)
+    report = restarted.restore(16_000)
+    assert report.ids == 49
+    assert {e for e in range(100) if restarted.due_of(1, e) is not None} == set(range(51, 100))
+    restarted.add(15_500, 1, 500)  # a later life's nack, due after the old watermark: kept
+    restarted.checkpoint(16_000)
+    assert SegmentStore(storage, precision_bits=0).restore(16_100).ids == 50
+    # a damaged watermark: the popped ids come again (at once), with a warning
+    data = bytearray(storage.get(WATERMARK_NAME))
+    data[10] ^= 1
+    storage.put(WATERMARK_NAME, bytes(data))
+    with caplog.at_level(logging.WARNING):
+        again = SegmentStore(storage, precision_bits=0).restore(16_100)
+    assert again.ids == 101 and "watermark is corrupt" in caplog.text
+
+
+def test_the_watermark_goes_with_the_last_segment(storage: SnapshotStorage) -> None:
+    store = SegmentStore(storage)
+    store.add(10_000, 1, 1)
+    store.add(20_000, 1, 2)
+    store.checkpoint(0)
+    store.pop_due(10_000)
+    store.checkpoint(10_000)
+    assert WATERMARK_NAME in storage.list()
+    store.pop_due(20_000)
+    store.checkpoint(20_000)
+    assert storage.list() == []
