@@ -495,13 +495,17 @@ class SegmentStore:
         precede). Returns how many ids were sealed. O(ids sealed + ids of rewritten segments)."""
         with self._lock:
             self._last_seal = now_ms
-            rows = []
+            # (bucket, topic, ledger) → (entry ids, batch masks). Fresh nacks reach the mutable index
+            # without the store's lock (see add), so a bucket popped here may fill again before the
+            # loop ends: its second pop joins the first (a segment has one group per bucket and ledger).
+            slots: dict[tuple[int, str, int], tuple[BitMap, dict[int, int]]] = {}
             bucket = self._mutable.next_due_ms()
             while bucket is not None:
                 for ids in self._mutable.pop_due(bucket):
                     masks = {e: batch_mask(ix) for e, ix in ids.batch_indexes.items()}
-                    rows.append((bucket, ids.topic, ids.ledger_id, BitMap(ids.entry_ids), masks or None))
+                    _join(slots, (bucket, ids.topic, ids.ledger_id), BitMap(ids.entry_ids), masks)
                 bucket = self._mutable.next_due_ms()
+            rows = [(b, t, led, e, m or None) for (b, t, led), (e, m) in sorted(slots.items())]
             sealed = 0
             for groups in self._cut(groups_from_rows(rows)):
                 sealed += sum(len(g.entries) for g in groups)
@@ -981,7 +985,7 @@ class SegmentStore:
         inputs. A single input is a rewrite (a loaded one stays loaded: its ids are in the loaded index
         already). True if the new segment was written."""
         started = time.perf_counter()
-        combined: dict[tuple[int, Key], tuple[BitMap, dict[int, int]]] = {}
+        combined: dict[tuple[int, str, int], tuple[BitMap, dict[int, int]]] = {}
         for rec in inputs:
             try:
                 segment = decode_segment(self.storage.get(rec.name), self.config.limits)
@@ -1008,19 +1012,8 @@ class SegmentStore:
                             entries.discard(entry)
                 if not entries:
                     continue
-                slot = combined.get((g.bucket_ms, key))
-                if slot is None:
-                    combined[(g.bucket_ms, key)] = (entries, masks)
-                    continue
-                have, have_masks = slot
-                whole = (have - BitMap(have_masks)) | (entries - BitMap(masks))
-                have |= entries
-                for entry, mask in masks.items():
-                    have_masks[entry] = have_masks.get(entry, 0) | mask
-                for entry in list(have_masks):
-                    if entry in whole:
-                        del have_masks[entry]
-        rows = [(b, k[0], k[1], e, m or None) for (b, k), (e, m) in sorted(combined.items())]
+                _join(combined, (g.bucket_ms, g.topic, g.ledger_id), entries, masks)
+        rows = [(b, t, led, e, m or None) for (b, t, led), (e, m) in sorted(combined.items())]
         groups = groups_from_rows(rows)
         pending = {s for r in inputs for s in r.supersedes if s in self._undeleted}
         seq = self._next_seq
@@ -1058,6 +1051,27 @@ class SegmentStore:
         self._stats.lost_ids += count
         _log.warning("snapshot segment %s is corrupt (%s): %s", name, exc, detail)
         return count
+
+
+def _join(
+    slots: dict[tuple[int, str, int], tuple[BitMap, dict[int, int]]],
+    key: tuple[int, str, int],
+    entries: BitMap,
+    masks: dict[int, int],
+) -> None:
+    """Add ``entries`` (``masks``: the partially pending ones) to ``slots[key]``: an entry whole in
+    either is whole. O(entries + masks)."""
+    slot = slots.get(key)
+    if slot is None:
+        slots[key] = (entries, masks)
+        return
+    have, have_masks = slot
+    whole = (have - BitMap(have_masks)) | (entries - BitMap(masks))
+    have |= entries
+    for entry, mask in masks.items():
+        have_masks[entry] = have_masks.get(entry, 0) | mask
+    for entry in [e for e in have_masks if e in whole]:
+        del have_masks[entry]
 
 
 def _live(records: list[_Record]) -> int:
