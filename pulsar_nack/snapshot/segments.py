@@ -467,15 +467,15 @@ class SegmentStore:
         with self._lock:
             self._retry(now_ms)
             cfg = self.config
-            if len(self._mutable):
-                first = self._mutable.next_due_ms()
-                last = max((b for b, *_ in self._mutable), default=first)
-                if len(self._mutable) >= cfg.min_ids_per_segment or (
-                    first is not None and last is not None and last - first >= cfg.max_segment_span_ms
-                ):
-                    self.checkpoint(now_ms)
             if self._last_seal is None or now_ms - self._last_seal >= cfg.checkpoint_interval_ms:
                 self.checkpoint(now_ms)
+            elif len(self._mutable) >= cfg.min_ids_per_segment:
+                self.checkpoint(now_ms)
+            elif len(self._mutable):  # the span: a walk of the mutable index, only when nothing else seals
+                first = self._mutable.next_due_ms()
+                last = max((b for b, *_ in self._mutable), default=first)
+                if first is not None and last is not None and last - first >= cfg.max_segment_span_ms:
+                    self.checkpoint(now_ms)
             self._load_ahead(now_ms)
             for rec in [r for r in self._records.values() if r.persisted and r.live <= 0]:
                 self._retire(rec)
