@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
@@ -288,16 +289,15 @@ class NackTracker:
         pending = self.arrivals.pending
 
         def learn(group: Group) -> None:
+            """Whole entries in bulk (one bitmap OR); batch members one by one."""
             topic, ledger_id = group.topic, group.ledger_id
             masks = group.batch_masks()
-            for entry_id in group.entries:
-                mask = masks.get(entry_id)
-                if mask is None:
-                    pending(ledger_id, entry_id, -1, topic)
-                else:
-                    for index in range(mask.bit_length()):
-                        if mask >> index & 1:
-                            pending(ledger_id, entry_id, index, topic)
+            whole = group.entries - BitMap(masks) if masks else group.entries
+            self.arrivals.pending_entries(ledger_id, whole, topic)
+            for entry_id, mask in masks.items():
+                for index in range(mask.bit_length()):
+                    if mask >> index & 1:
+                        pending(ledger_id, entry_id, index, topic)
 
         groups: list[Group] = []  # taught to the filter after the store's lock is released (lock order)
         report = store.restore(int(self._clock()), visit=groups.append)

@@ -467,9 +467,8 @@ class SegmentStore:
         with self._lock:
             self._retry(now_ms)
             cfg = self.config
-            if self._last_seal is None or now_ms - self._last_seal >= cfg.checkpoint_interval_ms:
-                self.checkpoint(now_ms)
-            elif len(self._mutable) >= cfg.min_ids_per_segment:
+            interval = self._last_seal is None or now_ms - self._last_seal >= cfg.checkpoint_interval_ms
+            if interval or len(self._mutable) >= cfg.min_ids_per_segment:
                 self.checkpoint(now_ms)
             elif len(self._mutable):  # the span: a walk of the mutable index, only when nothing else seals
                 first = self._mutable.next_due_ms()
