@@ -191,7 +191,9 @@ class NackTracker:
         """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time, or None for a batch
         message the application has acked (nothing to redeliver). O(1) typically.
 
-        ``due_ms`` must be finite (else ``ValueError``); the timer waits for one far ahead in steps."""
+        ``due_ms`` must be finite (else ``ValueError``); the timer waits for one far ahead in steps. A
+        fraction of a ms rounds up (truncating it let floor rounding fire up to 2**k ms early, not 2**k - 1).
+        """
         if self._closed:
             raise RuntimeError("the consumer is closed")
         check_finite(due_ms, "due_ms")

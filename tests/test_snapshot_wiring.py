@@ -89,3 +89,54 @@ def test_the_tracker_gets_a_store_of_its_precision_and_an_epoch_clock() -> None:
     assert isinstance(store, SegmentStore)
     assert store.add(1000, 1, 1) == 1024, "k = 5, ceil"
     assert abs(arguments["clock"]() - pulsar_nack.timer.monotonic_ms()) > 1e12, "epoch ms, not monotonic"
+
+
+@pytest.mark.parametrize("entry", ["subscribe", "wrap", "aio"])
+def test_every_entry_point_keeps_and_restores_a_snapshot(
+    entry: str, pulsar_lite: Any, unique_topic: str, tmp_path: Path
+) -> None:
+    """A nack through subscribe, wrap or the asyncio subscribe reaches the snapshot at close, and the
+    next consumer of the subscription (same entry point, same directory) has it pending again."""
+    import asyncio
+
+    from pulsar_nack import aio
+
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    options = {
+        "consumer_type": pulsar.ConsumerType.Shared,
+        "initial_position": pulsar.InitialPosition.Earliest,
+    }
+    producer_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    producer_client.create_producer(unique_topic).send(b"m")
+    producer_client.close()
+
+    def sync_life(nack: bool) -> int:
+        if entry == "subscribe":
+            client = pulsar_nack.Client(pulsar_lite.service_url, logger=logger)
+            consumer = client.subscribe(unique_topic, "s", snapshot_dir=tmp_path, **options)
+        else:
+            client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+            native = client.subscribe(unique_topic, "s", negative_ack_redelivery_delay_ms=102, **options)
+            consumer = pulsar_nack.wrap(native, native_delay_ms=102, snapshot_dir=tmp_path)
+        pending = consumer.nack_stats().pending
+        if nack:
+            consumer.negative_acknowledge(consumer.receive(10_000), delay_ms=600_000)
+        consumer.close()
+        client.close()
+        return pending
+
+    async def aio_life(nack: bool) -> int:
+        client = aio.Client(pulsar_lite.service_url, logger=logger)
+        consumer = await client.subscribe(unique_topic, "s", snapshot_dir=tmp_path, **options)
+        pending = consumer.nack_stats().pending
+        if nack:
+            await consumer.negative_acknowledge(await consumer.receive(), delay_ms=600_000)
+        await consumer.close()
+        await client.close()
+        return pending
+
+    def life(nack: bool) -> int:
+        return asyncio.run(aio_life(nack)) if entry == "aio" else sync_life(nack)
+
+    assert life(nack=True) == 0
+    assert life(nack=False) == 1, "the nack came back from the snapshot"
