@@ -7,7 +7,8 @@ It subscribes twice to the topic: with ``pulsar_nack.Client`` and ``snapshot_dir
 ``wrapped``) and with the official ``pulsar.Client`` (subscription ``official``); receives ``count``
 messages on each and nacks every one — the wrapper with its own delay, the official consumer with its one
 delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
-``dues``. Once every nack is in the snapshot on disk it prints ``ready``. With ``stall``: then acks the
+``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
+``ready``. With ``stall``: then acks the
 first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
 through its temp file, printing ``writing`` — where the test kills it. Then it sleeps.
 """
@@ -24,7 +25,8 @@ from typing import Any
 import pulsar
 
 import pulsar_nack
-from pulsar_nack.snapshot import LocalDirectoryStorage
+from pulsar_nack.snapshot import LocalDirectoryStorage, SnapshotStorage
+from pulsar_nack.snapshot.topic import TopicSnapshotStorage
 
 READY_TIMEOUT_S = 60.0
 
@@ -72,7 +74,11 @@ def main(config: dict[str, Any]) -> None:
     for message in receive(official, count):
         official.negative_acknowledge(message)
     client = pulsar_nack.Client(config["service_url"], logger=logger)
-    storage = StallingStorage(config["snapshot_dir"])
+    storage: SnapshotStorage
+    if config.get("snapshot_topic"):  # on the broker: B needs no disk of A's
+        storage = TopicSnapshotStorage(client, config["snapshot_topic"])
+    else:
+        storage = StallingStorage(config["snapshot_dir"])
     consumer = client.subscribe(
         config["topic"],
         "wrapped",

@@ -25,6 +25,7 @@ import pytest
 from messaging import produce
 
 from pulsar_nack import Client
+from pulsar_nack.snapshot.topic import TopicSnapshotStorage
 from pulsar_nack.testing import Broker
 
 HELPER = Path(__file__).resolve().parent / "snapshot_consumer.py"
@@ -87,8 +88,11 @@ def drain(consumer: Any, expected: set[str], last_due_ms: float, handouts: dict[
             quiet_until = time.time() + 2
 
 
-def restart_and_check(broker: Broker, topic: str, tmp_path: Path, due: dict[str, float]) -> None:
-    """Consumer B and the official consumer after A's death: see the module docstring."""
+def restart_and_check(
+    broker: Broker, topic: str, tmp_path: Path, due: dict[str, float], snapshot_topic: str | None = None
+) -> None:
+    """Consumer B and the official consumer after A's death: see the module docstring. With
+    ``snapshot_topic``, B reads A's snapshot from that topic (no directory of A's)."""
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     official_times: dict[str, list[float]] = {}
 
@@ -103,9 +107,12 @@ def restart_and_check(broker: Broker, topic: str, tmp_path: Path, due: dict[str,
         official_client.subscribe(
             topic, "official", consumer_type=pulsar.ConsumerType.Shared, message_listener=record
         )
-        consumer = client.subscribe(
-            topic, "wrapped", consumer_type=pulsar.ConsumerType.Shared, snapshot_dir=tmp_path / "snapshots"
+        snapshots: dict[str, Any] = (
+            {"snapshot_storage": TopicSnapshotStorage(client, snapshot_topic)}
+            if snapshot_topic
+            else {"snapshot_dir": tmp_path / "snapshots"}
         )
+        consumer = client.subscribe(topic, "wrapped", consumer_type=pulsar.ConsumerType.Shared, **snapshots)
         restored = consumer.nack_stats()
         handouts: dict[str, list[float]] = {}
         drain(consumer, set(due), max(due.values()), handouts)
@@ -222,3 +229,22 @@ def test_ten_thousand_nacks_come_back_at_their_due_times_after_sigkill(
         producer_client.close()
     due = run_consumer_a(broker, topic, tmp_path, 10_000)
     restart_and_check(broker, topic, tmp_path, due)
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_nacks_kept_on_a_topic_come_back_on_another_machine(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same with TopicSnapshotStorage: A keeps its snapshot on a topic of the broker; B, with no
+    directory of A's (another machine), reads it from there."""
+    broker: Broker = request.getfixturevalue("pulsar_lite" if kind == "lite" else "apache_pulsar")
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    snapshot_topic = f"{topic}-nack-snapshots"
+    producer_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        produce(producer_client, topic, 300)
+    finally:
+        producer_client.close()
+    due = run_consumer_a(broker, topic, tmp_path, 300, snapshot_topic=snapshot_topic)
+    assert not (tmp_path / "snapshots").exists(), "A kept nothing on disk"
+    restart_and_check(broker, topic, tmp_path / "elsewhere", due, snapshot_topic=snapshot_topic)

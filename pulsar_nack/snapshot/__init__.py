@@ -7,7 +7,9 @@
   storage (:class:`SubscriptionStorage`, locked while its consumer lives);
 * :mod:`~pulsar_nack.snapshot.wiring` — what the consumers' ``snapshot_dir=`` / ``snapshot_storage=``
   options turn into: the subscription's storage, a store and an epoch clock for the tracker, whose
-  :meth:`~pulsar_nack.tracker.NackTracker.restore` brings the pending nacks back (docs/snapshots.md).
+  :meth:`~pulsar_nack.tracker.NackTracker.restore` brings the pending nacks back (docs/snapshots.md);
+* :mod:`~pulsar_nack.snapshot.topic` — ``TopicSnapshotStorage``: segments as keyed messages of a Pulsar
+  topic (imported from there: this package does not import the Pulsar client).
 """
 
 from pulsar_nack.snapshot.format import ReadLimits, Segment, SnapshotCorrupt, decode_segment, encode_segment
