@@ -43,6 +43,7 @@ from pulsar_nack.consumer import (
     subscribe_signature,
     with_signature,
 )
+from pulsar_nack.snapshot.wiring import SubscriptionStorage, arguments_snapshots
 from pulsar_nack.tracker import NackStats
 
 __all__ = ["Client", "NackConsumer"]
@@ -60,10 +61,15 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
     Everything but receiving, nacking, acking and closing is ``pulsar.asyncio.Consumer``'s.
     """
 
-    def __init__(self, native: pulsar.asyncio.Consumer, options: NackOptions) -> None:
-        """Take over ``native``'s C++ consumer and start the tracker."""
+    def __init__(
+        self,
+        native: pulsar.asyncio.Consumer,
+        options: NackOptions,
+        snapshots: SubscriptionStorage | None = None,
+    ) -> None:
+        """Take over ``native``'s C++ consumer and start the tracker (restoring ``snapshots``)."""
         super().__init__(native._consumer, native._schema)
-        self._nacks = NackBridge(self._consumer, self._consumer.topic(), options)
+        self._nacks = NackBridge(self._consumer, self._consumer.topic(), options, snapshots)
         self._requests = itertools.count()
         self._orphans: list[_Receive] = []  # native receives whose caller was cancelled
         self._listener_task: asyncio.Task[None] | None = None  # runs an async message_listener
@@ -243,7 +249,14 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
                 f"got {message_listener!r}"
             )
         arguments, options = subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
-        consumer = NackConsumer(await super().subscribe(**arguments), options)
+        snapshots = arguments_snapshots(options, arguments)  # before subscribing: it may fail
+        try:
+            native = await super().subscribe(**arguments)
+        except BaseException:
+            if snapshots is not None:
+                snapshots.unlock()
+            raise
+        consumer = NackConsumer(native, options, snapshots)
         self._nack_consumers = [c for c in self._nack_consumers if not c._nacks.tracker.closed]
         self._nack_consumers.append(consumer)
         if message_listener is not None:

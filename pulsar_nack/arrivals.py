@@ -316,6 +316,16 @@ class ArrivalFilter:
                 self._make_quiet(key)
             return fresh
 
+    def pending_entries(self, ledger_id: int, entry_ids: BitMap, topic: str) -> None:
+        """:meth:`pending` for many whole (non-batched) entries of one ledger at once — a restored
+        snapshot's, taught to a filter that follows none of them yet. O(1) Python work (one bitmap OR)."""
+        with self._lock:
+            bitmap = self._pending.get((topic, ledger_id))
+            if bitmap is None:
+                self._pending[(topic, ledger_id)] = BitMap(entry_ids)
+            else:
+                bitmap |= entry_ids
+
     def withdraw(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """Undo :meth:`pending` (the index rejected the id). O(1)."""
         with self._lock:

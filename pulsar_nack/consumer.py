@@ -18,6 +18,7 @@ import functools
 import inspect
 import logging
 import math
+import os
 import threading
 import time
 import warnings
@@ -39,6 +40,14 @@ from pulsar_nack.delay_limit import (
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
+from pulsar_nack.snapshot.storage import SnapshotStorage
+from pulsar_nack.snapshot.wiring import (
+    SubscriptionStorage,
+    arguments_snapshots,
+    check_snapshot_options,
+    subscription_storage,
+    tracker_snapshot_arguments,
+)
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
@@ -88,6 +97,8 @@ class NackOptions:
     the timer thread with the ids of each flush (Java's ``onNegativeAcksSend`` interceptor);
     ``max_held_chunked_bytes``: payload bytes of nacked chunked messages kept in memory to be handed out
     again whole (:mod:`pulsar_nack.chunks`; 0: none, every chunked nack goes to the broker).
+    ``snapshot_dir``/``snapshot_storage``: keep pending nacks on storage so that they survive a restart
+    (exclusive; ``snapshot_dir=D`` is ``snapshot_storage=LocalDirectoryStorage(D)``; docs/snapshots.md).
     """
 
     redelivery_delay_ms: int = field(default=60_000, metadata=_argument("negative_ack_redelivery_delay_ms"))
@@ -108,6 +119,8 @@ class NackOptions:
     max_held_chunked_bytes: int = field(
         default=DEFAULT_MAX_HELD_CHUNKED_BYTES, metadata=_argument("max_held_chunked_bytes")
     )
+    snapshot_dir: str | os.PathLike[str] | None = field(default=None, metadata=_argument("snapshot_dir"))
+    snapshot_storage: SnapshotStorage | None = field(default=None, metadata=_argument("snapshot_storage"))
 
     def __post_init__(self) -> None:
         """Check every option (docs/parameters.md), before anything is subscribed or wrapped; numpy
@@ -126,6 +139,7 @@ class NackOptions:
         fix(self, "max_held_chunked_bytes", check_int(self.max_held_chunked_bytes, "max_held_chunked_bytes"))
         if self.on_redelivery is not None and not callable(self.on_redelivery):
             raise TypeError(f"on_redelivery must be callable or None, got {self.on_redelivery!r}")
+        check_snapshot_options(self.snapshot_dir, self.snapshot_storage)
         try:  # the index checks them: now, before subscribe; its messages name its own parameters
             index = TimeBucketIndex(self.precision_bits, self.rounding)
         except (TypeError, ValueError) as error:
@@ -171,6 +185,18 @@ class NackOptions:
     @property
     def native(self) -> NativeTiming:
         return NativeTiming(self.native_delay_ms)
+
+    def snapshots_for(
+        self, topic: Any, subscription: str, consumer_name: str | None = None
+    ) -> SubscriptionStorage | None:
+        """The storage of this subscription's snapshot (None without ``snapshot_dir``/``snapshot_storage``):
+        the directory is created if missing and the subscription's key locked (see
+        :mod:`pulsar_nack.snapshot.namespace`). Call it before subscribing: it raises
+        :class:`~pulsar_nack.snapshot.SnapshotStorageError` if the directory cannot be used or another live
+        consumer holds the key."""
+        return subscription_storage(
+            self.snapshot_dir, self.snapshot_storage, topic, subscription, consumer_name
+        )
 
     def delay_for(self, delay_ms: float | datetime.timedelta | None, redelivery_count: int) -> float:
         """The delay of one nack (ms): ``delay_ms`` if given, else the backoff's for ``redelivery_count``,
@@ -240,19 +266,25 @@ class NackBridge:
     Thread-safe: the native consumer's ``negative_acknowledge`` is, and the tracker is.
     """
 
-    def __init__(self, native: Any, topic: str, options: NackOptions) -> None:
-        """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns."""
+    def __init__(
+        self, native: Any, topic: str, options: NackOptions, snapshots: SubscriptionStorage | None = None
+    ) -> None:
+        """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns; ``snapshots``:
+        where this subscription's pending nacks are kept (:meth:`NackOptions.snapshots_for`) — they are
+        restored now, before the application can receive anything."""
         self.options = options
         self._native = native
         self._topic = topic
         self._ledger_topics: dict[int, str] = {}
         self._fixed_topic: str | None = None  # the topic of every message, once known to be one
+        self._snapshots = snapshots
         self.tracker = NackTracker(
             self._forward,
             precision_bits=options.precision_bits,
             rounding=options.rounding,
             native=options.native,
             batch_size=batch_size,
+            **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
         self._arrivals = self.tracker.arrivals
         # Nacked chunked messages kept in memory (pulsar_nack.chunks); only a consumer that hands them out
@@ -262,6 +294,8 @@ class NackBridge:
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = False
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
+        if snapshots is not None:
+            self.tracker.restore()
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -458,6 +492,8 @@ class NackBridge:
             return 0.0
         flushing = self.options.on_close == "flush"
         self.tracker.close(flush=flushing)
+        if self._snapshots is not None:
+            self._snapshots.unlock()
         # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
         return self.options.native.latency_ms / 1000.0 + 0.05 if flushing else 0.0
 
@@ -475,9 +511,11 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     _nacks: NackBridge
     _dead_letters: DeadLetters | None = None  # dead-letters held chunked messages (dead_letter_policy)
 
-    def _attach(self, native: pulsar.Consumer, options: NackOptions) -> None:
-        """Take over ``native``'s C++ consumer; start the tracker."""
-        self._nacks = NackBridge(native._consumer, native.topic(), options)
+    def _attach(
+        self, native: pulsar.Consumer, options: NackOptions, snapshots: SubscriptionStorage | None = None
+    ) -> None:
+        """Take over ``native``'s C++ consumer; start the tracker (restoring ``snapshots``)."""
+        self._nacks = NackBridge(native._consumer, native.topic(), options, snapshots)
         self._consumer = native._consumer
         self._client = native._client
         self._schema = native._schema
@@ -594,7 +632,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         super().redeliver_unacknowledged_messages()
 
     def unsubscribe(self) -> None:
+        """Like the official call; the subscription's snapshot is deleted (its pending nacks are void)."""
         super().unsubscribe()
+        self._nacks.tracker.discard_snapshots()
         self._nacks.close()
 
     def close(self) -> None:
@@ -662,12 +702,18 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         (keyword-only; see ``inspect.signature(pulsar_nack.Client.subscribe)``); returns a
         :class:`NackConsumer`. Every option is checked before anything is subscribed."""
         arguments, options = subscribe_arguments(_SUBSCRIBE, self, args, kwargs)
+        snapshots = arguments_snapshots(options, arguments)  # before subscribing: it may fail
         consumer = NackConsumer()
         listener = arguments.get("message_listener")
         if listener is not None:
             arguments["message_listener"] = _admitting_listener(consumer, listener)
-        native = super().subscribe(**arguments)
-        consumer._attach(native, options)
+        try:
+            native = super().subscribe(**arguments)
+        except BaseException:
+            if snapshots is not None:
+                snapshots.unlock()
+            raise
+        consumer._attach(native, options, snapshots)
         if listener is not None:
             consumer._ready.set()
         else:  # receive() hands held chunked messages out again; a listener is never called for them
@@ -758,8 +804,9 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
             NATIVE_DELAY_MS,
             _wrap_lateness_ms(NATIVE_DELAY_MS)[0],
         )
+    snapshots = nack.snapshots_for(consumer.topic(), consumer.subscription_name())
     wrapped = NackConsumer()
-    wrapped._attach(consumer, nack)
+    wrapped._attach(consumer, nack, snapshots)
     wrapped._nacks.holding = True  # its dead_letter_policy is unknown here: held ones are not dead-lettered
     return wrapped
 

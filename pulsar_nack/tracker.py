@@ -26,23 +26,35 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.snapshot.format import Group
+from pulsar_nack.snapshot.segments import RestoreReport, SegmentStore, SnapshotStats
 from pulsar_nack.timer import Timeout, TimerWheel, check_finite, monotonic_ms, weak_callback
 
-__all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict"]
+__all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict", "epoch_clock"]
 
 _log = logging.getLogger(__name__)
 #: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
 #: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
 NATIVE_DELAY_MS = 102
+
+
+def epoch_clock() -> Callable[[], float]:
+    """A monotonic clock that reads as Unix epoch milliseconds: ``time.monotonic()`` plus one offset taken
+    now. A tracker that keeps snapshots runs on it, so that due times mean the same after a restart
+    (segments store epoch ms), while a step of the wall clock meanwhile moves no deadline. O(1) a call."""
+    offset = time.time() * 1000.0 - monotonic_ms()
+    return lambda: monotonic_ms() + offset
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,7 @@ class NackStats:
     lateness_p99_ms: float | None
     timer_failures: int = 0  # times the timer thread failed and was restarted (each logged)
     memory_bytes: int | None = None  # index + arrival filter (Python objects + CRoaring heap), if measured
+    snapshots: SnapshotStats | None = None  # the segment store's metrics, when snapshots are kept
 
 
 class NackTracker:
@@ -129,10 +142,19 @@ class NackTracker:
         wheel: TimerWheel | None = None,
         lateness_window: int = 4096,
         batch_size: Callable[[Any], int] = int,
+        snapshots: SegmentStore | None = None,
     ) -> None:
         """``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
-        (see :class:`~pulsar_nack.arrivals.ArrivalFilter`)."""
-        self.index = TimeBucketIndex(precision_bits, rounding)
+        (see :class:`~pulsar_nack.arrivals.ArrivalFilter`).
+
+        ``snapshots``: keep pending nacks in this (empty) segment store instead of a bare index, so that
+        they survive a restart (:meth:`restore`). Its due times are epoch ms: give a ``clock`` that reads
+        so (:func:`epoch_clock`). Its life cycle (seal, load, merge, rewrite) runs on the timer thread
+        every ``config.checkpoint_interval_ms``; :meth:`close` writes a final snapshot."""
+        self.snapshots = snapshots
+        self.index: TimeBucketIndex | SegmentStore = (
+            snapshots if snapshots is not None else TimeBucketIndex(precision_bits, rounding)
+        )
         self.arrivals = ArrivalFilter(
             self._refile,
             clock=clock,
@@ -147,6 +169,7 @@ class NackTracker:
         self.compact_after_ms = float(compact_after_ms)
         self._compaction: Timeout | None = None
         self._sweep: Timeout | None = None
+        self._maintenance: Timeout | None = None  # the segment store's life cycle, when snapshots are kept
         self._clock = clock
         self._owns_wheel = wheel is None
         self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
@@ -168,7 +191,9 @@ class NackTracker:
         """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time, or None for a batch
         message the application has acked (nothing to redeliver). O(1) typically.
 
-        ``due_ms`` must be finite (else ``ValueError``); the timer waits for one far ahead in steps."""
+        ``due_ms`` must be finite (else ``ValueError``); the timer waits for one far ahead in steps. A
+        fraction of a ms rounds up (truncating it let floor rounding fire up to 2**k ms early, not 2**k - 1).
+        """
         if self._closed:
             raise RuntimeError("the consumer is closed")
         check_finite(due_ms, "due_ms")
@@ -176,7 +201,7 @@ class NackTracker:
         if fresh is None:
             return None
         try:
-            bucket = self.index.add(int(due_ms), ledger_id, entry_id, batch_index, topic, fresh=fresh)
+            bucket = self.index.add(math.ceil(due_ms), ledger_id, entry_id, batch_index, topic, fresh=fresh)
         except BaseException:
             self.arrivals.withdraw(ledger_id, entry_id, batch_index, topic)
             raise
@@ -190,6 +215,8 @@ class NackTracker:
                         self._compaction = self._wheel.schedule(
                             self._clock() + self.compact_after_ms, weak_callback(self._compact)
                         )
+                    if self.snapshots is not None and self._maintenance is None:
+                        self._schedule_maintenance()
         return bucket
 
     def _refile(self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
@@ -226,6 +253,76 @@ class NackTracker:
             self._compaction = None
         if not self._closed:
             self.index.compact()
+
+    # -- snapshots ---------------------------------------------------------------------------------
+
+    def _schedule_maintenance(self) -> None:
+        """(Lock held.) Run the segment store's life cycle one checkpoint interval from now."""
+        assert self.snapshots is not None
+        interval = max(self.snapshots.config.checkpoint_interval_ms, 1)
+        self._maintenance = self._wheel.schedule(self._clock() + interval, weak_callback(self._maintain))
+
+    def _maintain(self) -> None:
+        """Timer thread: seal new nacks, write removals, load segments due soon, merge; then again one
+        interval later while anything is pending or unwritten. O(ids sealed, loaded or rewritten)."""
+        store = self.snapshots
+        if store is None or self._closed:
+            return
+        try:
+            store.maintain(int(self._clock()))
+        except Exception:  # a bug, not a storage failure (the store absorbs those): keep the timer alive
+            _log.exception("snapshot maintenance failed")
+        with self._lock:
+            self._maintenance = None
+            if not self._closed and (len(store) or store.stats().segments_total):
+                self._schedule_maintenance()
+            following = store.next_due_ms()  # a segment loaded or merged may be due before the armed one
+            if not self._closed and following is not None and following < self._armed_bucket:
+                self._arm(following)
+
+    def restore(self) -> RestoreReport:
+        """Read the snapshot (the consumer's pending nacks before a restart) into this fresh tracker: ids
+        keep their due times — passed ones are due at once — and the arrival filter learns every pending
+        id, so the copies the broker redelivers at once are held back until due. A corrupt segment is
+        dropped with a warning saying how many nacks were lost. O(ids restored)."""
+        store = self.snapshots
+        if store is None:
+            raise RuntimeError("this tracker keeps no snapshots")
+        pending = self.arrivals.pending
+
+        def learn(group: Group) -> None:
+            """Whole entries in bulk (one bitmap OR); batch members one by one."""
+            topic, ledger_id = group.topic, group.ledger_id
+            masks = group.batch_masks()
+            whole = group.entries - BitMap(masks) if masks else group.entries
+            self.arrivals.pending_entries(ledger_id, whole, topic)
+            for entry_id, mask in masks.items():
+                for index in range(mask.bit_length()):
+                    if mask >> index & 1:
+                        pending(ledger_id, entry_id, index, topic)
+
+        groups: list[Group] = []  # taught to the filter after the store's lock is released (lock order)
+        report = store.restore(int(self._clock()), visit=groups.append)
+        for group in groups:
+            learn(group)
+        del groups
+        if report.lost_ids or report.corrupt_segments:
+            _log.warning(
+                "restored %d pending nacks from %d snapshot segments; %d corrupt segments dropped: "
+                "%d pending nacks lost (their messages are redelivered at once)",
+                report.ids,
+                report.segments,
+                report.corrupt_segments,
+                report.lost_ids,
+            )
+        with self._lock:
+            if not self._closed:
+                following = store.next_due_ms()
+                if following is not None and following < self._armed_bucket:
+                    self._arm(following)
+                if self._maintenance is None and report.segments:
+                    self._schedule_maintenance()
+        return report
 
     # -- the timer path ----------------------------------------------------------------------------
 
@@ -309,16 +406,31 @@ class NackTracker:
             self.flush(everything=True)
         with self._lock:
             self._closed = True
-            timeouts = [t for t in (self._timeout, self._compaction, self._sweep) if t is not None]
+            timeouts = [
+                t for t in (self._timeout, self._compaction, self._sweep, self._maintenance) if t is not None
+            ]
             self._timeout, self._armed_bucket = None, math.inf
         for timeout in timeouts:
             timeout.cancel()
         if self._finalizer is not None:
             self._finalizer()  # closes the wheel without waiting for its thread
-        self.clear()
+        if self.snapshots is not None:
+            # A final snapshot: pending nacks (none after a flush) survive the consumer. Memory is freed
+            # with the tracker; the files must stay.
+            self.snapshots.close(int(self._clock()))
+            self.arrivals.clear()
+        else:
+            self.clear()
+
+    def discard_snapshots(self) -> None:
+        """Delete the snapshot on storage, and every pending nack with it (the subscription is gone: an
+        unsubscribe). Nothing without snapshots. O(segments)."""
+        if self.snapshots is not None:
+            self.snapshots.clear()
 
     def clear(self) -> None:
-        """Forget every pending nack and what the arrival filter knows (a seek; close)."""
+        """Forget every pending nack and what the arrival filter knows (a seek; close) — with snapshots,
+        their files too."""
         self.index.clear()
         self.arrivals.clear()
 
@@ -359,4 +471,5 @@ class NackTracker:
             lateness_p50_ms=p50,
             lateness_p99_ms=p99,
             timer_failures=self._wheel.failures,
+            snapshots=self.snapshots.stats() if self.snapshots is not None else None,
         )

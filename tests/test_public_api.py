@@ -90,6 +90,8 @@ NACK_OPTIONS = {
     "on_close",
     "on_redelivery",
     "max_held_chunked_bytes",
+    "snapshot_dir",
+    "snapshot_storage",
 }
 
 

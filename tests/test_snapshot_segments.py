@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from pulsar_nack.snapshot.format import decode_segment
-from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
+from pulsar_nack.snapshot.segments import WATERMARK_NAME, SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.storage import (
     InMemoryStorage,
     LocalDirectoryStorage,
@@ -401,3 +403,83 @@ def test_config_validation() -> None:
         store = SegmentStore(InMemoryStorage())
         store.add(1, 1, 1)
         store.restore(0)
+
+
+def test_pops_are_covered_by_the_watermark_not_by_rewrites(
+    storage: SnapshotStorage, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = SegmentStore(storage, precision_bits=0)
+    for entry in range(100):
+        store.add(10_000 + entry * 100, 1, entry)  # due 10.0 .. 19.9 s: one segment
+    store.checkpoint(0)
+    popped = {e for ids in store.pop_due(15_000) for e in ids.entry_ids.tolist()}
+    assert popped == set(range(51))
+    store.checkpoint(15_000)
+    assert store.stats().merge.succeeded == 0, "a pop rewrote the segment"
+    assert WATERMARK_NAME in storage.list()
+    restarted = SegmentStore(storage, precision_bits=0)
+    report = restarted.restore(16_000)
+    assert report.ids == 49
+    assert {e for e in range(100) if restarted.due_of(1, e) is not None} == set(range(51, 100))
+    restarted.add(15_500, 1, 500)  # a later life's nack, due after the old watermark: kept
+    restarted.checkpoint(16_000)
+    assert SegmentStore(storage, precision_bits=0).restore(16_100).ids == 50
+    # a damaged watermark: the popped ids come again (at once), with a warning
+    data = bytearray(storage.get(WATERMARK_NAME))
+    data[10] ^= 1
+    storage.put(WATERMARK_NAME, bytes(data))
+    with caplog.at_level(logging.WARNING):
+        again = SegmentStore(storage, precision_bits=0).restore(16_100)
+    assert again.ids == 101 and "watermark is corrupt" in caplog.text
+
+
+def test_the_watermark_goes_with_the_last_segment(storage: SnapshotStorage) -> None:
+    store = SegmentStore(storage)
+    store.add(10_000, 1, 1)
+    store.add(20_000, 1, 2)
+    store.checkpoint(0)
+    store.pop_due(10_000)
+    store.checkpoint(10_000)
+    assert WATERMARK_NAME in storage.list()
+    store.pop_due(20_000)
+    store.checkpoint(20_000)
+    assert storage.list() == []
+
+
+def test_seals_while_fresh_nacks_arrive_from_another_thread() -> None:
+    """Fresh nacks take no store lock: a bucket may fill again while a seal pops it. Each id is sealed
+    once, in one group per bucket and ledger (the format refuses two)."""
+    storage = InMemoryStorage()
+    store = SegmentStore(storage, SegmentConfig(min_ids_per_segment=10**6), precision_bits=0)
+    added: list[int] = []
+    done = threading.Event()
+
+    def nack() -> None:
+        for entry in range(50_000):
+            if done.is_set():
+                return
+            store.add(1_000 + entry % 3_000, 1, entry, fresh=True)
+            added.append(entry)
+            if entry % 200 == 0:
+                time.sleep(0.001)  # let the seals run meanwhile
+
+    thread = threading.Thread(target=nack)
+    thread.start()
+    failures: list[Exception] = []
+    seals = 0
+    deadline = time.monotonic() + 60
+    try:
+        while thread.is_alive() and seals < 20 and time.monotonic() < deadline:
+            try:
+                seals += store.checkpoint(0) > 0
+            except Exception as error:  # recorded: asserted below, after the thread is stopped
+                failures.append(error)
+            time.sleep(0.005)
+    finally:
+        done.set()
+        thread.join(60)
+    store.checkpoint(100)
+    assert not failures, failures[:3]
+    assert seals >= 3, "the seals ran while nacks arrived"
+    assert len(store) == len(added)
+    assert SegmentStore(storage, precision_bits=0).restore(100).ids == len(added)

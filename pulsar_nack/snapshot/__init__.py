@@ -2,12 +2,18 @@
 
 * :mod:`~pulsar_nack.snapshot.format` — the versioned, checksummed segment file and its defensive reader;
 * :mod:`~pulsar_nack.snapshot.storage` — :class:`SnapshotStorage` and the atomic local-directory storage;
-* :mod:`~pulsar_nack.snapshot.segments` — :class:`SegmentStore`: seal, load, merge, delete, restore.
-
-Not wired into the consumer yet.
+* :mod:`~pulsar_nack.snapshot.segments` — :class:`SegmentStore`: seal, load, merge, delete, restore;
+* :mod:`~pulsar_nack.snapshot.namespace` — the key of a subscription's snapshot and its view of a shared
+  storage (:class:`SubscriptionStorage`, locked while its consumer lives);
+* :mod:`~pulsar_nack.snapshot.wiring` — what the consumers' ``snapshot_dir=`` / ``snapshot_storage=``
+  options turn into: the subscription's storage, a store and an epoch clock for the tracker, whose
+  :meth:`~pulsar_nack.tracker.NackTracker.restore` brings the pending nacks back (docs/snapshots.md);
+* :mod:`~pulsar_nack.snapshot.topic` — ``TopicSnapshotStorage``: segments as keyed messages of a Pulsar
+  topic (imported from there: this package does not import the Pulsar client).
 """
 
 from pulsar_nack.snapshot.format import ReadLimits, Segment, SnapshotCorrupt, decode_segment, encode_segment
+from pulsar_nack.snapshot.namespace import SubscriptionStorage, snapshot_key
 from pulsar_nack.snapshot.segments import RestoreReport, SegmentConfig, SegmentStore, SnapshotStats
 from pulsar_nack.snapshot.storage import (
     InMemoryStorage,
@@ -28,6 +34,8 @@ __all__ = [
     "SnapshotStats",
     "SnapshotStorage",
     "SnapshotStorageError",
+    "SubscriptionStorage",
     "decode_segment",
     "encode_segment",
+    "snapshot_key",
 ]

@@ -1,0 +1,117 @@
+"""Consumer process A of the restart tests (tests/test_snapshot_restart.py): run as a script, killed with
+SIGKILL by the test.
+
+    python snapshot_consumer.py CONFIG_JSON
+
+It subscribes twice to the topic: with ``pulsar_nack.Client`` and ``snapshot_dir`` (subscription
+``wrapped``) and with the official ``pulsar.Client`` (subscription ``official``); receives ``count``
+messages on each and nacks every one — the wrapper with its own delay, the official consumer with its one
+delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
+``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
+``ready``. With ``stall``: then acks the
+first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
+through its temp file, printing ``writing`` — where the test kills it. Then it sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import threading
+import time
+from typing import Any
+
+import pulsar
+
+import pulsar_nack
+from pulsar_nack.snapshot import LocalDirectoryStorage, SnapshotStorage
+from pulsar_nack.snapshot.topic import TopicSnapshotStorage
+
+READY_TIMEOUT_S = 60.0
+
+
+class StallingStorage(LocalDirectoryStorage):
+    """The real local storage; once ``stall`` is set, the next temp file gets half its bytes and the
+    writer stops there (the test kills the process in the middle of that write)."""
+
+    stall = threading.Event()
+
+    def _write_temp(self, temp: str, data: bytes) -> None:
+        if not self.stall.is_set():
+            super()._write_temp(temp, data)
+            return
+        super()._write_temp(temp, data[: len(data) // 2])
+        print("writing", flush=True)
+        time.sleep(3600)
+
+
+def receive(consumer: Any, count: int) -> list[pulsar.Message]:
+    got: list[pulsar.Message] = []
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            got.append(consumer.receive(1000))
+        except pulsar.Timeout:
+            continue
+    if len(got) < count:
+        raise SystemExit(f"received {len(got)} of {count}")
+    return got
+
+
+def main(config: dict[str, Any]) -> None:
+    rng = random.Random(config["seed"])
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    count = config["count"]
+    official_client = pulsar.Client(config["service_url"], logger=logger)
+    official = official_client.subscribe(
+        config["topic"],
+        "official",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+        negative_ack_redelivery_delay_ms=config["official_delay_ms"],
+    )
+    for message in receive(official, count):
+        official.negative_acknowledge(message)
+    client = pulsar_nack.Client(config["service_url"], logger=logger)
+    storage: SnapshotStorage
+    if config.get("snapshot_topic"):  # on the broker: B needs no disk of A's
+        storage = TopicSnapshotStorage(client, config["snapshot_topic"])
+    else:
+        storage = StallingStorage(config["snapshot_dir"])
+    consumer = client.subscribe(
+        config["topic"],
+        "wrapped",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest,
+        receiver_queue_size=1000,
+        snapshot_storage=storage,
+    )
+    messages = receive(consumer, count)
+    low, high = config["delay_ms"]
+    with open(config["dues"], "w") as dues:
+        for message in messages:
+            delay = rng.uniform(low, high)
+            dues.write(json.dumps({"data": message.data().decode(), "due_ms": time.time() * 1000 + delay}))
+            dues.write("\n")
+            consumer.negative_acknowledge(message, delay_ms=delay)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        snapshots = consumer.nack_stats().snapshots
+        assert snapshots is not None
+        if snapshots.ids_unsealed == 0 and snapshots.ids_in_memory + snapshots.ids_on_storage >= count:
+            break
+        time.sleep(0.05)
+    else:
+        raise SystemExit("the nacks never reached the snapshot")
+    print("ready", flush=True)
+    if config.get("stall"):
+        for message in messages[: config["ack"]]:
+            consumer.acknowledge(message)
+        time.sleep(0.3)  # the acks reach the broker (the client groups them for 100 ms)
+        StallingStorage.stall.set()  # the next write: the snapshot rewritten without the acked ids
+    time.sleep(3600)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

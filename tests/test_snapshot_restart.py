@@ -1,0 +1,250 @@
+"""Pending nacks survive a consumer killed with SIGKILL (issue 12), against real brokers and processes.
+
+Consumer process A (tests/snapshot_consumer.py) nacks N messages with delays of 2-20 s, on a
+``pulsar_nack.Client`` consumer with ``snapshot_dir`` and on an official ``pulsar.Client`` consumer of a
+second subscription, and is killed with SIGKILL once the nacks are on disk. Then, in this process, a new
+client subscribes with the same ``snapshot_dir``: every nacked message comes back exactly once, none earlier
+than due - (2^k - 1) ms, none much later — while the official consumer's subscription gets them all at
+once. A kill in the middle of a snapshot write leaves the previous snapshot intact, and it is used."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+from messaging import produce
+
+from pulsar_nack import Client
+from pulsar_nack.snapshot.topic import TopicSnapshotStorage
+from pulsar_nack.testing import Broker
+
+HELPER = Path(__file__).resolve().parent / "snapshot_consumer.py"
+EARLY_MS = 255 + 5  # 2^k - 1 with floor rounding (k = 8), plus reading two clocks
+LATE_MS = 3_000  # generous: past due at the restart, or due later — handed out within this
+OFFICIAL_DELAY_MS = 20_000  # the official consumer's one nack delay (it has no per-message delay)
+START_TIMEOUT_S = 90.0
+
+
+def run_consumer_a(broker: Broker, topic: str, tmp_path: Path, count: int, **extra: Any) -> dict[str, float]:
+    """Start process A, wait for ``ready`` (and ``writing`` with ``stall``), SIGKILL it. Returns the due
+    time (epoch ms) of each wrapped nack, by message."""
+    dues = tmp_path / "dues.jsonl"
+    config = {
+        "service_url": broker.service_url,
+        "topic": topic,
+        "snapshot_dir": str(tmp_path / "snapshots"),
+        "count": count,
+        "delay_ms": [2_000, 20_000],
+        "official_delay_ms": OFFICIAL_DELAY_MS,
+        "seed": 12,
+        "dues": str(dues),
+        **extra,
+    }
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HELPER.parent.parent), *sys.path])}
+    process = subprocess.Popen(
+        [sys.executable, str(HELPER), json.dumps(config)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert process.stdout is not None
+        lines: list[str] = []
+        waiting_for = ["ready", "writing"] if extra.get("stall") else ["ready"]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        while [line.strip() for line in lines] != waiting_for and time.monotonic() < deadline:
+            assert process.poll() is None, f"consumer A exited with {process.returncode}: {lines}"
+            time.sleep(0.05)
+        assert [line.strip() for line in lines] == waiting_for, f"consumer A printed {lines}"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait(30)
+    assert process.returncode == -signal.SIGKILL
+    return {row["data"]: row["due_ms"] for row in map(json.loads, dues.read_text().splitlines())}
+
+
+def drain(consumer: Any, expected: set[str], last_due_ms: float, handouts: dict[str, list[float]]) -> None:
+    """Receive (and ack) until every expected message was handed out and 2 s passed with nothing new, or
+    until 30 s after the last due time. Records hand-out times (epoch ms)."""
+    deadline = max(last_due_ms / 1000, time.time()) + 30
+    quiet_until = deadline
+    while time.time() < min(deadline, quiet_until):
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        handouts.setdefault(message.data().decode(), []).append(time.time() * 1000)
+        consumer.acknowledge(message)
+        if quiet_until == deadline and set(handouts) >= expected:
+            quiet_until = time.time() + 2
+
+
+def restart_and_check(
+    broker: Broker, topic: str, tmp_path: Path, due: dict[str, float], snapshot_topic: str | None = None
+) -> None:
+    """Consumer B and the official consumer after A's death: see the module docstring. With
+    ``snapshot_topic``, B reads A's snapshot from that topic (no directory of A's)."""
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    official_times: dict[str, list[float]] = {}
+
+    def record(consumer: Any, message: Any) -> None:  # listener thread: record only
+        official_times.setdefault(message.data().decode(), []).append(time.time() * 1000)
+        consumer.acknowledge(message)
+
+    official_client = pulsar.Client(broker.service_url, logger=logger)
+    client = Client(broker.service_url, logger=logger)
+    try:
+        restarted_ms = time.time() * 1000
+        official_client.subscribe(
+            topic, "official", consumer_type=pulsar.ConsumerType.Shared, message_listener=record
+        )
+        snapshots: dict[str, Any] = (
+            {"snapshot_storage": TopicSnapshotStorage(client, snapshot_topic)}
+            if snapshot_topic
+            else {"snapshot_dir": tmp_path / "snapshots"}
+        )
+        consumer = client.subscribe(topic, "wrapped", consumer_type=pulsar.ConsumerType.Shared, **snapshots)
+        restored = consumer.nack_stats()
+        handouts: dict[str, list[float]] = {}
+        drain(consumer, set(due), max(due.values()), handouts)
+    finally:
+        client.close()
+        official_client.close()
+    assert restored.pending > 0 and restored.snapshots is not None
+    missing = sorted(set(due) - set(handouts))
+    twice = {k: len(v) for k, v in handouts.items() if len(v) > 1}
+    unexpected = sorted(set(handouts) - set(due))
+    early = {k: round(due[k] - v[0]) for k, v in handouts.items() if k in due and v[0] < due[k] - EARLY_MS}
+    late = {
+        k: round(v[0] - max(due[k], restarted_ms))
+        for k, v in handouts.items()
+        if k in due and v[0] > max(due[k], restarted_ms) + LATE_MS
+    }
+    assert not missing, f"{len(missing)} nacked messages never came back: {missing[:10]}"
+    assert not twice, f"handed out more than once: {dict(list(twice.items())[:10])}"
+    assert not unexpected, f"handed out but never nacked: {unexpected[:10]}"
+    assert not early, f"{len(early)} handed out early (ms): {dict(list(early.items())[:10])}"
+    assert not late, f"{len(late)} handed out late (ms): {dict(list(late.items())[:10])}"
+    # The contrast: the official consumer's pending nacks died with A; the broker redelivered them all
+    # at once, long before most were due (A's own nacks would have waited OFFICIAL_DELAY_MS).
+    assert set(official_times) == set(due)
+    official_early = [k for k, v in official_times.items() if v[0] < due[k] - EARLY_MS]
+    assert len(official_early) >= 0.8 * len(due), f"only {len(official_early)} of {len(due)} came early"
+    assert max(v[0] for v in official_times.values()) - restarted_ms < LATE_MS
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_nacks_come_back_at_their_due_times_after_sigkill(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    broker: Broker = request.getfixturevalue("pulsar_lite" if kind == "lite" else "apache_pulsar")
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    producer_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        produce(producer_client, topic, 300)
+    finally:
+        producer_client.close()
+    due = run_consumer_a(broker, topic, tmp_path, 300)
+    assert len(due) == 300
+    restart_and_check(broker, topic, tmp_path, due)
+
+
+@pytest.mark.lite_only
+def test_a_kill_in_the_middle_of_a_snapshot_write_leaves_the_previous_one_in_charge(
+    pulsar_lite: Broker, tmp_path: Path
+) -> None:
+    """A acks 20 of its 100 nacked messages after its snapshot is written, and is killed while it
+    rewrites that snapshot without them (half of the new file on disk). B restores the previous snapshot,
+    whole: the other 80 come back at their due times, once; the 20 acked never (the broker has their
+    acks; their stale nacks find no copy)."""
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    producer_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    try:
+        produce(producer_client, topic, 100)
+    finally:
+        producer_client.close()
+    due = run_consumer_a(pulsar_lite, topic, tmp_path, 100, stall=True, ack=20)
+    acked = {f"m{i}" for i in range(20)}
+    directory = tmp_path / "snapshots"
+    temps = [n for n in os.listdir(directory) if n.startswith(".") and n.endswith(".tmp")]
+    assert temps, f"no write in progress at the kill: {sorted(os.listdir(directory))}"
+    client = Client(pulsar_lite.service_url, logger=logger)
+    try:
+        consumer = client.subscribe(
+            topic, "wrapped", consumer_type=pulsar.ConsumerType.Shared, snapshot_dir=directory
+        )
+        assert not [n for n in os.listdir(directory) if n.endswith(".tmp")], "the dead writer's temp file"
+        handouts: dict[str, list[float]] = {}
+        drain(consumer, set(due) - acked, max(due.values()), handouts)
+        forwarded = consumer.nack_stats().forwarded
+    finally:
+        client.close()
+    # The previous snapshot, whole: all 100 nacks (the acks were not written) were due and forwarded.
+    assert forwarded >= 100, f"{forwarded} forwarded"
+    assert not acked & set(handouts), f"acked before the kill, handed out: {sorted(acked & set(handouts))}"
+    assert set(handouts) == set(due) - acked
+    assert all(len(v) == 1 for v in handouts.values()), {k: len(v) for k, v in handouts.items() if len(v) > 1}
+    early = {k: round(due[k] - v[0]) for k, v in handouts.items() if v[0] < due[k] - EARLY_MS}
+    assert not early, f"handed out early (ms): {early}"
+
+
+@pytest.mark.skipif(
+    os.environ.get("PULSAR_NACK_SLOW", "") != "1", reason="10,000 nacks over 20 s: set PULSAR_NACK_SLOW=1"
+)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param(
+            "lite",
+            marks=pytest.mark.xfail(
+                reason="pulsar-lite 0.2.0 stalls redeliveries requested in random entry order once a few "
+                "thousand are outstanding (+500 every 5-10 s): the official client alone, 10,000 messages "
+                "nacked 37 at a time every 68 ms in shuffled order, gets 6,000 back in 45 s (in entry "
+                "order: all 10,000 in 18.5 s); snapshots or not",
+                strict=False,
+            ),
+        ),
+        "apache",
+    ],
+)
+def test_ten_thousand_nacks_come_back_at_their_due_times_after_sigkill(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    broker: Broker = request.getfixturevalue("pulsar_lite" if kind == "lite" else "apache_pulsar")
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    producer_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        produce(producer_client, topic, 10_000)
+    finally:
+        producer_client.close()
+    due = run_consumer_a(broker, topic, tmp_path, 10_000)
+    restart_and_check(broker, topic, tmp_path, due)
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_nacks_kept_on_a_topic_come_back_on_another_machine(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same with TopicSnapshotStorage: A keeps its snapshot on a topic of the broker; B, with no
+    directory of A's (another machine), reads it from there."""
+    broker: Broker = request.getfixturevalue("pulsar_lite" if kind == "lite" else "apache_pulsar")
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    snapshot_topic = f"{topic}-nack-snapshots"
+    producer_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        produce(producer_client, topic, 300)
+    finally:
+        producer_client.close()
+    due = run_consumer_a(broker, topic, tmp_path, 300, snapshot_topic=snapshot_topic)
+    assert not (tmp_path / "snapshots").exists(), "A kept nothing on disk"
+    restart_and_check(broker, topic, tmp_path / "elsewhere", due, snapshot_topic=snapshot_topic)
