@@ -21,10 +21,10 @@ SMALL = load_grid("small")
 #: allocator rounding (tens of bytes), a heap delta also by what else the process allocated meanwhile —
 #: notably the first build in a fresh Python worker, which also fills interpreter caches despite the
 #: warm-up: 54.6 KB against 50.0 KB for the next 30 builds of x=8, k=8 in one process, and once 60.7 KB in
-#: a Spark worker against 49.3 KB in-process (hence 16 KiB, not 8). The baselines' heap deltas are
-#: megabytes, where the 5 % applies.
+#: a Spark worker against 49.3 KB in-process, and with the shared-bitmap index 110.5 KB against 93.8 KB at
+#: x=1, k=8 (hence 24 KiB, not 8). The baselines' heap deltas are megabytes, where the 5 % applies.
 WALK_TOLERANCE = (1024, 0.02)
-HEAP_DELTA_TOLERANCE = (16384, 0.05)
+HEAP_DELTA_TOLERANCE = (24576, 0.05)
 
 
 @pytest.fixture(scope="session", name="spark")
