@@ -302,6 +302,33 @@ class SweepResult:
     report: Path
 
 
+def _run_info(
+    grid: str,
+    master: str,
+    points: Sequence[GridPoint] | Sequence[TrackerPoint],
+    spark_version: str,
+    marks: tuple[float, float, float, float, float],
+) -> RunInfo:
+    """The run facts of a job whose phases ended at ``marks`` (perf_counter: started, Spark up, swept,
+    Spark stopped, Parquet written); the report's and the total time are filled in once it is written."""
+    started, spark_up, swept, stopped, written = marks
+    return RunInfo(
+        grid=grid,
+        master=master,
+        points=len(points),
+        ids=sum(point.n for point in points),
+        spark_version=spark_version,
+        python=platform.python_version(),
+        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        start_s=spark_up - started,
+        sweep_s=swept - spark_up,
+        stop_s=stopped - swept,
+        parquet_s=written - stopped,
+        report_s=0.0,
+        total_s=0.0,
+    )
+
+
 def run(
     grid: str,
     points: Sequence[GridPoint],
@@ -329,22 +356,8 @@ def run(
     stopped = time.perf_counter()
     parquet = write_parquet(rows, out / "sweep.parquet")
     written = time.perf_counter()
-    info = RunInfo(
-        grid=grid,
-        master=used_master,
-        points=len(points),
-        ids=sum(point.n for point in points),
-        spark_version=version,
-        python=platform.python_version(),
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        start_s=spark_up - started,
-        sweep_s=swept - spark_up,
-        stop_s=stopped - swept,
-        parquet_s=written - stopped,
-        report_s=0.0,
-        total_s=0.0,
-        java_results=None if java_results is None else str(java_results),
-    )
+    info = _run_info(grid, used_master, points, version, (started, spark_up, swept, stopped, written))
+    info = replace(info, java_results=None if java_results is None else str(java_results))
     report = write_report(rows, out, info, java)
     finished = time.perf_counter()
     info = replace(info, report_s=finished - written, total_s=finished - started)
@@ -392,21 +405,7 @@ def run_trackers(
     parquet = out / "trackers.parquet"
     pq.write_table(pa.Table.from_pylist(list(rows), schema=tracker_parquet_schema()), parquet)
     written = time.perf_counter()
-    info = RunInfo(
-        grid=grid,
-        master=used_master,
-        points=len(points),
-        ids=sum(point.n for point in points),
-        spark_version=version,
-        python=platform.python_version(),
-        date=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        start_s=spark_up - started,
-        sweep_s=swept - spark_up,
-        stop_s=stopped - swept,
-        parquet_s=written - stopped,
-        report_s=0.0,
-        total_s=0.0,
-    )
+    info = _run_info(grid, used_master, points, version, (started, spark_up, swept, stopped, written))
     report = write_tracker_report(rows, out, info)
     finished = time.perf_counter()
     info = replace(info, report_s=finished - written, total_s=finished - started)
