@@ -10,7 +10,9 @@ does not depend on arrival order or on which thread received the message:
   native client never asks the broker sooner, so an earlier copy was requested for something else);
   a copy of our own forward that still comes early schedules the message again;
 * a message whose nack is **pending** is held back: it comes back when due;
-* a batch message the application **acked** is acked again on this copy and not handed out;
+* a batch message the application **acked** is not handed out; the copy is acked — unless its batch was
+  forwarded and has messages still unacked: the whole entry is acked once its last message is, which
+  covers the copy;
 * a batch message the application **holds** (another copy was handed out) is parked and acked when the
   application acks its own copy: without batch-index acks the broker acks an entry only when every
   message of one delivered copy is acked, so every copy we do not hand out must be completed for it;
@@ -58,10 +60,15 @@ class Verdict(enum.Enum):
     DELIVER = "deliver"  # hand it to the application
     HOLD = "hold"  # its nack is pending (or this copy is early): it comes back when due
     ACKED = "acked"  # the application acked this message: ack this copy too, don't hand it out
+    # the application acked this message and its whole entry is acked at the broker when the last message
+    # of a forwarded batch is (see :meth:`ArrivalFilter.acked`): don't hand it out, no ack of its own
+    COVERED = "covered"
     DUPLICATE = "duplicate"  # the application holds another copy: ack this one when it acks that
 
 
-_DELIVER = Verdict.DELIVER  # an enum member lookup costs 65 ns on the per-message path
+# an enum member lookup costs 65 ns on the per-message path
+_DELIVER, _HOLD, _ACKED, _COVERED = Verdict.DELIVER, Verdict.HOLD, Verdict.ACKED, Verdict.COVERED
+_DUPLICATE = Verdict.DUPLICATE
 _NONE: tuple[Any, ...] = ()  # no copies to ack (shared: the ack path allocates nothing)
 _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
@@ -136,6 +143,13 @@ class _Entry:
             return False
         full = -1 if self.size is None else (1 << self.size) - 1  # -1: an expanded quiet entry
         return self.acked & full == full
+
+    @property
+    def covered(self) -> bool:
+        """A copy of an acked message of this entry needs no ack of its own: the batch was forwarded and
+        the entry is acked as a whole once its last message is. (Once that ack has gone, a copy means
+        the broker may not have it: then the copy is acked.)"""
+        return self.last_forward != _NEVER_FORWARDED and not self.all_acked
 
     @property
     def settled(self) -> bool:
@@ -391,18 +405,23 @@ class ArrivalFilter:
         """Classify one arrival. ``batch_size(token)`` is called at most once per batched entry, outside
         the lock. O(1)."""
         key = (topic, ledger_id, entry_id)
-        if batch_index >= 0:  # the common case first: a new message of a batch already followed
+        if batch_index >= 0:  # the common cases first: a message of a batched entry already followed
             bit = 1 << batch_index
             with self._lock:
                 entry = self._entries.get(key)
-                if (
-                    entry is not None
-                    and entry.size is not None
-                    and not entry.flights
-                    and not (entry.out | entry.acked | entry.pending) & bit
-                ):
-                    entry.out |= bit
-                    return _DELIVER
+                if entry is not None and entry.size is not None:
+                    if entry.acked & bit:  # a copy of a message the application acked
+                        self._dropped += 1
+                        return _COVERED if entry.covered else _ACKED
+                    if not (entry.flights and batch_index in entry.flights):  # (in flight: below)
+                        if entry.pending & bit:
+                            self._held_back += 1
+                            return _HOLD
+                        if entry.out & bit:
+                            self._dropped += 1
+                            return _DUPLICATE
+                        entry.out |= bit
+                        return _DELIVER
         now = 0.0  # read only for copies of forwarded messages
         again: _Flight | None = None
         if batch_index >= 0:
@@ -428,7 +447,9 @@ class ArrivalFilter:
                 mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
                 verdict = Verdict.HOLD if mask >> batch_index & 1 else Verdict.ACKED
             elif key not in self._entries and self._recent and self._recent.is_settled(key[:2], entry_id):
-                verdict = Verdict.ACKED  # a late copy of an entry acked after its redelivery
+                # a late copy of an entry acked after its redelivery: ack it (the broker may have lost
+                # the entry's ack with a connection — this copy says it has not got one)
+                verdict = _ACKED
             else:
                 entry = self._entries.get(key)
                 if entry is None:
@@ -438,7 +459,7 @@ class ArrivalFilter:
                 bit = 1 << batch_index
                 flight = entry.flights.get(batch_index) if entry.flights else None
                 if entry.acked & bit:
-                    verdict = Verdict.ACKED
+                    verdict = _COVERED if entry.covered else _ACKED
                 elif flight is not None:
                     now = self._clock()
                     verdict, again = self._landed(flight, now)
@@ -498,20 +519,8 @@ class ArrivalFilter:
         the whole entry at the broker: every message of a batch that was forwarded is now acked, but no
         single delivered copy may be (the nacked message was never acked on the first copy, and the rest
         of a redelivered copy may still sit in the receiver queue). O(1)."""
-        key = (topic, ledger_id, entry_id)
+        key = (topic, ledger_id, entry_id)  # (the common batched case is :meth:`acked_plain`, called first)
         with self._lock:
-            if batch_index >= 0:  # the common case first: a batch nothing of which was nacked
-                entry = self._entries.get(key)
-                if (
-                    entry is not None
-                    and entry.size is not None
-                    and not (entry.pending or entry.flights or entry.parked)
-                    and entry.last_forward == _NEVER_FORWARDED
-                ):
-                    acked = entry.acked = entry.acked | 1 << batch_index
-                    if acked == (1 << entry.size) - 1:
-                        del self._entries[key]  # settled, never forwarded: nothing more can come
-                    return _NONE, False, False
             if batch_index < 0:
                 flight = self._flights.get(key)
                 if flight is not None:
@@ -544,6 +553,26 @@ class ArrivalFilter:
             elif self._pending_mask is not None and entry.quiet:
                 self._make_quiet(key)
             return copies, was_pending, ack_entry
+
+    def acked_plain(self, key: Key, batch_index: int) -> bool:
+        """The per-message fast path of :meth:`acked`: True (and the ack recorded) if the message is of a
+        followed batched entry nothing of which is pending, in flight, parked or was ever forwarded — then
+        there is nothing else to do; False if :meth:`acked` must decide. O(1), one lock round-trip."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if (
+                entry is None
+                or entry.size is None
+                or entry.pending
+                or entry.flights
+                or entry.parked
+                or entry.last_forward != _NEVER_FORWARDED
+            ):
+                return False
+            acked = entry.acked = entry.acked | 1 << batch_index
+            if acked == (1 << entry.size) - 1:
+                del self._entries[key]  # settled, never forwarded: nothing more can come
+            return True
 
     def _is_quiet(self, topic: str, ledger_id: int, entry_id: int) -> bool:
         quiet = self._quiet.get((topic, ledger_id))

@@ -459,13 +459,13 @@ class NackBridge:
             ids = self._ids(message)
             if ids is None:
                 return
-        if ids[2] < 0 and arrivals.idle:
+        ledger_id, entry_id, batch_index, topic = ids
+        if batch_index < 0 and arrivals.idle:
             return
         copies, ack_entry = self.tracker.acked(*ids)
         for copy in copies:
             self._native.acknowledge(copy)
         if ack_entry:  # every message of a redelivered batch acked: ack the entry itself at the broker
-            ledger_id, entry_id, _, topic = ids
             self._native.acknowledge(entry_message_id(topic, ledger_id, entry_id))
 
     def reset(self) -> None:
@@ -751,13 +751,16 @@ def _admitting_listener(
 ) -> Callable[[Any, Any], None]:
     """The user's listener gets the NackConsumer, and only messages the tracker admits."""
     consumer._ready = threading.Event()
+    admit: Callable[[pulsar.Message], bool] | None = None  # the bridge's, once the consumer is ready
 
     def admit_then_call(_native: Any, message: pulsar.Message) -> None:
-        # Messages may arrive before subscribe() has returned (is_set: no wait on every call).
-        if not consumer._ready.is_set() and not consumer._ready.wait(30):
-            _log.error("message listener called before the consumer was ready; message left unacked")
-            return
-        if consumer._nacks.admit(message):
+        nonlocal admit
+        if admit is None:  # messages may arrive before subscribe() has returned: wait for it, once
+            if not consumer._ready.wait(30):
+                _log.error("message listener called before the consumer was ready; message left unacked")
+                return
+            admit = consumer._nacks.admit
+        if admit(message):
             listener(consumer, message)
 
     return admit_then_call

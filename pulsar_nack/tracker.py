@@ -230,6 +230,8 @@ class NackTracker:
         """The application acked a message: a pending nack of it is dropped. Returns copies of it the
         consumer must ack too, and whether it must ack the whole entry at the broker (see
         :meth:`~pulsar_nack.arrivals.ArrivalFilter.acked`). O(1) typically."""
+        if batch_index >= 0 and self.arrivals.acked_plain((topic, ledger_id, entry_id), batch_index):
+            return (), False  # the common batched case: nothing of the batch was nacked
         copies, was_pending, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         if was_pending:
             self.index.remove(ledger_id, entry_id, batch_index, topic)

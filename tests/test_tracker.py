@@ -144,8 +144,9 @@ def arrive(h: Harness, ledger_id: int, entry_id: int, batch_index: int = -1, siz
 
 def test_arrival_verdicts_for_a_batch() -> None:
     """msg0 of entry (5, 9) is due first, msg1 later, msg2 was acked: when the entry comes back only msg0
-    is handed out; msg1 is held back until its own redelivery; the copy of msg2 is acked for the
-    application (so this copy of the entry can complete), and a second copy of msg0 waits for its ack."""
+    is handed out; msg1 is held back until its own redelivery; the copy of msg2 is dropped — covered by
+    the ack of the whole entry that follows its last message's ack — and a second copy of msg0 waits for
+    its ack."""
     h = Harness(precision_bits=0)
     start = h.clock.now
     for batch_index in range(3):
@@ -157,14 +158,14 @@ def test_arrival_verdicts_for_a_batch() -> None:
     assert h.forwards[0][1] == [("", 5, 9, (0,))]
     assert arrive(h, 5, 9, 0) is Verdict.DELIVER
     assert arrive(h, 5, 9, 1) is Verdict.HOLD
-    assert arrive(h, 5, 9, 2) is Verdict.ACKED
+    assert arrive(h, 5, 9, 2) is Verdict.COVERED
     assert arrive(h, 5, 9, 0) is Verdict.DUPLICATE, "handed out once per redelivery"
     h.tracker.acked(5, 9, batch_index=0)
     h.run_until(start + 5_000)
     assert h.forwards[1][1] == [("", 5, 9, (1,))]
-    assert arrive(h, 5, 9, 0) is Verdict.ACKED
+    assert arrive(h, 5, 9, 0) is Verdict.COVERED
     assert arrive(h, 5, 9, 1) is Verdict.DELIVER
-    assert arrive(h, 5, 9, 2) is Verdict.ACKED
+    assert arrive(h, 5, 9, 2) is Verdict.COVERED
     stats = h.tracker.stats()
     assert (stats.redelivered, stats.held_back, stats.dropped) == (2, 1, 4)
 
@@ -189,8 +190,8 @@ def test_a_batch_acked_but_for_its_nacked_message_is_one_bit_and_still_classifie
     h.run_until(start + 1_000)
     assert h.forwards[0][1] == [("", 8, 1, (2,))]
     assert [arrive(h, 8, 1, i, size=5) for i in range(5)] == [
-        Verdict.ACKED, Verdict.ACKED, Verdict.DELIVER, Verdict.ACKED, Verdict.ACKED
-    ]
+        Verdict.COVERED, Verdict.COVERED, Verdict.DELIVER, Verdict.COVERED, Verdict.COVERED
+    ]  # forwarded: the whole entry is acked with its last message, which covers these copies
     assert arrive(h, 8, 1, 2, size=5) is Verdict.DUPLICATE, "once per nack"
     assert h.tracker.arrivals.counts().open_entries == 1, "entry 2, all acked on one copy, is forgotten"
     h.tracker.acked(8, 1, 2)
