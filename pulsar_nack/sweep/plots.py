@@ -1,9 +1,9 @@
 """The sweep report's plots (matplotlib, drawn off-screen): bytes/id against M = x·2^k with PIP-393's
 curve, buckets against k, memory against precision, the index against the baselines and the Java
-structure; and :func:`plot_trackers`, the models of the broker's delayed-delivery trackers beside seed
-004's figures. Each plot function takes the measured rows and returns None when they lack its data; the Java
-structure's bars come from a results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and
-are left out without one.
+structure; and :func:`plot_trackers`, the models of the broker's delayed-delivery trackers beside the
+figures of the Pulsar 3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”). Each plot function
+takes the measured rows and returns None when they lack its data; the Java structure's bars come from a
+results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and are left out without one.
 """
 
 from __future__ import annotations
@@ -248,11 +248,11 @@ def tracker_series(rows: Sequence[Row]) -> dict[str, list[Row]]:
 def plot_trackers(
     rows: Sequence[Row], seed: Seed004Figures = SEED004, read_cost_us: float | None = None
 ) -> Figure | None:
-    """Seed 004's two charts for the models, against the messages each tracker *held* (a heap with a
-    memory limit stops where it ran out, marked with a cross): measured memory, and measured recovery
-    time (log scale) — with ``read_cost_us``, also the recovery plus a modelled read of every replayed
-    message (thin dotted lines, labelled as modelled). The seed's figures are black stars. None without
-    two sizes of any variant."""
+    """The two charts of the Pulsar 3.0 delayed-message article for the models, against the messages each
+    tracker *held* (a heap with a memory limit stops where it ran out, marked with a cross): measured memory,
+    and measured recovery time (log scale) — with ``read_cost_us``, also the recovery plus a modelled read of
+    every replayed message (thin dotted lines, labelled as modelled). The article's figures are black stars.
+    None without two sizes of any variant."""
     series = tracker_series(rows)
     if not series:
         return None
@@ -291,7 +291,8 @@ def plot_trackers(
         marker="*",
         s=160,
         c="black",
-        label=f"seed 004: in-memory tracker, {seed.in_memory_direct_memory_mb} MB then out of memory",
+        label=f"Pulsar 3.0 article: in-memory tracker, {seed.in_memory_direct_memory_mb} MB, then out of "
+        "memory",
         zorder=5,
     )
     recovery.scatter(
@@ -300,7 +301,8 @@ def plot_trackers(
         marker="*",
         s=160,
         c="black",
-        label=f"seed 004: in-memory {seed.in_memory_recovery_s:,} s, buckets {seed.bucket_recovery_s} s",
+        label=f"Pulsar 3.0 article: in-memory {seed.in_memory_recovery_s:,} s, buckets "
+        f"{seed.bucket_recovery_s} s",
         zorder=5,
     )
     memory.set(xlabel="delayed messages held (millions)", ylabel="measured memory (MiB)")
