@@ -288,11 +288,10 @@ def test_reports_and_plots_name_the_public_sources(tmp_path: Path) -> None:
     assert "“New Delayed Message In Pulsar 3.0”" in text
     assert "| figure | Pulsar 3.0 article | ours | our model |" in text
     html = (tmp_path / "trackers.html").read_text()
-    labels = [
-        text.get_text()
-        for axes in plot_trackers(rows).axes  # type: ignore[union-attr]
-        for text in axes.get_legend().get_texts()
-    ]
+    figure = plot_trackers(rows)
+    assert figure is not None
+    legends = [axes.get_legend() for axes in figure.axes]
+    labels = [label.get_text() for legend in legends if legend is not None for label in legend.get_texts()]
     assert any(label.startswith("Pulsar 3.0 article: in-memory tracker, 847 MB") for label in labels)
     for shown in (text, html, *labels):
         assert "seed 0" not in shown.lower() and "PR 23611" not in shown
