@@ -39,7 +39,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +221,12 @@ def _write(results: dict[str, Any]) -> int:
     results["trackers"] = load_trackers()
     report.save_json("seeds", results)
     text = render(results)
-    for name, figure in (("seeds-bytes-per-id.png", _plot_bytes_per_id(results)),
-                         ("seeds-memory-vs-pending.png", _plot_memory(results))):  # fmt: skip
+    from pulsar_nack.profile import native_cost
+    from pulsar_nack.sweep.plots import plot_seeds_bytes_per_id, plot_seeds_memory
+
+    native = native_cost()["bytes_per_nack"]
+    for name, figure in (("seeds-bytes-per-id.png", plot_seeds_bytes_per_id(results)),
+                         ("seeds-memory-vs-pending.png", plot_seeds_memory(results, native))):  # fmt: skip
         figure.savefig(SEEDS_MD.parent / name, dpi=110, bbox_inches="tight")
     text += (
         "\n## Plots\n\n![bytes per id against M](seeds-bytes-per-id.png)\n\n"
@@ -232,78 +235,6 @@ def _write(results: dict[str, Any]) -> int:
     SEEDS_MD.write_text(text)
     print(text)
     return 0
-
-
-def _plot_bytes_per_id(results: dict[str, Any]) -> Any:
-    """Measured bytes per id against M = x·2^k, with PIP-393's formula."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    from pulsar_nack.sweep.measure import pip393_bytes_per_id
-
-    n = results["formula_n"]
-    points = sorted(
-        ((int(x) * 2 ** int(k), row) for (x, k), row in
-         ((key.split(","), row) for key, row in results["formula"].items())),
-        key=lambda item: item[0],
-    )  # fmt: skip
-    ms = [m for m, _ in points]
-    figure = Figure(figsize=(7, 4.2))
-    axes = figure.subplots()
-    grid = np.geomspace(min(ms) / 2, max(ms) * 2, 200)
-    axes.plot(grid, [pip393_bytes_per_id(m) for m in grid], "k--", label="PIP-393 formula")
-    series: list[tuple[str, Callable[[dict[str, Any]], int | None]]] = [
-        ("ours before compaction", lambda r: r["ours"]["malloc"]["bytes_before_compact"]),
-        ("ours (compacted)", lambda r: r["ours"]["malloc"]["bytes"]),
-        ("Java as built", lambda r: r["java"]["retained_bytes"] if r["java"] else None),
-        ("Java runOptimize", lambda r: r["java"]["retained_bytes_run_optimized"] if r["java"] else None),
-    ]
-    for label, value in series:
-        ys = [value(row) for _, row in points]
-        if all(y is not None for y in ys):
-            axes.plot(ms, [y / n for y in ys], "o-", label=label)
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xlabel("M = ids per bucket (x·2^k)")
-    axes.set_ylabel("bytes per id (malloc measure)")
-    axes.set_title(f"Bytes per id against M ({n:,} ids per point)")
-    axes.legend(fontsize=8)
-    return figure
-
-
-def _plot_memory(results: dict[str, Any]) -> Any:
-    """Memory against pending nacks: pulsar-nack's index, the Java structure (measured at 1M and 10M,
-    then the fitted estimate), and the native client (measured bytes per nack)."""
-    from matplotlib.figure import Figure
-
-    from pulsar_nack.profile import native_cost
-
-    native = native_cost()["bytes_per_nack"]
-    measured = sorted(int(count) for count in results["old"])
-    ours = [results["old"][str(c)]["ours"]["malloc"]["bytes"] for c in measured]
-    java = [results["old"][str(c)]["java"] for c in measured]
-    estimates = [results["estimate"][name] for name in ("pip393_1h", "pip393_5h")]
-    figure = Figure(figsize=(7, 4.2))
-    axes = figure.subplots()
-    pending = measured + [e["pending"] for e in estimates]
-    axes.plot(measured, [b / MIB for b in ours], "o-", label="pulsar-nack index (measured)")
-    axes.plot([e["pending"] for e in estimates], [e["pulsar_nack_bytes"] / MIB for e in estimates], "o:",
-              label="pulsar-nack tracker (estimate)")  # fmt: skip
-    if all(j is not None for j in java):
-        axes.plot(measured, [j["retained_bytes"] / MIB for j in java], "s-", label="Java PIP-393 (measured)")
-    if all(e["java_bytes"] is not None for e in estimates):
-        axes.plot([e["pending"] for e in estimates], [e["java_bytes"] / MIB for e in estimates], "s:",
-                  label="Java PIP-393 (estimate)")  # fmt: skip
-    axes.plot(
-        pending, [native * p / MIB for p in pending], "^-", label=f"native client ({native:.0f} B/nack)"
-    )
-    axes.set_xscale("log")
-    axes.set_yscale("log")
-    axes.set_xlabel("pending nacks (10k nacks/s, k = 8)")
-    axes.set_ylabel("MiB")
-    axes.set_title("Memory against pending nacks")
-    axes.legend(fontsize=8)
-    return figure
 
 
 def _estimates() -> dict[str, Any]:

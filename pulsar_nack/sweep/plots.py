@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from typing import Final, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, TypeAlias
 
 from matplotlib.figure import Figure
 
@@ -21,14 +22,18 @@ from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, 
 from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
 
 __all__ = [
+    "DEFAULT_SEEDS_RESULTS",
     "PLOTS",
     "Plot",
     "contender_cases",
+    "default_seeds_results",
     "figures",
     "plot_buckets",
     "plot_bytes_per_id",
     "plot_contenders",
     "plot_memory_vs_precision",
+    "plot_seeds_bytes_per_id",
+    "plot_seeds_memory",
     "plot_trackers",
     "tracker_series",
 ]
@@ -315,4 +320,94 @@ def plot_trackers(
     for axes in (memory, recovery):
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="x-small")
+    return figure
+
+
+# -- the published figures, checked (bench/seeds.py's results) ------------------------------------------
+
+#: The results file of ``bench/seeds.py`` in a source checkout (None from :func:`default_seeds_results`
+#: when it is not there, as in an installed package).
+DEFAULT_SEEDS_RESULTS: Final = Path(__file__).resolve().parents[2] / "bench" / "results" / "seeds.json"
+_MIB: Final = 2**20
+
+
+def default_seeds_results() -> Path | None:
+    """:data:`DEFAULT_SEEDS_RESULTS` if it exists, else None."""
+    return DEFAULT_SEEDS_RESULTS if DEFAULT_SEEDS_RESULTS.is_file() else None
+
+
+def plot_seeds_bytes_per_id(results: Mapping[str, Any]) -> Figure:
+    """Bytes per id against M = x·2^k as ``bench/seeds.py`` measured them (``results``: its JSON), with
+    PIP-393's formula: the index before and after compaction and the Java structure as built and after
+    ``runOptimize`` (malloc measure), one point per formula case. O(cases)."""
+    n = number(results["formula_n"])
+    points = sorted(
+        (
+            (int(x) * 2 ** int(k), row)
+            for (x, k), row in ((key.split(","), row) for key, row in results["formula"].items())
+        ),
+        key=lambda item: item[0],
+    )
+    ms = [m for m, _ in points]
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    axes = figure.subplots()
+    low, high = math.log10(min(ms) / 2), math.log10(max(ms) * 2)
+    grid = [10 ** (low + (high - low) * i / 199) for i in range(200)]
+    axes.plot(grid, [pip393_bytes_per_id(m) for m in grid], "k--", label="PIP-393 formula")
+    series: list[tuple[str, Callable[[Mapping[str, Any]], object]]] = [
+        ("ours before compaction", lambda r: r["ours"]["malloc"]["bytes_before_compact"]),
+        ("ours (compacted)", lambda r: r["ours"]["malloc"]["bytes"]),
+        ("Java as built", lambda r: r["java"]["retained_bytes"] if r["java"] else None),
+        ("Java runOptimize", lambda r: r["java"]["retained_bytes_run_optimized"] if r["java"] else None),
+    ]
+    for label, value in series:
+        ys = [value(row) for _, row in points]
+        if all(y is not None for y in ys):
+            axes.plot(ms, [number(y) / n for y in ys], "o-", label=label)
+    axes.set(xscale="log", yscale="log", xlabel="M = ids per bucket (x·2^k)")
+    axes.set_ylabel("bytes per id (malloc measure)")
+    axes.set_title(f"Bytes per id against M ({n:,.0f} ids per point)")
+    axes.legend(fontsize=8)
+    return figure
+
+
+def plot_seeds_memory(results: Mapping[str, Any], native_bytes_per_nack: float) -> Figure:
+    """Memory against pending nacks at PIP-393's example rate (``results``: ``bench/seeds.py``'s JSON):
+    pulsar-nack's index and the Java structure measured at 1M and 10M, the fitted estimates at 1 h and
+    5 h of nacks, and the native client at ``native_bytes_per_nack`` (its measured cost). O(cases)."""
+    measured = sorted(int(count) for count in results["old"])
+    ours = [number(results["old"][str(c)]["ours"]["malloc"]["bytes"]) for c in measured]
+    java = [results["old"][str(c)]["java"] for c in measured]
+    estimates = [results["estimate"][name] for name in ("pip393_1h", "pip393_5h")]
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    axes = figure.subplots()
+    later = [number(e["pending"]) for e in estimates]
+    axes.plot(measured, [b / _MIB for b in ours], "o-", label="pulsar-nack index (measured)")
+    axes.plot(
+        later,
+        [number(e["pulsar_nack_bytes"]) / _MIB for e in estimates],
+        "o:",
+        label="pulsar-nack tracker (estimate)",
+    )
+    if all(j is not None for j in java):
+        axes.plot(
+            measured,
+            [number(j["retained_bytes"]) / _MIB for j in java],
+            "s-",
+            label="Java PIP-393 (measured)",
+        )
+    if all(e["java_bytes"] is not None for e in estimates):
+        axes.plot(
+            later, [number(e["java_bytes"]) / _MIB for e in estimates], "s:", label="Java PIP-393 (estimate)"
+        )
+    pending = [*measured, *later]
+    axes.plot(
+        pending,
+        [native_bytes_per_nack * p / _MIB for p in pending],
+        "^-",
+        label=f"native client ({native_bytes_per_nack:.0f} B/nack)",
+    )
+    axes.set(xscale="log", yscale="log", xlabel="pending nacks (10k nacks/s, k = 8)", ylabel="MiB")
+    axes.set_title("Memory against pending nacks")
+    axes.legend(fontsize=8)
     return figure
