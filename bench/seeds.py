@@ -238,8 +238,7 @@ def _write(results: dict[str, Any]) -> int:
 
 
 def _estimates() -> dict[str, Any]:
-    """PIP-393's 1 h and 5 h at 10k nacks/s, and the blog's 1 day at 10k msg/s in batches of 100, from
-    ``pulsar-nack estimate``'s fitted model."""
+    """PIP-393's 1 h and 5 h at 10k nacks/s, from ``pulsar-nack estimate``'s fitted model."""
     from pulsar_nack.estimate import Scenario, estimate
 
     out = {}
