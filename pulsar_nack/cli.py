@@ -140,7 +140,8 @@ def _register_profile(subcommands: argparse._SubParsersAction[argparse.ArgumentP
         "profile",
         help="run a described nack workload through the real tracker and measure memory and time",
         description="Feed a workload (rate, delay, duration, topics, batches, nack share, precision) through "
-        "a real NackTracker on a simulated clock — no broker — in fresh processes, and report memory per "
+        "a real NackTracker on a simulated clock — no broker; with --broker URL, through that broker — in "
+        "fresh processes, and report memory per "
         "pending nack three ways (tracemalloc, system allocator + mallinfo2, RSS), buckets, ledgers, time "
         "per nack and per forward, a pympler per-type breakdown, and beside it the Java PIP-393 structure "
         "(when java and mvn are available) and the native client's measured cost. Durations take ms, s, "
@@ -173,6 +174,19 @@ def _register_profile(subcommands: argparse._SubParsersAction[argparse.ArgumentP
     )
     parser.add_argument("--seed", type=int, default=7, help="which messages are nacked (default: 7)")
     parser.add_argument("--no-java", action="store_true", help="do not run the Java structure beside it")
+    parser.add_argument(
+        "--broker",
+        metavar="URL",
+        default=None,
+        help="run the workload through this broker instead (pulsar://HOST:PORT): produce it to fresh topics, "
+        "consume it paced at --rate with pulsar-nack and, side by side, with the official client's native "
+        "nacks, each measure in a fresh process (non-partitioned topics; at most 1,000,000 messages)",
+    )
+    parser.add_argument(
+        "--broker-timeout",
+        default="5m",
+        help="with --broker: the longest one consuming process may take (default: %(default)s)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write every figure to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     parser.set_defaults(run=_profile)
@@ -206,6 +220,8 @@ def _profile(args: argparse.Namespace) -> int:
     workload = _profile_workload(args)
     if args.json is not None and args.json.is_dir():
         raise UsageError(f"--json: {args.json} is a folder")
+    if args.broker is not None:
+        return _profile_broker(args, workload)
     from pulsar_nack.profile import profile, render
 
     bar: Any = None
@@ -223,6 +239,47 @@ def _profile(args: argparse.Namespace) -> int:
 
     try:
         result = profile(workload, java=not args.no_java, progress=progress)
+    finally:
+        if bar is not None:
+            bar.close()
+    for line in render(result):
+        print(line)
+    if args.json is not None:
+        import json
+
+        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
+    """``profile --broker URL``: :func:`pulsar_nack.profile_broker.profile_broker`."""
+    from pulsar_nack.profile import ProfileError, parse_duration_ms, render
+    from pulsar_nack.profile_broker import BROKER_MODES, profile_broker
+
+    options = {"broker": "--broker", "timeout_s": "--broker-timeout", "partitions": "--partitions"}
+    stages = ("produce", *BROKER_MODES)
+    bar: Any = None
+    try:
+        timeout_s = parse_duration_ms(args.broker_timeout, "timeout_s") / 1_000
+        if not args.no_progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(stages) * workload.messages, unit="msg", unit_scale=True, file=sys.stderr)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if bar is not None and stage in stages:
+                bar.set_description(stage)
+                bar.n = stages.index(stage) * workload.messages + done
+                bar.refresh()
+
+        result = profile_broker(
+            workload, args.broker, java=not args.no_java, timeout_s=timeout_s, progress=progress
+        )
+    except ProfileError as error:
+        field, _, reason = str(error).partition(":")
+        named = " × ".join(options.get(part.strip(), _option(part.strip())) for part in field.split("×"))
+        raise UsageError(f"{named}:{reason}") from None
     finally:
         if bar is not None:
             bar.close()

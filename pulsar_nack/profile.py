@@ -301,6 +301,9 @@ class ProfileResult:
     java_note: str
     native: dict[str, Any] | None
     elapsed_s: float
+    #: None: offline (simulated clock). Else the broker run's description (:mod:`pulsar_nack.profile_broker`):
+    #: ``memory`` is then the consumer process's growth, and ``native`` measured in the same run.
+    broker: str | None = None
 
     @property
     def breakdown_total(self) -> int:
@@ -753,6 +756,8 @@ def render(result: ProfileResult) -> Iterator[str]:
     w = result.workload
     pending = result.pending
     yield f"workload: {w.describe()}"
+    if result.broker is not None:
+        yield f"through a broker: {result.broker}"
     yield (
         f"messages {result.messages:,}, nacked {result.nacked:,}, pending at the end {pending:,} "
         f"({result.pending_ids:,} index ids), buckets {result.buckets:,}, ledgers {result.ledgers:,}, "
@@ -762,7 +767,12 @@ def render(result: ProfileResult) -> Iterator[str]:
         f"time: {result.nack_us:.2f} µs per nack (schedule), {result.forward_us:.2f} µs per forwarded entry "
         f"({'the final drain' if result.forward_source == 'drain' else f'{result.forwards:,} forwards'})"
     )
-    yield "memory of pulsar-nack's tracker (bytes retained after building, fresh process each):"
+    yield (
+        "memory of pulsar-nack's tracker (bytes retained after building, fresh process each):"
+        if result.broker is None
+        else "memory of the consumer with pulsar-nack (process growth from subscribing to the end of the "
+        "run, client library included; fresh process each):"
+    )
     labels = {
         "malloc": "process-level, system allocator (PYTHONMALLOC=malloc, mallinfo2)",
         "tracemalloc": "Python allocations (tracemalloc; misses CRoaring's C heap)",
@@ -787,9 +797,10 @@ def render(result: ProfileResult) -> Iterator[str]:
     if result.native is not None:
         native = result.native
         ratio = native["bytes"] / malloc if malloc > 0 else math.inf
+        how = f"measured by {native['source']}" if result.broker is None else native["source"]
         yield (
             f"  native client: {native['bytes'] / 1e6:.3f} MB ({native['bytes_per_nack']:.1f} B per pending "
-            f"nack, measured by {native['source']}) — {ratio:,.1f}× pulsar-nack (malloc measure)"
+            f"nack, {how}) — {ratio:,.1f}× pulsar-nack (malloc measure)"
         )
     if result.java is not None:
         plain, optimized = result.java["retained_bytes"], result.java["retained_bytes_run_optimized"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
@@ -9,6 +10,7 @@ import pyarrow.parquet as pq
 
 from pulsar_nack.sweep.grid import load_grid
 from pulsar_nack.sweep.java_results import DEFAULT_JAVA_RESULTS, load_java_results
+from pulsar_nack.sweep.plots import DEFAULT_SEEDS_RESULTS
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "spark" / "memory_sweep.ipynb"
 
@@ -39,7 +41,7 @@ def test_notebook_runs_headless_and_draws_its_plots_and_table(tmp_path: Path) ->
     ]
     assert not [output for output in outputs if output.output_type == "error"]
     images = [output for output in outputs if "image/png" in output.get("data", {})]
-    assert len(images) == 4
+    assert len(images) == 6  # the sweep's four, and bench/seeds.py's two from its results file
     tables = [
         output.data["text/html"]
         for output in outputs
@@ -53,6 +55,9 @@ def test_notebook_runs_headless_and_draws_its_plots_and_table(tmp_path: Path) ->
     # The Java bars: from the repository's results file by default, which the notebook names.
     printed = "".join(output.get("text", "") for output in outputs if output.output_type == "stream")
     assert f"{load_java_results(DEFAULT_JAVA_RESULTS).provenance()}; Java bars at (x, k) = " in printed
+    # The seeds plots: from bench/seeds.py's results file, which the notebook names with its run.
+    seeds = json.loads(DEFAULT_SEEDS_RESULTS.read_text())["machine"]
+    assert f"{DEFAULT_SEEDS_RESULTS}: measured {seeds['date']}, commit {seeds['commit']}" in printed
     # The same run wrote the job's files.
     assert pq.read_table(out / "sweep.parquet").num_rows == len(points)
     assert (out / "report.md").is_file() and (out / "report.html").is_file()

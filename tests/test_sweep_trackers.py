@@ -13,6 +13,7 @@ import pytest
 
 from pulsar_nack.sweep.grid import GridError, TrackerPoint, load_tracker_grid
 from pulsar_nack.sweep.measure import TRACKER_COLUMNS, measure_tracker
+from pulsar_nack.sweep.plots import plot_trackers
 from pulsar_nack.sweep.report import RunInfo, seed_comparison, tracker_table, write_tracker_report
 from pulsar_nack.sweep.trackers import (
     ArrayBacklog,
@@ -27,8 +28,8 @@ from pulsar_nack.sweep.trackers import (
     recover,
 )
 
-#: A short version of seed 004's workload: 100 messages/s for 80 s, delays of 1–30 s, 1,000 entries per
-#: ledger (8 ledgers), so that everything falls due within the test.
+#: A short version of the Pulsar 3.0 delayed-message article's workload: 100 messages/s for 80 s, delays of
+#: 1–30 s, 1,000 entries per ledger (8 ledgers), so that everything falls due within the test.
 SHORT = Seed004Workload(8_000, rate_per_s=100, min_delay_s=1, max_delay_s=30, entries_per_ledger=1_000)
 _FAR = 2**62
 
@@ -272,6 +273,28 @@ def test_the_seed_workload_is_reproducible_by_chunk() -> None:
     assert ledgers.tolist()[49_999:50_002] == [10_000, 10_001, 10_001] and entries[50_000] == 0
     tail = list(workload.chunks(from_ledger=10_004))
     assert sum(len(part[0]) for part in tail) == 50_000 and tail[0][1][0] == 10_004
+
+
+def test_reports_and_plots_name_the_public_sources(tmp_path: Path) -> None:
+    """Readers cannot see the project's seed files: the tracker report, its table header and the plot's
+    legend name the article itself, never "seed 004"."""
+    points = [TrackerPoint("heap", n, fsync=False) for n in (2_000, 4_000)]
+    points += [
+        TrackerPoint("buckets", n, fsync=False, min_index_count_per_bucket=1_000) for n in (2_000, 4_000)
+    ]
+    rows = [measure_tracker(point) for point in points]
+    info = RunInfo("tiny", "local", len(rows), 12_000, "4", "3.11", "today", 1, 2, 0, 0, 0, 0)
+    text = write_tracker_report(rows, tmp_path, info).read_text()
+    assert "“New Delayed Message In Pulsar 3.0”" in text
+    assert "| figure | Pulsar 3.0 article | ours | our model |" in text
+    html = (tmp_path / "trackers.html").read_text()
+    figure = plot_trackers(rows)
+    assert figure is not None
+    legends = [axes.get_legend() for axes in figure.axes]
+    labels = [label.get_text() for legend in legends if legend is not None for label in legend.get_texts()]
+    assert any(label.startswith("Pulsar 3.0 article: in-memory tracker, 847 MB") for label in labels)
+    for shown in (text, html, *labels):
+        assert "seed 0" not in shown.lower() and "PR 23611" not in shown
 
 
 def test_a_small_spark_run_of_the_models(spark: Any, tmp_path: Path) -> None:

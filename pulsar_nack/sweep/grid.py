@@ -9,8 +9,9 @@ JSON format (:func:`parse_grid`, :func:`load_grid`); ``default`` is 48 (x, k) po
 that touch every axis.
 
 :class:`TrackerPoint` is one experiment of the tracker sweep (a model of the broker's delayed-delivery
-tracker fed seed 004's workload, :mod:`pulsar_nack.sweep.trackers`); :data:`TRACKER_GRIDS` holds
-``seed004`` (1M to 100M messages, every model) and ``small``; :func:`load_tracker_grid` reads those or a
+tracker fed the workload of the Pulsar 3.0 delayed-message article, :mod:`pulsar_nack.sweep.trackers`);
+:data:`TRACKER_GRIDS` holds ``seed004`` (that article's experiment: 1M to 100M messages, every model) and
+``small``; :func:`load_tracker_grid` reads those or a
 JSON file in the same format with :class:`TrackerPoint`'s fields.
 """
 
@@ -251,13 +252,14 @@ def _product(grid: Mapping[str, Any], where: str) -> Iterator[dict[str, Any]]:
         yield dict(zip(grid, combination, strict=True))
 
 
-# -- the broker's delayed-delivery trackers (seed 004's experiment) -------------------------------------
+# -- the broker's delayed-delivery trackers (the Pulsar 3.0 delayed-message article's experiment) -------
 
 
 @dataclass(frozen=True)
 class TrackerPoint:
-    """One experiment of the tracker sweep: ``model`` fed the first ``n`` messages of seed 004's workload
-    (:class:`~pulsar_nack.sweep.trackers.Seed004Workload`), its memory measured, then a restart recovered.
+    """One experiment of the tracker sweep: ``model`` fed the first ``n`` messages of the Pulsar 3.0
+    article's workload (:class:`~pulsar_nack.sweep.trackers.Seed004Workload`), its memory measured, then a
+    restart recovered.
 
     ``growth`` and ``memory_limit_bytes`` (0: none) apply to the heap; ``tick_ms`` (the broker's
     ``delayedDeliveryTickTimeMillis``) to the TimeBucket and bucket models, ``rounding`` to the TimeBucket
@@ -340,9 +342,9 @@ _GIB: Final = 2**30
 
 #: Built-in tracker grids, in :func:`parse_grid`'s JSON format with :class:`TrackerPoint`'s fields.
 TRACKER_GRIDS: Final[dict[str, dict[str, Any]]] = {
-    # Seed 004's experiment up to its 100M messages: the heap growing by doubling with no limit, the
-    # heap growing by segments under a 1 GiB direct-memory limit (our choice: the seed does not give its
-    # broker's), the TimeBucket variant (floor; strict once), and the bucket tracker.
+    # The Pulsar 3.0 article's experiment up to its 100M messages: the heap growing by doubling with no
+    # limit, the heap growing by segments under a 1 GiB direct-memory limit (our choice: the article does not
+    # give its broker's), the TimeBucket variant (floor; strict once), and the bucket tracker.
     "seed004": {
         "grids": [
             {

@@ -338,8 +338,9 @@ TRACKER_COLUMNS: Final[dict[str, type]] = {
 
 
 def measure_tracker(point: TrackerPoint, scratch: str | None = None) -> Row:
-    """Feed the point's model the first ``n`` messages of seed 004's workload in publish order, measure
-    it, restart it (:func:`~pulsar_nack.sweep.trackers.recover`) and measure the recovered tracker.
+    """Feed the point's model the first ``n`` messages of the Pulsar 3.0 article's workload in publish
+    order, measure it, restart it (:func:`~pulsar_nack.sweep.trackers.recover`) and measure the recovered
+    tracker.
 
     Memory is **measured**: ``heap_bytes`` is the :func:`~pulsar_nack.memory.heap_in_use` delta (pymalloc
     blocks + glibc in-use chunks, numpy's buffers and CRoaring's heap included) between before the
@@ -348,7 +349,7 @@ def measure_tracker(point: TrackerPoint, scratch: str | None = None) -> Row:
     none), a cross-check. ``recovery_heap_bytes`` is the same delta after the recovery (the old tracker
     released first). A heap with ``memory_limit_bytes`` stops at the growth that would pass the limit:
     ``oom_at`` is how many ids it held (the topic's backlog for the recovery is then those ids), and
-    None when every id fit. The restart happens when the producer stops: with seed 004's delays (≥ 48 h)
+    None when every id fit. The restart happens when the producer stops: with the article's delays (≥ 48 h)
     nothing is due yet, so every held id must come back (RuntimeError otherwise).
 
     The bucket tracker writes its segments into a fresh folder under ``scratch`` (default: the system's

@@ -1,17 +1,18 @@
 """The sweep report's plots (matplotlib, drawn off-screen): bytes/id against M = x·2^k with PIP-393's
 curve, buckets against k, memory against precision, the index against the baselines and the Java
-structure; and :func:`plot_trackers`, the models of the broker's delayed-delivery trackers beside seed
-004's figures. Each plot function takes the measured rows and returns None when they lack its data; the Java
-structure's bars come from a results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and
-are left out without one.
+structure; and :func:`plot_trackers`, the models of the broker's delayed-delivery trackers beside the
+figures of the Pulsar 3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”). Each plot function
+takes the measured rows and returns None when they lack its data; the Java structure's bars come from a
+results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and are left out without one.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Sequence
-from typing import Final, TypeAlias
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, TypeAlias
 
 from matplotlib.figure import Figure
 
@@ -21,14 +22,18 @@ from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, 
 from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
 
 __all__ = [
+    "DEFAULT_SEEDS_RESULTS",
     "PLOTS",
     "Plot",
     "contender_cases",
+    "default_seeds_results",
     "figures",
     "plot_buckets",
     "plot_bytes_per_id",
     "plot_contenders",
     "plot_memory_vs_precision",
+    "plot_seeds_bytes_per_id",
+    "plot_seeds_memory",
     "plot_trackers",
     "tracker_series",
 ]
@@ -248,11 +253,11 @@ def tracker_series(rows: Sequence[Row]) -> dict[str, list[Row]]:
 def plot_trackers(
     rows: Sequence[Row], seed: Seed004Figures = SEED004, read_cost_us: float | None = None
 ) -> Figure | None:
-    """Seed 004's two charts for the models, against the messages each tracker *held* (a heap with a
-    memory limit stops where it ran out, marked with a cross): measured memory, and measured recovery
-    time (log scale) — with ``read_cost_us``, also the recovery plus a modelled read of every replayed
-    message (thin dotted lines, labelled as modelled). The seed's figures are black stars. None without
-    two sizes of any variant."""
+    """The two charts of the Pulsar 3.0 delayed-message article for the models, against the messages each
+    tracker *held* (a heap with a memory limit stops where it ran out, marked with a cross): measured memory,
+    and measured recovery time (log scale) — with ``read_cost_us``, also the recovery plus a modelled read of
+    every replayed message (thin dotted lines, labelled as modelled). The article's figures are black stars.
+    None without two sizes of any variant."""
     series = tracker_series(rows)
     if not series:
         return None
@@ -291,7 +296,8 @@ def plot_trackers(
         marker="*",
         s=160,
         c="black",
-        label=f"seed 004: in-memory tracker, {seed.in_memory_direct_memory_mb} MB then out of memory",
+        label=f"Pulsar 3.0 article: in-memory tracker, {seed.in_memory_direct_memory_mb} MB, then out of "
+        "memory",
         zorder=5,
     )
     recovery.scatter(
@@ -300,7 +306,8 @@ def plot_trackers(
         marker="*",
         s=160,
         c="black",
-        label=f"seed 004: in-memory {seed.in_memory_recovery_s:,} s, buckets {seed.bucket_recovery_s} s",
+        label=f"Pulsar 3.0 article: in-memory {seed.in_memory_recovery_s:,} s, buckets "
+        f"{seed.bucket_recovery_s} s",
         zorder=5,
     )
     memory.set(xlabel="delayed messages held (millions)", ylabel="measured memory (MiB)")
@@ -313,4 +320,94 @@ def plot_trackers(
     for axes in (memory, recovery):
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="x-small")
+    return figure
+
+
+# -- the published figures, checked (bench/seeds.py's results) ------------------------------------------
+
+#: The results file of ``bench/seeds.py`` in a source checkout (None from :func:`default_seeds_results`
+#: when it is not there, as in an installed package).
+DEFAULT_SEEDS_RESULTS: Final = Path(__file__).resolve().parents[2] / "bench" / "results" / "seeds.json"
+_MIB: Final = 2**20
+
+
+def default_seeds_results() -> Path | None:
+    """:data:`DEFAULT_SEEDS_RESULTS` if it exists, else None."""
+    return DEFAULT_SEEDS_RESULTS if DEFAULT_SEEDS_RESULTS.is_file() else None
+
+
+def plot_seeds_bytes_per_id(results: Mapping[str, Any]) -> Figure:
+    """Bytes per id against M = x·2^k as ``bench/seeds.py`` measured them (``results``: its JSON), with
+    PIP-393's formula: the index before and after compaction and the Java structure as built and after
+    ``runOptimize`` (malloc measure), one point per formula case. O(cases)."""
+    n = number(results["formula_n"])
+    points = sorted(
+        (
+            (int(x) * 2 ** int(k), row)
+            for (x, k), row in ((key.split(","), row) for key, row in results["formula"].items())
+        ),
+        key=lambda item: item[0],
+    )
+    ms = [m for m, _ in points]
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    axes = figure.subplots()
+    low, high = math.log10(min(ms) / 2), math.log10(max(ms) * 2)
+    grid = [10 ** (low + (high - low) * i / 199) for i in range(200)]
+    axes.plot(grid, [pip393_bytes_per_id(m) for m in grid], "k--", label="PIP-393 formula")
+    series: list[tuple[str, Callable[[Mapping[str, Any]], object]]] = [
+        ("ours before compaction", lambda r: r["ours"]["malloc"]["bytes_before_compact"]),
+        ("ours (compacted)", lambda r: r["ours"]["malloc"]["bytes"]),
+        ("Java as built", lambda r: r["java"]["retained_bytes"] if r["java"] else None),
+        ("Java runOptimize", lambda r: r["java"]["retained_bytes_run_optimized"] if r["java"] else None),
+    ]
+    for label, value in series:
+        ys = [value(row) for _, row in points]
+        if all(y is not None for y in ys):
+            axes.plot(ms, [number(y) / n for y in ys], "o-", label=label)
+    axes.set(xscale="log", yscale="log", xlabel="M = ids per bucket (x·2^k)")
+    axes.set_ylabel("bytes per id (malloc measure)")
+    axes.set_title(f"Bytes per id against M ({n:,.0f} ids per point)")
+    axes.legend(fontsize=8)
+    return figure
+
+
+def plot_seeds_memory(results: Mapping[str, Any], native_bytes_per_nack: float) -> Figure:
+    """Memory against pending nacks at PIP-393's example rate (``results``: ``bench/seeds.py``'s JSON):
+    pulsar-nack's index and the Java structure measured at 1M and 10M, the fitted estimates at 1 h and
+    5 h of nacks, and the native client at ``native_bytes_per_nack`` (its measured cost). O(cases)."""
+    measured = sorted(int(count) for count in results["old"])
+    ours = [number(results["old"][str(c)]["ours"]["malloc"]["bytes"]) for c in measured]
+    java = [results["old"][str(c)]["java"] for c in measured]
+    estimates = [results["estimate"][name] for name in ("pip393_1h", "pip393_5h")]
+    figure = Figure(figsize=(7, 4.2), layout="constrained")
+    axes = figure.subplots()
+    later = [number(e["pending"]) for e in estimates]
+    axes.plot(measured, [b / _MIB for b in ours], "o-", label="pulsar-nack index (measured)")
+    axes.plot(
+        later,
+        [number(e["pulsar_nack_bytes"]) / _MIB for e in estimates],
+        "o:",
+        label="pulsar-nack tracker (estimate)",
+    )
+    if all(j is not None for j in java):
+        axes.plot(
+            measured,
+            [number(j["retained_bytes"]) / _MIB for j in java],
+            "s-",
+            label="Java PIP-393 (measured)",
+        )
+    if all(e["java_bytes"] is not None for e in estimates):
+        axes.plot(
+            later, [number(e["java_bytes"]) / _MIB for e in estimates], "s:", label="Java PIP-393 (estimate)"
+        )
+    pending = [*measured, *later]
+    axes.plot(
+        pending,
+        [native_bytes_per_nack * p / _MIB for p in pending],
+        "^-",
+        label=f"native client ({native_bytes_per_nack:.0f} B/nack)",
+    )
+    axes.set(xscale="log", yscale="log", xlabel="pending nacks (10k nacks/s, k = 8)", ylabel="MiB")
+    axes.set_title("Memory against pending nacks")
+    axes.legend(fontsize=8)
     return figure

@@ -1,6 +1,7 @@
 """The sweep's report: a table of every point, findings computed from the rows, and ``report.md`` /
 ``report.html`` around the plots of :mod:`pulsar_nack.sweep.plots`; the same for the models of the
-broker's delayed-delivery trackers (:func:`write_tracker_report`), with seed 004's figures beside ours.
+broker's delayed-delivery trackers (:func:`write_tracker_report`), with the figures of the Pulsar 3.0
+delayed-message article (“New Delayed Message In Pulsar 3.0”) beside ours.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures, plot_tracke
 from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
 
 __all__ = [
+    "ARTICLE",
     "RunInfo",
     "findings",
     "java_note",
@@ -31,6 +33,11 @@ __all__ = [
     "write_report",
     "write_tracker_report",
 ]
+
+
+#: The public source of the tracker experiment and of :data:`~pulsar_nack.sweep.trackers.SEED004`'s
+#: figures (StreamNative's Pulsar 3.0 delayed-message article), as reports name it.
+ARTICLE: Final = "“New Delayed Message In Pulsar 3.0”"
 
 
 @dataclass(frozen=True)
@@ -311,9 +318,10 @@ def _nearest(rows: Sequence[Row], n: int, **match: object) -> Row | None:
 def seed_comparison(
     rows: Sequence[Row], seed: Seed004Figures = SEED004, read_cost_us: float | None = None
 ) -> list[list[str]]:
-    """Seed 004's figures with ours beside them: (what, seed's value, ours, our row) rows; a figure the
-    rows cannot answer is left out. With ``read_cost_us`` the recoveries also show a *modelled* read of
-    every replayed message at that cost, labelled as such (the rows' own ``modelled_read_s`` otherwise)."""
+    """The Pulsar 3.0 article's figures with ours beside them: (what, its value, ours, our row) rows; a
+    figure the rows cannot answer is left out. With ``read_cost_us`` the recoveries also show a *modelled*
+    read of every replayed message at that cost, labelled as such (the rows' own ``modelled_read_s``
+    otherwise)."""
 
     def read_s(row: Row) -> float:
         if read_cost_us is None:
@@ -425,7 +433,7 @@ def tracker_findings(rows: Sequence[Row]) -> list[str]:
                     f"Replayed after a restart: {int(number(last['replayed'])):,} messages for the bucket "
                     f"tracker at {int(number(last['held'])):,} held (the open bucket only), against "
                     f"{int(number(most['replayed'])):,} for the in-memory tracker at "
-                    f"{int(number(most['held'])):,} (every message) — the seed's recovery gap is mostly "
+                    f"{int(number(most['held'])):,} (every message) — the article's recovery gap is mostly "
                     "this read, which the models measure as a count, not as time."
                 )
     return out
@@ -436,13 +444,14 @@ def write_tracker_report(
 ) -> Path:
     """Write ``trackers.png``, ``trackers.md`` and ``trackers.html`` into ``out``; returns the Markdown
     path. ``read_cost_us``: a modelled cost of reading one replayed message, shown beside the measured
-    recoveries (plot and seed table) and labelled as modelled; None shows the rows' own."""
+    recoveries (plot and the article's table) and labelled as modelled; None shows the rows' own."""
     blocks: list[Block] = [
         ("h1", f"The broker's delayed-delivery trackers: grid {info.grid}, {info.points} points"),
         (
             "p",
             f"{info.ids:,} delayed messages in all on `{info.master}` (Spark {info.spark_version}, Python "
-            f"{info.python}), {info.date}; sweep {info.sweep_s:.1f} s. Seed 004's workload "
+            f"{info.python}), {info.date}; sweep {info.sweep_s:.1f} s. The workload of the Pulsar 3.0 "
+            f"delayed-message article ({ARTICLE}) "
             "(1,000 messages/s, delays of 48 h to 48 h 10 min, 50,000 entries per ledger). Memory is "
             "measured: the process heap "
             "(pymalloc blocks + glibc in-use chunks) around the tracker. Recovery is measured too: the index "
@@ -464,9 +473,9 @@ def write_tracker_report(
     comparison = seed_comparison(rows, read_cost_us=read_cost_us)
     if comparison:
         blocks += [
-            ("h2", "Seed 004 beside ours"),
-            ("p", "The seed's values are quoted from it; ours are measured in this run."),
-            ("table", (["figure", "seed 004", "ours", "our model"], comparison)),
+            ("h2", "The Pulsar 3.0 delayed-message article beside ours"),
+            ("p", f"The article's values ({ARTICLE}) are quoted from it; ours are measured in this run."),
+            ("table", (["figure", "Pulsar 3.0 article", "ours", "our model"], comparison)),
         ]
     blocks += [("h2", "All points"), ("table", tracker_table(rows))]
     (out / "trackers.md").write_text(_markdown(blocks))

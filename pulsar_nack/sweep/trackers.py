@@ -1,5 +1,6 @@
 """Models of the broker's delayed-delivery trackers, measured: how much memory N delayed messages take and
-how long a restarted broker needs before it can dispatch again (PIP-195; seed 004's experiment).
+how long a restarted broker needs before it can dispatch again (PIP-195; the experiment of the Pulsar 3.0
+delayed-message article, “New Delayed Message In Pulsar 3.0”).
 
 Three models behind one interface (:class:`DelayedTracker`): ``add_many`` N delayed indexes with due times,
 ``pop_due`` what is due, ``own_bytes`` — the model's own account of its memory, a cross-check: the sweep
@@ -14,11 +15,12 @@ measures the process heap around it (:func:`pulsar_nack.sweep.measure.measure_tr
   past its first segment). ``memory_limit_bytes`` is the direct-memory limit: a growth that would hold
   more raises :class:`TrackerOutOfMemory` naming how many indexes were held — the count at which the
   broker goes out of memory.
-* :class:`TimeBucketTracker` — the same in-memory tracker on the TimeBucket structure of broker PR 23611
-  (seed 001): due times trimmed to ``2^k`` ms with ``k`` derived from ``delayedDeliveryTickTimeMillis``
-  (:func:`precision_bits_for_tick`), here on our :class:`~pulsar_nack.index.TimeBucketIndex`. Rounding
-  ``"floor"`` is the broker's trim (a message may be dispatched up to ``2^k - 1`` ms early);
-  ``"ceil"`` is the *strict* variant (never early, up to ``2^k - 1`` ms late).
+* :class:`TimeBucketTracker` — the same in-memory tracker on the TimeBucket structure of apache/pulsar PR
+  #23611 (the TimeBucket blog, PIP-393's analysis): due times trimmed to ``2^k`` ms with ``k`` derived
+  from ``delayedDeliveryTickTimeMillis`` (:func:`precision_bits_for_tick`), here on our
+  :class:`~pulsar_nack.index.TimeBucketIndex`. Rounding ``"floor"`` is the broker's trim (a message may be
+  dispatched up to ``2^k - 1`` ms early); ``"ceil"`` is the *strict* variant (never early, up to ``2^k - 1``
+  ms late).
 * :class:`BucketTracker` — PIP-195's bucket tracker on our
   :class:`~pulsar_nack.snapshot.segments.SegmentStore` over a local directory. The broker's settings map
   to :class:`~pulsar_nack.snapshot.segments.SegmentConfig` as :class:`BucketSettings` documents; the
@@ -94,8 +96,9 @@ _LONG = 8
 
 @dataclass(frozen=True)
 class Seed004Figures:
-    """Seed 004's results (Apache Pulsar 3.0.4 on the smallest StreamNative Cloud cluster; 100M messages
-    at 1,000/s with delays of 48 h to 48 h 10 min). Quoted from the seed, never measured here."""
+    """The results of the Pulsar 3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”; Apache
+    Pulsar 3.0.4 on the smallest StreamNative Cloud cluster; 100M messages at 1,000/s with delays of 48 h
+    to 48 h 10 min). Quoted from the article, never measured here."""
 
     in_memory_oom_messages: int = 35_000_000
     in_memory_direct_memory_mb: int = 847
@@ -106,12 +109,12 @@ class Seed004Figures:
 
     @property
     def recovery_us_per_message(self) -> float:
-        """The in-memory tracker's recovery per replayed message in the seed (6,120 s / 35M ≈ 175 µs):
+        """The in-memory tracker's recovery per replayed message in the article (6,120 s / 35M ≈ 175 µs):
         mostly reading the message back from BookKeeper, which the models do not do."""
         return self.in_memory_recovery_s / self.in_memory_recovery_messages * 1e6
 
 
-#: The seed's figures, to print beside ours.
+#: The article's figures, to print beside ours.
 SEED004: Final = Seed004Figures()
 
 
@@ -129,7 +132,8 @@ class TrackerOutOfMemory(MemoryError):
 def precision_bits_for_tick(tick_ms: int) -> int:
     """``k`` for ``delayedDeliveryTickTimeMillis = tick_ms``: the largest ``k`` with ``2^k <= tick_ms``
     (0 for a tick of 0 or 1 ms), so that a bucket never spans more than one tick — the broker dispatches
-    no finer than its tick anyway (PR 23611 derives its precision bits from the tick). O(1)."""
+    no finer than its tick anyway (apache/pulsar PR #23611 derives its precision bits from the tick).
+    O(1)."""
     if isinstance(tick_ms, bool) or not isinstance(tick_ms, int):
         raise TypeError(f"tick_ms must be an int, got {tick_ms!r}")
     if tick_ms < 0:
@@ -155,7 +159,8 @@ class Backlog(Protocol):
 
 @dataclass(frozen=True)
 class Seed004Workload:
-    """Seed 004's test (``pulsar-perf produce -dr 172800,173400 -r 1000``), reproducible and chunked.
+    """The Pulsar 3.0 article's test (``pulsar-perf produce -dr 172800,173400 -r 1000``), reproducible and
+    chunked.
 
     Message ``i`` is published at ``start_ms + i * 1000 / rate_per_s``, is entry ``i % entries_per_ledger``
     of ledger ``10,000 + i // entries_per_ledger`` (delayed messages are never batched by the client), and
@@ -432,9 +437,9 @@ def _ordered(block: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
 
 
 class TimeBucketTracker:
-    """The in-memory tracker on the TimeBucket index (broker PR 23611): due times trimmed to ``2^k`` ms,
-    ``k = precision_bits_for_tick(tick_ms)``; ``rounding`` ``"floor"`` (the broker's trim) or ``"ceil"``
-    (strict: never early). Complexities: those of :class:`~pulsar_nack.index.TimeBucketIndex`;
+    """The in-memory tracker on the TimeBucket index (apache/pulsar PR #23611): due times trimmed to
+    ``2^k`` ms, ``k = precision_bits_for_tick(tick_ms)``; ``rounding`` ``"floor"`` (the broker's trim) or
+    ``"ceil"`` (strict: never early). Complexities: those of :class:`~pulsar_nack.index.TimeBucketIndex`;
     ``pop_due`` pops bucket by bucket, O(due buckets × ledgers + due ids)."""
 
     model: Model = "timebucket"

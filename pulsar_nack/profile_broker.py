@@ -1,0 +1,413 @@
+"""``pulsar-nack profile --broker URL``: the profile's workload run through a real broker.
+
+:func:`profile_broker` produces the workload's messages to fresh topics (one per ``topics``; batched when
+``batch_size`` > 1), then consumes them in fresh interpreters, one per measure, each on its own durable
+subscription created before the first message is sent (so the broker keeps every message for it):
+
+* the wrapper (:class:`pulsar_nack.Client`), which nacks ``nack_share`` of the messages at the
+  workload's delays and acks the rest, paced at ``rate`` (message ``i`` is handled no earlier than
+  ``i / rate`` s after the first) — in three processes: ``default`` (RSS, times, the tracker's counts
+  and the pympler breakdown of :func:`pulsar_nack.profile.type_breakdown`), ``malloc``
+  (``PYTHONMALLOC=malloc`` + ``mallinfo2``) and ``tracemalloc``;
+* the official client's consumer with its native nack tracker, side by side, the same way in two
+  processes (``native`` for RSS, ``native-malloc``), its single ``negative_ack_redelivery_delay_ms``
+  set to the workload's mean delay (the native client has no per-message delay).
+
+Copies a nack brings back before the run ends are acked when they arrive. Memory is the consumer
+process's growth from just after subscribing (once the receiver queue has filled) to the end of the run,
+when padding messages sent after the workload's keep the queue full again — the client library's own
+state (unacked-message tracking, the native nack tracker) included, for both clients alike — beside the
+tracker's own walk (``nack_stats(with_memory=True)``). At small scales the process-level figures are
+dominated by the client library's own churn (hundreds of KB either way): the native tracker's ~450 B per
+pending nack shows from a few thousand nacks on; pulsar-nack's tracker shows in its own walk. Time per
+nack is the ``negative_acknowledge`` call; time per forward is the final drain of the tracker, as the
+offline profile does when nothing fell due.
+
+Bounds: at most :data:`MAX_BROKER_MESSAGES` messages; every probe ends within ``timeout_s`` or fails
+naming how many messages it received. Cost: O(messages) per probe, plus the broker's round trips.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from pulsar_nack.profile import (
+    ProfileError,
+    ProfileResult,
+    Workload,
+    _probe_env,
+    _rss_bytes,
+    java_side,
+    type_breakdown,
+)
+
+__all__ = ["BROKER_MODES", "MAX_BROKER_MESSAGES", "probe_broker", "profile_broker"]
+
+#: The most messages a broker profile produces (≈ 25k messages/s on 2 cores: under a minute to produce).
+MAX_BROKER_MESSAGES: Final = 1_000_000
+#: The probes, in the order they run: the wrapper's three measures, then the native client's two.
+BROKER_MODES: Final = ("default", "malloc", "tracemalloc", "native", "native-malloc")
+_RECEIVE_MS: Final = 1_000  # one receive() call's wait: the deadline is checked between calls
+#: The probes' receiver queue, and the padding messages sent after the workload's to every topic (two
+#: queues' worth): the consumer's queue is full both when the baseline is read and at the end of the run,
+#: so its prefetched messages cancel out of the memory figures.
+_QUEUE: Final = 500
+_PADDING: Final = 2 * _QUEUE
+_SETTLE_S: Final = 0.5  # after subscribing: the broker fills the receiver queue meanwhile
+_PROGRESS_EVERY: Final = 1_000
+_NATIVE_MIN_DELAY_MS: Final = 100  # the C++ client's minimum nack delay
+
+
+def _check(workload: Workload, service_url: str, timeout_s: float) -> None:
+    """Raise :class:`ProfileError` naming the parameter a broker run cannot take."""
+    if not isinstance(service_url, str) or not service_url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise ProfileError(f"broker: expected a pulsar:// or pulsar+ssl:// URL, got {service_url!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < math.inf:
+        raise ProfileError(f"timeout_s: must be a finite number of seconds > 0, got {timeout_s!r}")
+    if workload.partitions != 1:
+        raise ProfileError(
+            f"partitions: a broker run uses non-partitioned topics (one per topic), got {workload.partitions}"
+        )
+    if workload.messages > MAX_BROKER_MESSAGES:
+        raise ProfileError(
+            f"rate × duration_s: {workload.messages:,} messages is more than {MAX_BROKER_MESSAGES:,} for a "
+            "broker run; lower the rate or the duration"
+        )
+
+
+def _subscription(mode: str) -> str:
+    return f"pulsar-nack-profile-{mode}"
+
+
+def _produce(
+    workload: Workload, service_url: str, topics: Sequence[str], progress: Callable[[int], None]
+) -> None:
+    """Create every probe's subscription, then send the workload's messages round-robin over ``topics``
+    (batches of ``batch_size`` when > 1). O(messages)."""
+    import pulsar
+
+    client = pulsar.Client(
+        service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
+    try:
+        for mode in BROKER_MODES:  # durable subscriptions first: the broker keeps the messages for them
+            client.subscribe(
+                list(topics),
+                _subscription(mode),
+                consumer_type=pulsar.ConsumerType.Shared,
+                initial_position=pulsar.InitialPosition.Earliest,
+            ).close()
+        batched = workload.batch_size > 1
+        producers = [
+            client.create_producer(
+                topic,
+                batching_enabled=batched,
+                batching_max_messages=max(workload.batch_size, 2),
+                batching_max_publish_delay_ms=10_000 if batched else 10,
+                block_if_queue_full=True,
+            )
+            for topic in topics
+        ]
+        errors: list[str] = []
+
+        def sent(result: Any, _: Any) -> None:
+            if result != pulsar.Result.Ok:
+                errors.append(str(result))
+
+        for i in range(workload.messages):
+            # whole batches per topic: a batch of one topic is batch_size consecutive messages
+            t = (i // workload.batch_size) % len(topics)
+            producers[t].send_async(f"{i}".encode(), sent)
+            if (i + 1) % _PROGRESS_EVERY == 0:
+                progress(i + 1)
+        for producer in producers:  # never nacked: what the queue holds at the end (module docstring)
+            for _ in range(_PADDING):
+                producer.send_async(b"padding", sent)
+        for producer in producers:
+            producer.flush()
+            producer.close()
+        if errors:
+            raise RuntimeError(f"broker: {len(errors)} sends failed ({errors[0]})")
+        progress(workload.messages)
+    finally:
+        client.close()
+
+
+# -- the probe (a fresh interpreter) ------------------------------------------------------------------
+
+
+def probe_broker(
+    mode: str, service_url: str, topics: Sequence[str], workload: Workload, timeout_s: float
+) -> dict[str, Any]:
+    """Consume the workload's messages on ``mode``'s subscription in this (fresh) interpreter and measure
+    (see the module docstring); prints ``progress N`` lines. Raises RuntimeError when the messages do not
+    all arrive within ``timeout_s``."""
+    import tracemalloc
+
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.memory import heap_in_use
+
+    native = mode.startswith("native")
+    measure = "malloc" if mode.endswith("malloc") else "tracemalloc" if mode == "tracemalloc" else "rss"
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    options: dict[str, Any] = {
+        "consumer_type": pulsar.ConsumerType.Shared,
+        "initial_position": pulsar.InitialPosition.Earliest,
+    }
+    if native:
+        client: Any = pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger)
+        delay_ms = max(_NATIVE_MIN_DELAY_MS, round(workload.delay.mean_ms))
+        options["negative_ack_redelivery_delay_ms"] = delay_ms
+    else:
+        client = pulsar_nack.Client(service_url, operation_timeout_seconds=30, logger=logger)
+        options["negative_ack_precision_bit_cnt"] = workload.precision_bits
+        options["negative_ack_rounding"] = workload.rounding
+    try:
+        consumer = client.subscribe(list(topics), _subscription(mode), receiver_queue_size=_QUEUE, **options)
+        rng = random.Random(workload.seed)
+        draw, share = workload.delay.sampler(rng), workload.nack_share
+        # which messages arrived once already (the payload is the message's number): allocated before
+        # the baseline, and independent of the broker's redelivery counts
+        seen = bytearray(workload.messages)
+        time.sleep(_SETTLE_S)
+        gc.collect()
+        if measure == "tracemalloc":
+            tracemalloc.start()
+            baseline = tracemalloc.get_traced_memory()[0]
+        else:
+            baseline = heap_in_use() if measure == "malloc" else _rss_bytes()
+        originals = nacked = copies = 0
+        nack_s = 0.0
+        perf = time.perf_counter
+        started = time.monotonic()
+        deadline = started + timeout_s
+        per_message_s = 1.0 / workload.rate
+        while originals < workload.messages:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"broker: received {originals:,} of {workload.messages:,} messages within "
+                    f"{timeout_s:g} s (timeout_s)"
+                )
+            try:
+                message = consumer.receive(_RECEIVE_MS)
+            except pulsar.Timeout:
+                continue
+            data = message.data()
+            if data == b"padding":  # past the workload (the run ends before most of them)
+                continue
+            number = int(data)
+            if seen[number]:  # a copy a nack brought back: the application acks it
+                copies += 1
+                consumer.acknowledge(message)
+                continue
+            seen[number] = 1
+            ahead = started + originals * per_message_s - time.monotonic()
+            if ahead > 0.002:  # paced at the workload's rate
+                time.sleep(ahead)
+            originals += 1
+            if rng.random() < share:
+                delay = draw()
+                t0 = perf()
+                if native:
+                    consumer.negative_acknowledge(message)
+                else:
+                    consumer.negative_acknowledge(message, delay)
+                nack_s += perf() - t0
+                nacked += 1
+            else:
+                consumer.acknowledge(message)
+            del message
+            if originals % _PROGRESS_EVERY == 0:
+                print(f"progress {originals}", flush=True)
+        gc.collect()
+        if measure == "tracemalloc":
+            grown = tracemalloc.get_traced_memory()[0] - baseline
+            tracemalloc.stop()
+        else:
+            grown = (heap_in_use() if measure == "malloc" else _rss_bytes()) - baseline
+        out: dict[str, Any] = {
+            "mode": mode,
+            "bytes": grown,
+            "nacked": nacked,
+            "copies": copies,
+            "pending": nacked - copies,
+            "elapsed_s": time.monotonic() - started,
+            "nack_us": nack_s / nacked * 1e6 if nacked else 0.0,
+        }
+        if native:
+            out["native_delay_ms"] = delay_ms
+        elif mode == "default":
+            out |= _tracker_figures(consumer)
+        consumer.close()
+        return out
+    finally:
+        client.close()
+
+
+def _tracker_figures(consumer: Any) -> dict[str, Any]:
+    """The wrapper's tracker after the run: counts, its own walk, the pympler breakdown, and the time to
+    forward everything pending (the final drain)."""
+    tracker = consumer._nacks.tracker
+    stats = tracker.stats(with_memory=True)
+    index = tracker.index
+    out = {
+        "pending_ids": stats.pending,
+        "buckets": stats.buckets,
+        "slots": index.structure()["slots"],
+        "ledgers": len({(topic, ledger) for _, topic, ledger, _ in index}),
+        "reported": stats.memory_bytes,
+        "forwards_during_run": stats.forwarded,
+        "breakdown": type_breakdown([index, tracker.arrivals], stop=[tracker]),
+    }
+    started = time.perf_counter()
+    drained = tracker.flush(everything=True)
+    out["forward_us"] = (time.perf_counter() - started) / drained * 1e6 if drained else 0.0
+    out["drained_entries"] = drained
+    return out
+
+
+# -- the parent ---------------------------------------------------------------------------------------
+
+
+def _run(
+    mode: str,
+    service_url: str,
+    topics: Sequence[str],
+    workload: Workload,
+    timeout_s: float,
+    progress: Callable[[int], None],
+) -> dict[str, Any]:
+    command = [
+        sys.executable,
+        "-m",
+        "pulsar_nack.profile_broker",
+        mode,
+        service_url,
+        json.dumps(list(topics)),
+        json.dumps(workload.to_json()),
+        repr(float(timeout_s)),
+    ]
+    env = _probe_env("malloc" if mode.endswith("malloc") else "default")
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as child:
+        assert child.stdout is not None and child.stderr is not None
+        result: dict[str, Any] | None = None
+        for line in child.stdout:
+            if line.startswith("progress "):
+                progress(int(line.split()[1]))
+            elif line.startswith("{"):
+                result = json.loads(line)
+        errors = child.stderr.read()
+        try:
+            code = child.wait(timeout=timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
+    if code != 0 or result is None:
+        raise RuntimeError(f"broker profile probe {mode!r} failed (exit {code}):\n{errors[-3000:]}")
+    return result
+
+
+def profile_broker(
+    workload: Workload,
+    service_url: str,
+    *,
+    java: bool = True,
+    timeout_s: float = 300.0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> ProfileResult:
+    """Run ``workload`` through the broker at ``service_url`` (module docstring): produce to fresh topics,
+    consume with the wrapper in three fresh processes and with the native client in two, and, with
+    ``java``, the Java structure on the same pending entries. ``progress(stage, done, total)`` follows
+    the messages. Raises :class:`ProfileError` naming a parameter a broker run cannot take."""
+    if not isinstance(workload, Workload):
+        raise ProfileError(f"workload: expected a Workload, got {type(workload).__name__}")
+    _check(workload, service_url, timeout_s)
+    started = time.perf_counter()
+    run = uuid.uuid4().hex[:12]
+    topics = [f"persistent://public/default/pulsar-nack-profile-{run}-{t}" for t in range(workload.topics)]
+
+    def stage(name: str) -> Callable[[int], None]:
+        return lambda done: progress(name, done, workload.messages) if progress is not None else None
+
+    _produce(workload, service_url, topics, stage("produce"))
+    results = {
+        mode: _run(mode, service_url, topics, workload, timeout_s, stage(mode)) for mode in BROKER_MODES
+    }
+    main = results["default"]
+    memory = {"malloc": results["malloc"]["bytes"], "tracemalloc": results["tracemalloc"]["bytes"]}
+    memory |= {"rss": main["bytes"], "reported": main["reported"]}
+    java_result, java_note = None, "Java: not asked for"
+    if java:
+        if progress is not None:
+            progress("java", 0, 1)
+        java_result, java_note = java_side(workload, int(main["pending_ids"]))
+        if progress is not None:
+            progress("java", 1, 1)
+    native, native_malloc = results["native"], results["native-malloc"]
+    pending_native = max(int(native_malloc["pending"]), 0)
+    native_figures = {
+        "bytes": native_malloc["bytes"],
+        "bytes_rss": native["bytes"],
+        "bytes_per_nack": native_malloc["bytes"] / pending_native if pending_native else 0.0,
+        "pending": pending_native,
+        "nack_us": native["nack_us"],
+        "delay_ms": native["native_delay_ms"],
+        "source": (
+            f"measured in this run: the official consumer on subscription {_subscription('native-malloc')}, "
+            f"process growth with PYTHONMALLOC=malloc (RSS {native['bytes'] / 1e6:.3f} MB), "
+            f"negative_ack_redelivery_delay_ms = {native['native_delay_ms']}"
+        ),
+    }
+    return ProfileResult(
+        workload=workload,
+        messages=workload.messages,
+        nacked=int(main["nacked"]),
+        pending=int(main["pending"]),
+        pending_ids=int(main["pending_ids"]),
+        buckets=int(main["buckets"]),
+        ledgers=int(main["ledgers"]),
+        slots=int(main["slots"]),
+        forwards=int(main["forwards_during_run"]),
+        forwarded_entries=int(main["drained_entries"]),
+        nack_us=float(main["nack_us"]),
+        forward_us=float(main["forward_us"]),
+        forward_source="drain",
+        memory={key: int(value) for key, value in memory.items()},
+        breakdown={str(k): int(v) for k, v in main["breakdown"].items()},
+        java=java_result,
+        java_note=java_note,
+        native=native_figures,
+        elapsed_s=time.perf_counter() - started,
+        broker=f"{service_url}: {len(topics)} fresh topic(s) pulsar-nack-profile-{run}-*, consumed in "
+        f"{main['elapsed_s']:.1f} s (paced at the rate)",
+    )
+
+
+def _main(argv: Sequence[str]) -> int:
+    """Probe entry point: ``python -m pulsar_nack.profile_broker MODE URL TOPICS_JSON WORKLOAD_JSON
+    TIMEOUT_S``."""
+    mode, url, topics, payload, timeout = argv
+    if mode not in BROKER_MODES:
+        raise SystemExit(f"unknown probe mode {mode!r}")
+    result = probe_broker(
+        mode, url, json.loads(topics), Workload.from_json(json.loads(payload)), float(timeout)
+    )
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
