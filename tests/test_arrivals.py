@@ -213,7 +213,7 @@ def test_copies_of_acked_siblings_of_a_forwarded_batch_need_no_ack_of_their_own(
     assert admit(arrivals, 1, 1, size=3) is Verdict.COVERED
     assert admit(arrivals, 1, 2, size=3) is Verdict.DELIVER
     assert arrivals.acked(7, 1, 2, "t") == ((), False, True), "the last ack acks the entry as a whole"
-    assert admit(arrivals, 1, 0, size=3) is Verdict.ACKED, "after the entry ack, a copy (a reconnect) is acked"
+    assert admit(arrivals, 1, 0, size=3) is Verdict.ACKED, "after the entry ack a copy is acked"
     assert arrivals.counts().dropped == 4
 
 
