@@ -1,6 +1,7 @@
-"""Benchmark: the broker's delayed-delivery trackers as measured models, beside seed 004's figures.
+"""Benchmark: the broker's delayed-delivery trackers as measured models, beside the figures of the Pulsar
+3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”).
 
-Runs the tracker sweep (:func:`pulsar_nack.sweep.spark.run_trackers`) on Spark: seed 004's workload
+Runs the tracker sweep (:func:`pulsar_nack.sweep.spark.run_trackers`) on Spark: the article's workload
 (1,000 messages/s, delays of 48 h to 48 h 10 min, 50,000 entries per ledger) fed to the in-memory
 triple-long heap (doubling with no limit; by segments under a 1 GiB direct-memory limit), the TimeBucket
 variant and PIP-195's bucket tracker on our segment store, at 1M to 100M messages; each point measures
@@ -29,7 +30,7 @@ import report
 
 from pulsar_nack.sweep.grid import GridError, load_tracker_grid
 from pulsar_nack.sweep.plots import plot_trackers
-from pulsar_nack.sweep.report import seed_comparison, tracker_findings, tracker_table
+from pulsar_nack.sweep.report import ARTICLE, seed_comparison, tracker_findings, tracker_table
 from pulsar_nack.sweep.trackers import SEED004
 
 NAME = "broker_trackers"
@@ -91,16 +92,16 @@ def render(results: dict[str, Any]) -> str:
     read_cost_us = results["read_cost_us"]
     comparison = seed_comparison(rows, read_cost_us=read_cost_us)
     parts = [
-        "## The broker's delayed-delivery trackers, measured (seed 004)",
+        f"## The broker's delayed-delivery trackers, measured (the Pulsar 3.0 article, {ARTICLE})",
         "",
         f"`python bench/broker_trackers.py` — the tracker sweep, grid `{results['grid']}`: {run['points']} "
         f"points, {run['ids']:,} delayed messages in all, on Spark `{run['master']}` "
-        f"({run['sweep_s']:.0f} s). Seed 004's workload (`pulsar-perf produce -dr 172800,173400 -r 1000`: "
+        f"({run['sweep_s']:.0f} s). The article's workload (`pulsar-perf produce -dr 172800,173400 -r 1000`: "
         "1,000 messages/s, delays of 48 h to 48 h 10 min; 50,000 entries per ledger) fed in publish order to "
         "three models (`pulsar_nack/sweep/trackers.py`): the in-memory `TripleLongPriorityQueue` (24 B per "
         "index; buffers doubling with no limit, or growing by 1M-index segments under a 1 GiB direct-memory "
-        "limit — the limit is ours, the seed does not give its broker's), the TimeBucket variant of "
-        "broker PR 23611 (tick 1,000 ms → 2^9 ms buckets; `strict` rounds up) and PIP-195's bucket "
+        "limit — the limit is ours, the article does not give its broker's), the TimeBucket variant of "
+        "apache/pulsar PR #23611 (tick 1,000 ms → 2^9 ms buckets; `strict` rounds up) and PIP-195's bucket "
         "tracker on our `SegmentStore` with the broker's defaults (seal at a ledger boundary after 50,000 "
         "indexes, segments of 5,000 indexes / 300 s, no merging), segment files fsync-ed into a local "
         "directory.",
@@ -113,10 +114,10 @@ def render(results: dict[str, Any]) -> str:
         "bucket's ledger. The restart happens when the producer stops; with 48 h delays nothing is due, so "
         "every held message must come back, and does (the sweep fails otherwise).",
         "",
-        "Reading the replayed messages is what the seed's in-memory recovery mostly is, so the seed table "
+        "Reading the replayed messages is what the article's in-memory recovery mostly is, so its table "
         f"and the plot (dotted) add a **modelled** read of {read_cost_us:.0f} µs per replayed message "
-        "(`--read-cost-us`; by default the seed's own in-memory recovery per message, 6,120 s / 35M). The "
-        "in-memory rows then match the seed by construction; the bucket tracker's row is the prediction: "
+        "(`--read-cost-us`; by default the article's own in-memory recovery per message, 6,120 s / 35M). The "
+        "in-memory rows then match the article by construction; the bucket tracker's row is the prediction: "
         "it replays only its open bucket. Timings are Python's, on 2 cores shared with other work during "
         "the run (the TimeBucket rows add ids one by one in Python); memory and counts are unaffected.",
         "",
@@ -127,9 +128,9 @@ def render(results: dict[str, Any]) -> str:
     ]
     if comparison:
         parts += [
-            "Seed 004's figures (quoted from the seed) beside ours (measured here):",
+            "The article's figures (quoted) beside ours (measured here):",
             "",
-            report.table(["figure", "seed 004", "ours", "our model"], comparison),
+            report.table(["figure", "Pulsar 3.0 article", "ours", "our model"], comparison),
             "",
         ]
     parts += ["What the rows show:", "", *[f"- {note}" for note in tracker_findings(rows)], ""]
