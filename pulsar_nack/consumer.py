@@ -609,9 +609,10 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 due.append(held)
             if due:
                 return due
+        admit = self._nacks.admit
         while True:
             messages = super().batch_receive()
-            admitted = [m for m in messages if self._nacks.admit(m)]
+            admitted = [m for m in messages if admit(m)]
             if admitted or not messages:
                 return admitted
 
