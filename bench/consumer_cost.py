@@ -553,7 +553,39 @@ def render(results: dict[str, Any]) -> str:
         )
         if failed:
             parts.append(f"- Failed runs ({len(failed)}): " + "; ".join(f"`{f[:160]}`" for f in failed[:8]))
+        floor = _id_call_floor(rows)
+        if floor:
+            parts.append(floor)
     return "\n".join(parts)
+
+
+def _id_call_floor(rows: list[dict[str, Any]]) -> str | None:
+    """The CPU ratio no per-message classification can beat: the native consumer's CPU per message plus
+    the client calls that read a message's id (measured by bench/nack_path.py), for scenario A, batched."""
+    path = report.RESULTS / "nack_path.json"
+    if not path.exists():
+        return None
+    data = json.loads(path.read_text())
+    calls = [row["native_id_calls_us"] for row in data["rows"] if "native_id_calls_us" in row]
+    cells = [
+        row
+        for row in rows
+        if row["scenario"] == "A" and row["batching"] and row["native"].get("cpu_us_per_msg")
+    ]
+    if not calls or not cells:
+        return None
+    id_us = min(calls)
+    bounds = ", ".join(
+        f"{row['mode']} ≥ {(row['native']['cpu_us_per_msg'] + id_us) / row['native']['cpu_us_per_msg']:.2f}×"
+        for row in cells
+    )
+    facts = data["machine"]
+    return (
+        f"- The floor of any wrapper that tells copies from first deliveries: reading a message's id "
+        f"(`message_id()`, its batch index, ledger and entry id) costs {id_us:.2f} µs a message "
+        f"(`bench/nack_path.py`, {facts['date']}, commit {facts['commit']}); added to the native CPU per "
+        f"message of scenario A, batched: {bounds}, before any bookkeeping."
+    )
 
 
 # -- the wrapper under test -------------------------------------------------------------------------
