@@ -57,6 +57,8 @@ _MAX_LEDGER_TOPICS = 65_536
 _MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first chunk is remembered
 #: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic), or
 #: :data:`_UNTRACKED` for a non-batched message admitted while nothing was tracked (ids not read).
+#: A per-call ``delay_ms`` of type int or float up to this needs no more checks than a range test.
+_FAST_DELAY_MS = float(2**53)
 _ADMITTED_IDS = "_pulsar_nack_ids"
 _UNTRACKED = ()
 _DELIVER = Verdict.DELIVER  # a module constant: an enum member lookup costs 65 ns on the per-message path
@@ -314,7 +316,13 @@ class NackBridge:
         ledger_id, entry_id, batch_index, topic = ids
         options = self.options
         if delay_ms is None and options.backoff is None and not options.max_redelivery_delay_ms:
-            delay = float(options.redelivery_delay_ms)  # the common case, without the general path
+            delay = float(options.redelivery_delay_ms)  # the common cases, without the general path
+        elif (
+            (type(delay_ms) is int or type(delay_ms) is float)
+            and 0 <= delay_ms <= _FAST_DELAY_MS  # (NaN fails this too)
+            and not options.max_redelivery_delay_ms
+        ):
+            delay = float(delay_ms)
         else:
             counts = delay_ms is None and options.backoff is not None
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)

@@ -196,7 +196,8 @@ class NackTracker:
         """
         if self._closed:
             raise RuntimeError("the consumer is closed")
-        check_finite(due_ms, "due_ms")
+        if type(due_ms) is not float or due_ms - due_ms != 0.0:  # (the common case: a finite float)
+            check_finite(due_ms, "due_ms")
         fresh = self.arrivals.pending(ledger_id, entry_id, batch_index, topic)
         if fresh is None:
             return None
