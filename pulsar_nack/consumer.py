@@ -510,6 +510,10 @@ class NackBridge:
         return self.hold.stats(self.tracker.stats(with_memory=with_memory), with_memory=with_memory)
 
 
+_OFFICIAL_RECEIVE = pulsar.Consumer.receive
+_OFFICIAL_ACKNOWLEDGE = pulsar.Consumer.acknowledge
+
+
 class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     """A ``pulsar.Consumer`` with PIP-393 nacks: per-call delays, backoff, limits, batch-safe redelivery.
 
@@ -552,10 +556,11 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         if self._nacks.held:
             return self._receive_holding(timeout_millis)
         admit = self._nacks.admit
+        receive = _OFFICIAL_RECEIVE  # not super(): ~65 ns a call on the per-message path
         if timeout_millis is None:
-            message = super().receive()
+            message = receive(self)
             while not admit(message):
-                message = super().receive()
+                message = receive(self)
             return message
         deadline = time.monotonic() + timeout_millis / 1000.0
         message = super().receive(timeout_millis)  # checks the argument as the official call does
@@ -626,7 +631,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
     def acknowledge(self, message: Any) -> None:
         self._nacks.note_ack(message)
-        super().acknowledge(message)
+        _OFFICIAL_ACKNOWLEDGE(self, message)
 
     def seek(self, messageid: Any) -> None:
         """Like ``pulsar.Consumer.seek``; pending nacks and the filter's state are dropped (the broker
