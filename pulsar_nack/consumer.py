@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import warnings
@@ -31,7 +32,13 @@ import pulsar
 from pulsar_nack.arrivals import Verdict
 from pulsar_nack.backoff import RedeliveryBackoff, backoff_delay, check_backoff
 from pulsar_nack.checks import check_int, check_ms
-from pulsar_nack.chunks import DEFAULT_MAX_HELD_CHUNKED_BYTES, ChunkHold, DeadLetters, HeldMessage
+from pulsar_nack.chunks import (
+    DEFAULT_MAX_HELD_CHUNKED_BYTES,
+    ChunkHold,
+    DeadLetters,
+    HeldDelivery,
+    HeldMessage,
+)
 from pulsar_nack.delay_limit import (
     DelayLimitedProducer,
     OnDelayLimit,
@@ -287,12 +294,13 @@ class NackBridge:
             **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
         self._arrivals = self.tracker.arrivals
-        # Nacked chunked messages kept in memory (pulsar_nack.chunks); only a consumer that hands them out
-        # again (the synchronous one, without a listener) sets `holding`. Else, and past the bound, they
-        # go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
+        # Nacked chunked messages kept in memory (pulsar_nack.chunks); a consumer that hands them out again
+        # (receive, a listener's HeldDelivery, the asyncio receive) sets `holding`. Else, and past the
+        # bound, they go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
         self.hold = ChunkHold(options.max_held_chunked_bytes)
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = False
+        self.delivery: HeldDelivery | None = None  # a message_listener's: stopped by close()
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
         if snapshots is not None:
             self.tracker.restore()
@@ -488,6 +496,8 @@ class NackBridge:
         in progress on the timer thread is not waited for.
         """
         self.hold.clear()  # unacked at the broker: it redelivers them when the consumer goes
+        if self.delivery is not None:
+            self.delivery.stop()
         if self.tracker.closed:
             return 0.0
         flushing = self.options.on_close == "flush"
@@ -510,6 +520,13 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
     _nacks: NackBridge
     _dead_letters: DeadLetters | None = None  # dead-letters held chunked messages (dead_letter_policy)
+    # A message_listener's: called with this consumer and each message, one at a time. From the first
+    # hand-out of a held chunked message on (`_listener_serial`), the native listener thread and the
+    # HeldDelivery thread take turns with `_listener_lock`; before, no lock (a flag on the per-message path).
+    _listener: Callable[[Any, Any], object] | None = None
+    _listener_lock: threading.Lock
+    _listener_serial = False
+    _listener_code: Any = None  # the code of the native listener callback, to find its unlocked calls
 
     def _attach(
         self, native: pulsar.Consumer, options: NackOptions, snapshots: SubscriptionStorage | None = None
@@ -599,6 +616,37 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             hold.count("dead_lettered")
             self.acknowledge(message)
         return None
+
+    def _deliver_held(self) -> None:
+        """HeldDelivery thread of a ``message_listener`` consumer: hand every due held chunked message to
+        the listener (one at a time with the native listener thread), dead-letter those past the policy."""
+        listener, nacks = self._listener, self._nacks
+        assert listener is not None
+        self._listener_serial = True  # from now on the native listener thread takes the lock too
+        while not nacks.tracker.closed and (held := self._due_held()) is not None:
+            with self._listener_lock:
+                # A native call that began before the flag was set runs without the lock: wait for it
+                # (this consumer's first held message only, in practice: the call that nacked it).
+                while self._unlocked_listener_call() and not nacks.tracker.closed:
+                    time.sleep(0.001)
+                if nacks.tracker.closed:  # closed while waiting for the listener: the broker has it
+                    return
+                try:
+                    listener(self, held)
+                except Exception:  # as the official listener thread does: logged, message left unacked
+                    _log.exception("message_listener raised on a held chunked message of %s", self.topic())
+
+    def _unlocked_listener_call(self) -> bool:
+        """Whether another thread is in the native listener callback past its unlocked branch (its local
+        ``unlocked`` is set). O(threads × stack depth): only before handing out a held message."""
+        me = threading.get_ident()
+        for ident, frame in sys._current_frames().items():
+            current: Any = frame if ident != me else None
+            while current is not None:
+                if current.f_code is self._listener_code and "unlocked" in current.f_locals:
+                    return True
+                current = current.f_back
+        return False
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application;
@@ -714,14 +762,17 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
                 snapshots.unlock()
             raise
         consumer._attach(native, options, snapshots)
+        nacks = consumer._nacks
+        nacks.holding = True  # held chunked messages: receive() hands them out, or a HeldDelivery thread
+        policy = arguments.get("dead_letter_policy")
+        if policy is not None:
+            create = functools.partial(pulsar.Client.create_producer, self)
+            consumer._dead_letters = DeadLetters(create, policy, arguments["subscription_name"])
         if listener is not None:
+            name = f"pulsar-nack-held-{arguments['subscription_name']}"
+            nacks.delivery = HeldDelivery(nacks.hold, nacks.tracker.now, consumer._deliver_held, name)
+            nacks.hold.on_hold = nacks.delivery.wake
             consumer._ready.set()
-        else:  # receive() hands held chunked messages out again; a listener is never called for them
-            consumer._nacks.holding = True
-            policy = arguments.get("dead_letter_policy")
-            if policy is not None:
-                create = functools.partial(pulsar.Client.create_producer, self)
-                consumer._dead_letters = DeadLetters(create, policy, arguments["subscription_name"])
         return consumer
 
     def close(self) -> None:
@@ -749,8 +800,16 @@ with_signature(subscribe_signature(_SUBSCRIBE))(Client.subscribe)
 def _admitting_listener(
     consumer: NackConsumer, listener: Callable[[Any, Any], object]
 ) -> Callable[[Any, Any], None]:
-    """The user's listener gets the NackConsumer, and only messages the tracker admits."""
+    """The user's listener gets the NackConsumer, and only messages the tracker admits; one message at a
+    time, whether from the native listener thread or held chunked messages from their HeldDelivery thread.
+
+    Until the consumer first hands out a held chunked message, calls take no lock (a lock would add
+    ~0.15 µs to every message of consumers that never see one); from then on they take turns with the
+    HeldDelivery thread, which first waits for a call that began unlocked
+    (:meth:`NackConsumer._unlocked_listener_call`)."""
     consumer._ready = threading.Event()
+    consumer._listener = listener
+    lock = consumer._listener_lock = threading.Lock()
 
     def admit_then_call(_native: Any, message: pulsar.Message) -> None:
         # Messages may arrive before subscribe() has returned (is_set: no wait on every call).
@@ -758,7 +817,17 @@ def _admitting_listener(
             _log.error("message listener called before the consumer was ready; message left unacked")
             return
         if consumer._nacks.admit(message):
-            listener(consumer, message)
+            if consumer._listener_serial:
+                with lock:
+                    listener(consumer, message)
+            else:
+                # The HeldDelivery thread looks for this local in the frame. Between reading the flag and
+                # setting it there is no call and no backward jump: CPython cannot switch threads there,
+                # so a call that read False is seen as unlocked by the thread that set the flag.
+                unlocked = True  # noqa: F841
+                listener(consumer, message)
+
+    consumer._listener_code = admit_then_call.__code__
 
     return admit_then_call
 
