@@ -21,8 +21,7 @@ run: $(VENV)/.installed-broker
 test: $(VENV)/.installed-test,dev
 	$(BIN)/ruff check pulsar_nack tests bench examples harness spark
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/test_chunked.py
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_chunked.py  # a process of its own: see its docstring
+	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 # Benchmarks (they write docs/performance.md)
 bench-index: $(VENV)/.installed-bench

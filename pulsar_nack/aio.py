@@ -18,6 +18,10 @@ One difference from ``pulsar.asyncio.Consumer``: a ``receive()`` cancelled while
 ``asyncio.wait_for``, ``asyncio.timeout`` or a cancelled task) loses no message. The C++ client cannot
 take back a pending receive, so the official asyncio consumer drops the message that later fulfils it; here
 the next ``receive()`` gets it instead.
+
+Nacked chunked messages are held in memory and handed out whole by ``receive()`` at their due time
+(:mod:`pulsar_nack.chunks`): a timer on the event loop wakes a ``receive()`` waiting on the broker then
+(its native receive is kept, as a cancelled one's is, for the next ``receive()``).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import _pulsar
 import pulsar
 import pulsar.asyncio
 
+from pulsar_nack.chunks import AsyncDeadLetters, HeldMessage
 from pulsar_nack.consumer import (
     NackBridge,
     NackOptions,
@@ -73,6 +78,14 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._requests = itertools.count()
         self._orphans: list[_Receive] = []  # native receives whose caller was cancelled
         self._listener_task: asyncio.Task[None] | None = None  # runs an async message_listener
+        # Held chunked messages (pulsar_nack.chunks): handed out by receive(); a loop timer per hold wakes
+        # the receives waiting on the broker (`_waiting`: their shielded waits; `_woken`: those woken).
+        self._dead_letters: AsyncDeadLetters | None = None
+        self._loop = asyncio.get_running_loop()
+        self._waiting: set[asyncio.Future[Any]] = set()
+        self._woken: set[asyncio.Future[Any]] = set()
+        self._nacks.holding = True
+        self._nacks.hold.on_hold = self._on_hold
 
     @property
     def nack_options(self) -> NackOptions:
@@ -86,25 +99,38 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         Use ``asyncio.wait_for``/``asyncio.timeout`` for a timeout: cancelling loses no message.
         Raises ``pulsar.asyncio.PulsarException`` (e.g. ``AlreadyClosed``).
         """
+        nacks = self._nacks
         while True:
+            if nacks.held and (held := await self._due_held()) is not None:
+                return held
             message = await self._receive_native()
-            if self._nacks.admit(message):
+            if message is not None and nacks.admit(message):
                 return message
 
-    async def _receive_native(self) -> pulsar.Message:
-        """The next message from the C++ consumer, oldest orphaned native receive first."""
+    async def _receive_native(self) -> pulsar.Message | None:
+        """The next message from the C++ consumer, oldest orphaned native receive first; None if a held
+        chunked message fell due meanwhile (:meth:`_wake`)."""
         loop = asyncio.get_running_loop()
         request = self._claim_orphan(loop)
         if request is None:
             future: asyncio.Future[Any] = loop.create_future()
             self._consumer.receive_async(functools.partial(_settle, future))
             request = (next(self._requests), future)
+        waiting = asyncio.shield(request[1])
+        self._waiting.add(waiting)
         try:
-            raw = await asyncio.shield(request[1])
+            raw = await waiting
         except asyncio.CancelledError:
             # The native receive stays outstanding and will be fulfilled by the next message: keep it.
             self._orphans.append(request)
+            if waiting in self._woken:
+                self._woken.discard(waiting)
+                task = asyncio.current_task()
+                if task is None or not task.cancelling():  # woken, and not cancelled by its caller too
+                    return None
             raise
+        finally:
+            self._waiting.discard(waiting)
         message = pulsar.Message()
         message._message = raw
         message._schema = self._schema
@@ -131,6 +157,50 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
                 await listener(self, message)
             except Exception:
                 _log.exception("message_listener raised on %s", self.topic())
+
+    async def _due_held(self) -> pulsar.Message | None:
+        """The next held chunked message that is due, as a :class:`~pulsar_nack.chunks.HeldMessage`; one
+        past the dead-letter policy's ``max_redeliver_count`` is sent to the dead-letter topic and acked
+        instead. None if none is due."""
+        hold, clock = self._nacks.hold, self._nacks.tracker.now
+        while (due := hold.pop_due(clock())) is not None:
+            message, count, key = due
+            dead_letters = self._dead_letters
+            if dead_letters is None or not dead_letters.due(count):
+                hold.count("redelivered")
+                return HeldMessage(message, count)
+            try:
+                await dead_letters.send(message)
+            except BaseException:
+                hold.hold(key, message, clock() + 1000.0, count, message._message.length())  # retried
+                raise
+            hold.count("dead_lettered")
+            await self.acknowledge(message)
+        return None
+
+    def _on_hold(self, due_ms: float) -> None:
+        """(Any thread: the nacking one.) A chunked message is held until ``due_ms``: wake the waiting
+        receives then."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody receives any more
+            self._loop.call_soon_threadsafe(self._wake_at, due_ms)
+
+    def _wake_at(self, due_ms: float) -> None:
+        self._loop.call_later(max(0.0, due_ms - self._nacks.tracker.now()) / 1000.0, self._wake)
+
+    def _wake(self) -> None:
+        """(Event loop.) If a held message is due, wake every receive waiting on the broker (each keeps its
+        native receive for later) so that one hands it out; if it is not due yet (a timer may fire a
+        little early), try again when it is."""
+        wait = self._nacks.hold.wait_ms(self._nacks.tracker.now())
+        if wait is None:
+            return
+        if wait > 0:
+            self._loop.call_later(wait / 1000.0, self._wake)
+            return
+        for waiting in list(self._waiting):
+            if not waiting.done():
+                self._woken.add(waiting)
+                waiting.cancel()
 
     def _claim_orphan(self, loop: asyncio.AbstractEventLoop) -> _Receive | None:
         """The earliest orphaned receive of this event loop (the C++ client fulfils receives in order).
@@ -185,6 +255,8 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         The tracker is stopped on a worker thread: a flush hook in progress never blocks the event loop.
         """
         await self._stop_tracking()
+        if self._dead_letters is not None:
+            await self._dead_letters.close()
         await super().close()
         await self._stop_listening()
         self._forget_orphans()
@@ -257,6 +329,10 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
                 snapshots.unlock()
             raise
         consumer = NackConsumer(native, options, snapshots)
+        policy = arguments.get("dead_letter_policy")
+        if policy is not None:
+            create = functools.partial(pulsar.asyncio.Client.create_producer, self)
+            consumer._dead_letters = AsyncDeadLetters(create, policy, arguments["subscription_name"])
         self._nack_consumers = [c for c in self._nack_consumers if not c._nacks.tracker.closed]
         self._nack_consumers.append(consumer)
         if message_listener is not None:

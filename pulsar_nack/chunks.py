@@ -19,16 +19,22 @@ whose payload the native client already holds) and handed out again from memory 
 the message stays unacked there (so a consumer that closes or dies leaves it to the broker, which
 redelivers it whole), and the application's ack of the held message acks every chunk. The bytes held are
 bounded (``max_held_chunked_bytes``); past the bound — and wherever nothing can hold the message (a bare
-``MessageId``, a ``message_listener`` or asyncio consumer) — the nack goes to the broker as a native nack
-of every chunk entry, counted in ``nack_stats().chunked_native``. With ``dead_letter_policy``, a held
-message due for the ``max_redeliver_count + 1``-th time is sent to the dead-letter topic by
-:class:`DeadLetters` (the broker never counted these redeliveries, so the native client would not).
+``MessageId``) — the nack goes to the broker as a native nack of every chunk entry, counted in
+``nack_stats().chunked_native``. With ``dead_letter_policy``, a held message due for the
+``max_redeliver_count + 1``-th time is sent to the dead-letter topic by :class:`DeadLetters` /
+:class:`AsyncDeadLetters` (the broker never counted these redeliveries, so the native client would not).
+
+Who hands a held message out: ``receive``/``batch_receive`` of the synchronous consumer when called; for
+a ``message_listener``, a :class:`HeldDelivery` thread that wakes when the next one is due; for the asyncio
+consumer, a timer on its event loop that wakes a waiting ``receive()`` (:attr:`ChunkHold.on_hold` tells
+both of each new hold).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import sys
 import threading
 from collections.abc import Callable
@@ -43,11 +49,15 @@ from pulsar_nack.tracker import NackStats
 
 __all__ = [
     "DEFAULT_MAX_HELD_CHUNKED_BYTES",
+    "AsyncDeadLetters",
     "ChunkHold",
     "ChunkedNackStats",
     "DeadLetters",
+    "HeldDelivery",
     "HeldMessage",
 ]
+
+_log = logging.getLogger(__name__)
 
 #: The default of ``max_held_chunked_bytes``: payload bytes of nacked chunked messages kept in memory.
 DEFAULT_MAX_HELD_CHUNKED_BYTES = 64 * 2**20
@@ -115,16 +125,25 @@ class ChunkHold:
         self._sequence = itertools.count()
         self._bytes = 0
         self.redelivered = self.dead_lettered = self.over_bound = self.native = self.copies_dropped = 0
+        #: Called with the due time (ms) after each successful :meth:`hold`, outside the lock, on the
+        #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
+        self.on_hold: Callable[[float], object] | None = None
 
     def __len__(self) -> int:
         return len(self.held)
+
+    @property
+    def held_bytes(self) -> int:
+        """Payload bytes held now (``nack_stats().chunked_held_bytes``)."""
+        return self._bytes
 
     def hold(
         self, key: Key, message: pulsar.Message, due_ms: float, redelivery_count: int, size: int
     ) -> bool:
         """Keep ``message`` (``size`` payload bytes) until ``due_ms``, to be handed out with
         ``redelivery_count``. False, counted in ``chunked_over_bound``, if that would pass ``max_bytes``
-        (nothing is kept then: the caller nacks it at the broker). A message held already is replaced."""
+        (nothing is kept then: the caller nacks it at the broker). A message held already is replaced.
+        Calls :attr:`on_hold` with ``due_ms`` once it is held."""
         with self._lock:
             previous = self.held.get(key)
             freed = previous.size if previous is not None else 0
@@ -135,7 +154,9 @@ class ChunkHold:
             self.held[key] = held
             self._bytes += size - freed
             heapq.heappush(self._heap, (due_ms, next(self._sequence), key, held))
-            return True
+        if self.on_hold is not None:
+            self.on_hold(due_ms)
+        return True
 
     def count(self, counter: Counter) -> None:
         """Add one to ``counter`` (under the lock: nacks and receives run on any thread). O(1)."""
@@ -213,7 +234,33 @@ class ChunkHold:
         )
 
 
-class DeadLetters:
+class _DeadLetterTopic:
+    """What both dead-letter senders share: the policy's threshold and topic, and the outgoing message."""
+
+    def __init__(self, create_producer: Callable[..., Any], policy: Any, subscription: str) -> None:
+        self.max_redeliver_count: int = policy.max_redeliver_count
+        self._topic: str = policy.dead_letter_topic
+        self._subscription = subscription
+        self._create_producer = create_producer
+        self._producers: dict[str, Any] = {}
+
+    def due(self, redelivery_count: int) -> bool:
+        """Whether a message handed out with ``redelivery_count`` goes to the dead-letter topic instead."""
+        return redelivery_count > self.max_redeliver_count
+
+    def topic_for(self, message: pulsar.Message) -> str:
+        return self._topic or f"{message.topic_name()}-{self._subscription}-DLQ"
+
+    @staticmethod
+    def outgoing(message: pulsar.Message) -> tuple[bytes, dict[str, str], str | None]:
+        """The payload, properties (plus ``REAL_TOPIC``, ``ORIGIN_MESSAGE_ID``) and partition key to send."""
+        properties = dict(message.properties())
+        properties.setdefault(REAL_TOPIC, message.topic_name())
+        properties.setdefault(ORIGIN_MESSAGE_ID, str(message.message_id()))
+        return message.data(), properties, message.partition_key() or None
+
+
+class DeadLetters(_DeadLetterTopic):
     """Sends held chunked messages past ``max_redeliver_count`` to the dead-letter topic, as the official
     consumer would had the broker redelivered them: the same payload, properties and partition key, plus
     ``REAL_TOPIC`` and ``ORIGIN_MESSAGE_ID``; the producer chunks (``chunking_enabled=True``), so the
@@ -224,19 +271,8 @@ class DeadLetters:
     def __init__(
         self, create_producer: Callable[..., Any], policy: pulsar.ConsumerDeadLetterPolicy, subscription: str
     ) -> None:
-        self.max_redeliver_count: int = policy.max_redeliver_count
-        self._topic: str = policy.dead_letter_topic
-        self._subscription = subscription
-        self._create_producer = create_producer
-        self._producers: dict[str, Any] = {}
+        super().__init__(create_producer, policy, subscription)
         self._lock = threading.Lock()
-
-    def due(self, redelivery_count: int) -> bool:
-        """Whether a message handed out with ``redelivery_count`` goes to the dead-letter topic instead."""
-        return redelivery_count > self.max_redeliver_count
-
-    def topic_for(self, message: pulsar.Message) -> str:
-        return self._topic or f"{message.topic_name()}-{self._subscription}-DLQ"
 
     def send(self, message: pulsar.Message) -> None:
         """Produce ``message`` to the dead-letter topic (blocks until the broker stored it; raises as
@@ -248,14 +284,84 @@ class DeadLetters:
                 producer = self._producers[topic] = self._create_producer(
                     topic, chunking_enabled=True, batching_enabled=False
                 )
-        properties = dict(message.properties())
-        properties.setdefault(REAL_TOPIC, message.topic_name())
-        properties.setdefault(ORIGIN_MESSAGE_ID, str(message.message_id()))
-        key = message.partition_key()
-        producer.send(message.data(), properties=properties, partition_key=key or None)
+        data, properties, key = self.outgoing(message)
+        producer.send(data, properties=properties, partition_key=key)
 
     def close(self) -> None:
         with self._lock:
             producers, self._producers = list(self._producers.values()), {}
         for producer in producers:
             producer.close()
+
+
+class AsyncDeadLetters(_DeadLetterTopic):
+    """:class:`DeadLetters` for the asyncio consumer: ``create_producer`` is ``pulsar.asyncio.Client``'s
+    (a coroutine), and :meth:`send` and :meth:`close` are awaited. One event loop uses it."""
+
+    async def send(self, message: pulsar.Message) -> None:
+        """Produce ``message`` to the dead-letter topic (returns once the broker stored it)."""
+        topic = self.topic_for(message)
+        producer = self._producers.get(topic)
+        if producer is None:
+            created = await self._create_producer(topic, chunking_enabled=True, batching_enabled=False)
+            producer = self._producers.setdefault(topic, created)
+            if producer is not created:  # another task created one meanwhile
+                await created.close()
+        data, properties, key = self.outgoing(message)
+        await producer.send(data, properties=properties, partition_key=key)
+
+    async def close(self) -> None:
+        producers, self._producers = list(self._producers.values()), {}
+        for producer in producers:
+            await producer.close()
+
+
+class HeldDelivery:
+    """Hands held chunked messages out at their due time when nobody calls ``receive``: the
+    ``message_listener`` consumer's. A daemon thread, started on the first :meth:`wake` (the hold's
+    :attr:`ChunkHold.on_hold`), sleeps until the earliest held message is due, then calls ``deliver()``
+    (which pops the due ones and hands them to the listener). :meth:`stop` ends it without waiting (it may
+    be called from the listener, which the thread may be waiting for).
+
+    Each wake is O(1) plus a ``wait_ms`` (O(1) amortized); the thread costs nothing while nothing is held.
+    """
+
+    def __init__(
+        self, hold: ChunkHold, clock: Callable[[], float], deliver: Callable[[], object], name: str
+    ) -> None:
+        self._hold = hold
+        self._clock = clock
+        self._deliver = deliver
+        self._name = name
+        self._condition = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.stopped = False
+
+    def wake(self, _due_ms: float = 0.0) -> None:
+        """A message was held: (re)compute when to deliver next; starts the thread the first time."""
+        with self._condition:
+            if self.stopped:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+            self._condition.notify()
+
+    def stop(self) -> None:
+        with self._condition:
+            self.stopped = True
+            self._condition.notify()
+
+    def _run(self) -> None:
+        hold, clock, condition = self._hold, self._clock, self._condition
+        while True:
+            with condition:
+                # The wait is computed under the condition: a wake() cannot slip in before the wait.
+                while not self.stopped and (wait := hold.wait_ms(clock())) != 0:
+                    condition.wait(None if wait is None else wait / 1000.0)
+                if self.stopped:
+                    return
+            try:
+                self._deliver()
+            except Exception:  # a dead-letter send that failed (the message is held again) or a bug
+                _log.exception("handing out held chunked messages failed (%s)", self._name)

@@ -31,7 +31,13 @@ import pulsar
 from pulsar_nack.arrivals import Verdict
 from pulsar_nack.backoff import RedeliveryBackoff, backoff_delay, check_backoff
 from pulsar_nack.checks import check_int, check_ms
-from pulsar_nack.chunks import DEFAULT_MAX_HELD_CHUNKED_BYTES, ChunkHold, DeadLetters, HeldMessage
+from pulsar_nack.chunks import (
+    DEFAULT_MAX_HELD_CHUNKED_BYTES,
+    ChunkHold,
+    DeadLetters,
+    HeldDelivery,
+    HeldMessage,
+)
 from pulsar_nack.delay_limit import (
     DelayLimitedProducer,
     OnDelayLimit,
@@ -289,12 +295,13 @@ class NackBridge:
             **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
         self._arrivals = self.tracker.arrivals
-        # Nacked chunked messages kept in memory (pulsar_nack.chunks); only a consumer that hands them out
-        # again (the synchronous one, without a listener) sets `holding`. Else, and past the bound, they
-        # go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
+        # Nacked chunked messages kept in memory (pulsar_nack.chunks); a consumer that hands them out again
+        # (receive, a listener's HeldDelivery, the asyncio receive) sets `holding`. Else, and past the
+        # bound, they go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
         self.hold = ChunkHold(options.max_held_chunked_bytes)
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = False
+        self.delivery: HeldDelivery | None = None  # a message_listener's: stopped by close()
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
         if snapshots is not None:
             self.tracker.restore()
@@ -496,6 +503,8 @@ class NackBridge:
         in progress on the timer thread is not waited for.
         """
         self.hold.clear()  # unacked at the broker: it redelivers them when the consumer goes
+        if self.delivery is not None:
+            self.delivery.stop()
         if self.tracker.closed:
             return 0.0
         flushing = self.options.on_close == "flush"
@@ -522,6 +531,10 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
     _nacks: NackBridge
     _dead_letters: DeadLetters | None = None  # dead-letters held chunked messages (dead_letter_policy)
+    # A message_listener's: called with this consumer and each message, one at a time — the native listener
+    # thread and the HeldDelivery thread (held chunked messages) take turns with `_listener_lock`.
+    _listener: Callable[[Any, Any], object] | None = None
+    _listener_lock: threading.Lock
 
     def _attach(
         self, native: pulsar.Consumer, options: NackOptions, snapshots: SubscriptionStorage | None = None
@@ -612,6 +625,20 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             hold.count("dead_lettered")
             self.acknowledge(message)
         return None
+
+    def _deliver_held(self) -> None:
+        """HeldDelivery thread of a ``message_listener`` consumer: hand every due held chunked message to
+        the listener (one at a time with the native listener thread), dead-letter those past the policy."""
+        listener, nacks = self._listener, self._nacks
+        assert listener is not None
+        while not nacks.tracker.closed and (held := self._due_held()) is not None:
+            with self._listener_lock:
+                if nacks.tracker.closed:  # closed while waiting for the listener: the broker has it
+                    return
+                try:
+                    listener(self, held)
+                except Exception:  # as the official listener thread does: logged, message left unacked
+                    _log.exception("message_listener raised on a held chunked message of %s", self.topic())
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application;
@@ -728,14 +755,17 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
                 snapshots.unlock()
             raise
         consumer._attach(native, options, snapshots)
+        nacks = consumer._nacks
+        nacks.holding = True  # held chunked messages: receive() hands them out, or a HeldDelivery thread
+        policy = arguments.get("dead_letter_policy")
+        if policy is not None:
+            create = functools.partial(pulsar.Client.create_producer, self)
+            consumer._dead_letters = DeadLetters(create, policy, arguments["subscription_name"])
         if listener is not None:
+            name = f"pulsar-nack-held-{arguments['subscription_name']}"
+            nacks.delivery = HeldDelivery(nacks.hold, nacks.tracker.now, consumer._deliver_held, name)
+            nacks.hold.on_hold = nacks.delivery.wake
             consumer._ready.set()
-        else:  # receive() hands held chunked messages out again; a listener is never called for them
-            consumer._nacks.holding = True
-            policy = arguments.get("dead_letter_policy")
-            if policy is not None:
-                create = functools.partial(pulsar.Client.create_producer, self)
-                consumer._dead_letters = DeadLetters(create, policy, arguments["subscription_name"])
         return consumer
 
     def close(self) -> None:
@@ -763,8 +793,12 @@ with_signature(subscribe_signature(_SUBSCRIBE))(Client.subscribe)
 def _admitting_listener(
     consumer: NackConsumer, listener: Callable[[Any, Any], object]
 ) -> Callable[[Any, Any], None]:
-    """The user's listener gets the NackConsumer, and only messages the tracker admits."""
+    """The user's listener gets the NackConsumer, and only messages the tracker admits; one message at a
+    time, whether from the native listener thread or held chunked messages from their HeldDelivery thread
+    (both take ``_listener_lock``)."""
     consumer._ready = threading.Event()
+    consumer._listener = listener
+    lock = consumer._listener_lock = threading.Lock()
     admit: Callable[[pulsar.Message], bool] | None = None  # the bridge's, once the consumer is ready
 
     def admit_then_call(_native: Any, message: pulsar.Message) -> None:
@@ -775,7 +809,8 @@ def _admitting_listener(
                 return
             admit = consumer._nacks.admit
         if admit(message):
-            listener(consumer, message)
+            with lock:  # one call at a time, with the HeldDelivery thread's (~0.1 µs a message)
+                listener(consumer, message)
 
     return admit_then_call
 

@@ -28,6 +28,12 @@ Side by side, when available: the Java PIP-393 structure (``bench/java``, a fres
 of pending entries, and the native client's tracker, costed with its bytes per pending nack as
 ``bench/nack_lateness.py`` measured them (``pulsar_nack/data/native_nack_cost.json``, provenance shown).
 
+Chunked messages (``chunked_share`` > 0): that share of the nacked messages is large (``chunked_bytes``
+each) and is held in memory by a real :class:`~pulsar_nack.chunks.ChunkHold` as the consumer holds it —
+a payload of that many bytes each, up to ``max_held_chunked_bytes``; past it the nack goes to the tracker
+(the broker fallback) — and handed out when due. The held payload is in every memory measure and has its
+own row (``nack_stats()``'s ``chunked_held`` / ``chunked_held_bytes``).
+
 Cost: O(messages) Python work per probe (three probes), plus O(index objects) for the breakdown.
 """
 
@@ -53,6 +59,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from pulsar_nack.chunks import DEFAULT_MAX_HELD_CHUNKED_BYTES
 from pulsar_nack.index import MAX_PRECISION_BITS
 
 __all__ = [
@@ -190,6 +197,8 @@ class Workload:
     entry (1: no batching); ``nack_share``: the share of messages the application nacks (the rest it
     acks); ``precision_bits``, ``rounding``: the tracker's *k* and bucket rounding; ``entries_per_ledger``:
     the broker's managedLedgerMaxEntriesPerLedger; ``seed``: which messages are nacked and the delays.
+    ``chunked_share``: the share of nacked messages that are chunked (large; only without batching),
+    ``chunked_bytes`` each, held up to ``max_held_chunked_bytes`` (the consumer option of that name).
     """
 
     rate: float = 1_000.0
@@ -203,6 +212,9 @@ class Workload:
     rounding: str = "floor"
     entries_per_ledger: int = 50_000
     seed: int = 7
+    chunked_share: float = 0.0
+    chunked_bytes: int = 8 * 2**20
+    max_held_chunked_bytes: int = DEFAULT_MAX_HELD_CHUNKED_BYTES
 
     def __post_init__(self) -> None:
         check_number("rate", self.rate, low=0.0, low_open=True)
@@ -218,6 +230,11 @@ class Workload:
             raise ProfileError(f"rounding: must be 'floor' or 'ceil', got {self.rounding!r}")
         check_integer("entries_per_ledger", self.entries_per_ledger, 1, 2**31 - 1)
         check_integer("seed", self.seed, 0, 2**63 - 1)
+        check_number("chunked_share", self.chunked_share, low=0.0, high=1.0)
+        check_integer("chunked_bytes", self.chunked_bytes, 16 * 2**10, 2**31 - 1)  # native.MIN_CHUNKED_BYTES
+        check_integer("max_held_chunked_bytes", self.max_held_chunked_bytes, 0, 2**40)
+        if self.chunked_share and self.batch_size > 1:
+            raise ProfileError("chunked_share: chunked messages are never batched: needs batch_size 1")
         if self.topics * self.partitions > 100_000:
             raise ProfileError(f"topics × partitions: at most 100,000, got {self.topics * self.partitions:,}")
         if self.messages < 1:
@@ -304,6 +321,10 @@ class ProfileResult:
     #: None: offline (simulated clock). Else the broker run's description (:mod:`pulsar_nack.profile_broker`):
     #: ``memory`` is then the consumer process's growth, and ``native`` measured in the same run.
     broker: str | None = None
+    chunked_nacked: int = 0  # nacks of chunked messages
+    held_chunked: int = 0  # chunked messages held in memory at the end (nack_stats().chunked_held)
+    held_chunked_bytes: int = 0  # their payload (nack_stats().chunked_held_bytes), in every memory measure
+    chunked_over_bound: int = 0  # chunked nacks past max_held_chunked_bytes (to the tracker: the broker)
 
     @property
     def breakdown_total(self) -> int:
@@ -338,6 +359,8 @@ class _Run:
     """The simulation's outcome, inside a probe."""
 
     tracker: Any
+    hold: Any  # the ChunkHold of chunked messages
+    chunked_nacked: int
     buckets: Any  # numpy int64 array: the bucket of each nack, in order
     nacked: int
     forwards: int
@@ -370,7 +393,13 @@ def _new_tracker(workload: Workload) -> tuple[Any, list[float], deque[tuple[floa
 
 def _drive(workload: Workload, progress: Callable[[int], None], before: Callable[[], None]) -> _Run:
     """Run the workload; ``before()`` is called once the tracker exists (the memory baseline)."""
+    from pulsar_nack.chunks import ChunkHold
+
     tracker, clock, in_flight = _new_tracker(workload)
+    hold = ChunkHold(workload.max_held_chunked_bytes)
+    # Which nacks are chunked: a generator of its own, so that the other draws match a run without them.
+    chunk_rng = random.Random(workload.seed + 1)
+    chunked_share, chunked_bytes, chunked_nacked = workload.chunked_share, workload.chunked_bytes, 0
     arrivals, schedule, acked = tracker.arrivals, tracker.schedule, tracker.acked
     rng = random.Random(workload.seed)
     draw, share, size = workload.delay.sampler(rng), workload.nack_share, workload.batch_size
@@ -409,6 +438,8 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
         while in_flight and in_flight[0][0] <= t:  # the broker's copies of forwarded ids come back
             _, due = in_flight.popleft()
             _redeliver(tracker, due, size)
+        while hold.held and hold.pop_due(t) is not None:  # held chunked messages handed out, then acked
+            pass
         if t >= next_compact:  # the timer compacts buckets the nacks moved on from, ~1 s later
             tracker.index.compact()
             next_compact = t + 1_000.0
@@ -437,6 +468,14 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
             arrivals.admit(ledger_id, entry_id, index, topic, size)
             if rng.random() < share:
                 due = t + draw()
+                if chunked_share and chunk_rng.random() < chunked_share:
+                    chunked_nacked += 1
+                    # Held as the consumer holds it: the payload stays in memory (allocated only if it
+                    # fits: past the bound hold() refuses it, and it goes to the tracker below).
+                    fits = hold.held_bytes + chunked_bytes <= hold.max_bytes
+                    payload = b"\x01" * chunked_bytes if fits else None  # touched, as received data is
+                    if hold.hold((topic, ledger_id, entry_id), payload, due, 1, chunked_bytes):
+                        continue
                 started = perf()
                 bucket = schedule(due, ledger_id, entry_id, index, topic)
                 nack_s += perf() - started
@@ -453,7 +492,16 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
     tracker.index.compact()  # what the timer does ~1 s after nacks move on from a bucket
     progress(messages)
     return _Run(
-        tracker, buckets[:nacked], nacked, forwards, forwarded_entries, forward_s, nack_s, last_target
+        tracker,
+        hold,
+        chunked_nacked,
+        buckets[:nacked],
+        nacked,
+        forwards,
+        forwarded_entries,
+        forward_s,
+        nack_s,
+        last_target,
     )
 
 
@@ -506,19 +554,25 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
         out["bytes"] = heap_in_use() - baseline["heap"]
         return out
     out["bytes"] = _rss_bytes() - baseline["rss"]
-    stats = tracker.stats(with_memory=True)
+    hold = run.hold
+    stats = hold.stats(tracker.stats(with_memory=True), with_memory=True)  # what nack_stats() reports
     index = tracker.index
     structure = index.structure()
     pending = int(np.count_nonzero(run.buckets > run.last_target))
+    roots = [index, tracker.arrivals, *([hold] if run.chunked_nacked else [])]
     out |= {
-        "nacked": run.nacked,
+        "nacked": run.nacked + run.chunked_nacked - stats.chunked_over_bound,  # held ones too
         "pending": pending,
         "pending_ids": stats.pending,
         "buckets": stats.buckets,
         "slots": structure["slots"],
         "ledgers": len({(topic, ledger) for _, topic, ledger, _ in index}),
         "reported": stats.memory_bytes,
-        "breakdown": type_breakdown([index, tracker.arrivals], stop=[tracker]),
+        "chunked_nacked": run.chunked_nacked,
+        "held_chunked": stats.chunked_held,
+        "held_chunked_bytes": stats.chunked_held_bytes,
+        "chunked_over_bound": stats.chunked_over_bound,
+        "breakdown": type_breakdown(roots, stop=[tracker]),
         "nack_us": run.nack_s / run.nacked * 1e6 if run.nacked else 0.0,
     }
     forwarded, forward_s, source = run.forwarded_entries, run.forward_s, "run"
@@ -748,6 +802,10 @@ def profile(
         java_note=java_note,
         native=native,
         elapsed_s=time.perf_counter() - started,
+        chunked_nacked=int(main["chunked_nacked"]),
+        held_chunked=int(main["held_chunked"]),
+        held_chunked_bytes=int(main["held_chunked_bytes"]),
+        chunked_over_bound=int(main["chunked_over_bound"]),
     )
 
 
@@ -785,6 +843,16 @@ def render(result: ProfileResult) -> Iterator[str]:
         value = result.memory[key]
         per = f"{value / pending:.2f} B per pending nack" if pending else "nothing pending"
         yield f"  {label:<70} {value / 1e6:10.3f} MB  {per}"
+    if w.chunked_share:
+        yield (
+            f"  {'of which held chunked payload (nack_stats chunked_held_bytes)':<70} "
+            f"{result.held_chunked_bytes / 1e6:10.3f} MB  "
+            f"{result.held_chunked:,} of {result.chunked_nacked:,} chunked nacks held "
+            f"(bound {w.max_held_chunked_bytes / 1e6:g} MB; {result.chunked_over_bound:,} past it went "
+            "to the tracker)"
+        )
+    else:
+        yield f"  {'held chunked payload':<70} {0:10.3f} MB  no chunked messages (chunked_share 0)"
     total = result.breakdown_total
     yield f"per-type breakdown (pympler flatsize + CRoaring heap), total {total / 1e6:.3f} MB:"
     for name, size in list(result.breakdown.items())[:12]:

@@ -22,6 +22,7 @@ from pulsar_nack.profile import (
     parse_delay,
     parse_duration_ms,
     profile,
+    render,
     type_breakdown,
 )
 
@@ -42,11 +43,20 @@ from pulsar_nack.profile import (
         ("entries_per_ledger", 0), ("entries_per_ledger", 2**31),
         ("seed", -1), ("seed", "x"),
         ("delay", 60_000),
+        ("chunked_share", -0.1), ("chunked_share", 1.5), ("chunked_share", math.nan),
+        ("chunked_bytes", 1_000), ("chunked_bytes", 2**31), ("chunked_bytes", 1.5),
+        ("max_held_chunked_bytes", -1), ("max_held_chunked_bytes", 2**41),
     ],
 )  # fmt: skip
 def test_every_workload_parameter_is_checked_and_named(name: str, value: Any) -> None:
     with pytest.raises(ProfileError, match=rf"^{name}: "):
         Workload(**{name: value})
+
+
+def test_chunked_messages_need_no_batching() -> None:
+    with pytest.raises(ProfileError, match=r"^chunked_share: chunked messages are never batched"):
+        Workload(chunked_share=0.1, batch_size=10)
+    assert Workload(chunked_share=0.0, batch_size=10).batch_size == 10
 
 
 def test_too_few_or_too_many_messages_name_rate_and_duration() -> None:
@@ -181,3 +191,33 @@ def test_the_java_structure_runs_beside_it() -> None:
     assert result is not None, note
     assert result["n"] == 3_600 and result["retained_bytes"] > 0 and result["buckets"] > 0
     assert "x = 1 nacked entries/ms" in note
+
+
+# -- held chunked messages ------------------------------------------------------------------------------
+
+MIB = 2**20
+PLAIN = Workload(rate=200, duration_s=5, delay=parse_delay("1h"))
+CHUNKED = Workload(
+    rate=200, duration_s=5, delay=parse_delay("1h"), chunked_share=0.01, chunked_bytes=MIB,
+    max_held_chunked_bytes=4 * MIB,
+)  # fmt: skip
+
+
+def test_held_chunked_payload_is_its_own_row_and_in_every_measure() -> None:
+    """1 % of 1,000 nacks are 1 MiB chunked messages, held up to 4 MiB: four are held (their payload in
+    every memory measure, and in the reported figure as nack_stats() reports it), the rest went to the
+    tracker past the bound; the report has a row of its own for them."""
+    plain, chunked = profile(PLAIN, java=False), profile(CHUNKED, java=False)
+    assert chunked.chunked_nacked >= 5, "the seed draws more chunked nacks than the bound holds"
+    assert (chunked.held_chunked, chunked.held_chunked_bytes) == (4, 4 * MIB)
+    assert chunked.chunked_over_bound == chunked.chunked_nacked - 4
+    assert chunked.nacked == plain.nacked == 1_000
+    assert chunked.pending == plain.pending - 4, "held ones are not in the tracker"
+    for measure in ("malloc", "tracemalloc", "reported", "rss"):
+        grew = chunked.memory[measure] - plain.memory[measure]
+        assert 3.5 * MIB < grew < 5 * MIB, (measure, plain.memory, chunked.memory)
+    assert chunked.breakdown["bytes"] >= 4 * MIB
+    lines = list(render(chunked))
+    row = next(line for line in lines if "held chunked payload" in line)
+    assert "4.194 MB" in row and "4 of" in row and "past it" in row, row
+    assert any("no chunked messages" in line for line in render(plain))
