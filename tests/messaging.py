@@ -31,7 +31,7 @@ def receive_all(consumer: Any, count: int, timeout_s: float = 20.0) -> list[puls
     deadline = time.monotonic() + timeout_s
     while len(got) < count:
         remaining = int((deadline - time.monotonic()) * 1000)
-        assert remaining > 0, f"timed out with {len(got)} of {count}: {[m.data() for m in got]}"
+        assert remaining > 0, f"timed out with {len(got)} of {count}: {[_short(m.data()) for m in got]}"
         try:
             got.append(consumer.receive(min(remaining, 1000)))
         except pulsar.Timeout:
@@ -39,11 +39,16 @@ def receive_all(consumer: Any, count: int, timeout_s: float = 20.0) -> list[puls
     return got
 
 
+def _short(data: bytes, keep: int = 40) -> bytes | str:
+    """A payload as a failure message shows it: chunked tests' payloads are megabytes."""
+    return data if len(data) <= keep else f"{data[:keep]!r}... ({len(data):,} bytes)"
+
+
 def nothing_more(consumer: Any, wait_ms: int = 800) -> None:
     """Fail if a message arrives within ``wait_ms``."""
     with pytest.raises(pulsar.Timeout):
         extra = consumer.receive(wait_ms)
-        pytest.fail(f"unexpected extra message {extra.data()!r}")
+        pytest.fail(f"unexpected extra message {_short(extra.data())!r}")
 
 
 def produce_bursts(
