@@ -8,7 +8,8 @@ subcommand that needs them.
     pulsar-nack demo [--service-url URL] [--messages N] ...   (pulsar_nack.demo)
     pulsar-nack profile [--rate MSG/S] [--delay 1h|uniform:LOW:HIGH|exp:MEAN] [--duration 60s] [--topics T]
                         [--partitions P] [--batch-size N] [--nack-share F] [--precision-bits K] [--rounding R]
-                        [--entries-per-ledger E] [--no-java] [--json FILE]           (pulsar_nack.profile)
+                        [--entries-per-ledger E] [--chunked-share F] [--chunked-bytes B]
+                        [--max-held-chunked-bytes B] [--no-java] [--json FILE]       (pulsar_nack.profile)
     pulsar-nack estimate --rate MSG/S --delay 1h [--precision-bits K] [--entries-per-ledger E]
                          [--batch-size N] [--nack-share F] [--topics T] [--fit FILE] [--json FILE]
                                                                                     (pulsar_nack.estimate)
@@ -172,6 +173,22 @@ def _register_profile(subcommands: argparse._SubParsersAction[argparse.ArgumentP
     parser.add_argument(
         "--entries-per-ledger", type=int, default=50_000, help="the broker's ledger size (default: 50000)"
     )
+    parser.add_argument(
+        "--chunked-share",
+        type=float,
+        default=0.0,
+        help="share of the nacked messages that are chunked (large; without batching), held in memory "
+        "until due up to --max-held-chunked-bytes (default: %(default)g)",
+    )
+    parser.add_argument(
+        "--chunked-bytes", type=int, default=8 * 2**20, help="payload of a chunked message (default: 8 MiB)"
+    )
+    parser.add_argument(
+        "--max-held-chunked-bytes",
+        type=int,
+        default=64 * 2**20,
+        help="the consumer option of that name: held payload bound (default: 64 MiB)",
+    )
     parser.add_argument("--seed", type=int, default=7, help="which messages are nacked (default: 7)")
     parser.add_argument("--no-java", action="store_true", help="do not run the Java structure beside it")
     parser.add_argument(
@@ -208,6 +225,9 @@ def _profile_workload(args: argparse.Namespace) -> Any:
             precision_bits=args.precision_bits,
             rounding=args.rounding,
             entries_per_ledger=args.entries_per_ledger,
+            chunked_share=args.chunked_share,
+            chunked_bytes=args.chunked_bytes,
+            max_held_chunked_bytes=args.max_held_chunked_bytes,
             seed=args.seed,
         )
     except ProfileError as error:

@@ -45,6 +45,9 @@ def test_profile_end_to_end(tmp_path: Path) -> None:
         (["--precision-bits", "40"], "--precision-bits"),
         (["--rounding", "up"], "--rounding"),
         (["--entries-per-ledger", "0"], "--entries-per-ledger"),
+        (["--chunked-share", "1.5"], "--chunked-share"),
+        (["--chunked-share", "0.5", "--chunked-bytes", "100"], "--chunked-bytes"),
+        (["--max-held-chunked-bytes", "-1"], "--max-held-chunked-bytes"),
         (["--topics", "0"], "--topics"),
         (["--partitions", "0"], "--partitions"),
         (["--delay", "soon"], "--delay"),
@@ -59,6 +62,23 @@ def test_profile_bad_input_names_the_option(
         main(["profile", "--no-progress", "--no-java", *args])
     assert exit_info.value.code == 2
     assert f"pulsar-nack profile: error: {option}:" in capsys.readouterr().err
+
+
+def test_profile_holds_chunked_payload_from_the_command_line(tmp_path: Path) -> None:
+    """--chunked-share / --chunked-bytes / --max-held-chunked-bytes reach the workload: the held payload
+    shows in the report and the JSON, bounded by the option."""
+    out_file = tmp_path / "profile.json"
+    out = _cli(
+        "profile", "--rate", "200", "--duration", "5s", "--delay", "1h", "--chunked-share", "0.5",
+        "--chunked-bytes", "100000", "--max-held-chunked-bytes", "1000000", "--no-java", "--no-progress",
+        "--json", str(out_file),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "of which held chunked payload" in out.stdout
+    data = json.loads(out_file.read_text())
+    assert data["workload"]["chunked_share"] == 0.5 and data["workload"]["chunked_bytes"] == 100_000
+    assert data["held_chunked"] == 10, "a 1 MB bound holds ten 100 kB messages"
+    assert data["held_chunked_bytes"] == 1_000_000 and data["chunked_over_bound"] > 0
 
 
 def test_profile_bad_input_exits_2_as_a_process() -> None:
