@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,62 @@ def test_a_member_busy_taking_over_refuses_the_owner_like_a_duplicate_name(tmp_p
     with pytest.raises(SnapshotStorageError, match="in use by another live consumer"):
         SubscriptionStorage(LocalDirectoryStorage(tmp_path, fsync=False), key).lock()
     held.unlock()
+
+
+class FakeClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_back(tmp_path: Path) -> None:
+    """Member B is running (its tracker on a hand-driven wheel) when member A's snapshot turns out to be a
+    dead member's: B's next maintenance starts the takeover on its own thread (never on the timer
+    thread), B's arrival filter learns A's ids, and the copies the broker then hands B are held until
+    due, forwarded, and handed out once — none early."""
+    from pulsar_nack import DueIds, TimerWheel
+    from pulsar_nack.tracker import NackTracker, Verdict
+
+    epoch = 1_790_000_000_000
+    clock = FakeClock(float(epoch))
+    wheel = TimerWheel(clock=clock, start=False)
+    base = LocalDirectoryStorage(tmp_path, fsync=False)
+    view = member(base, "b")
+    store = SegmentStore(view, SegmentConfig(), precision_bits=K)
+    forwarded: list[tuple[float, int]] = []  # (when its copy arrives, entry): the native latency later
+
+    def forward(due: Sequence[DueIds]) -> None:
+        forwarded.extend((clock.now + 102, e) for ids in due for e in ids.entry_ids.tolist())
+
+    tracker = NackTracker(forward, precision_bits=K, clock=clock, wheel=wheel, snapshots=store)
+    takeover = Takeover(view, tracker.adopt, interval_ms=0)
+    tracker.takeover = takeover
+    tracker.schedule(epoch + 60_000, 7, 7)  # B's own nack: its maintenance runs
+    dues = {i: epoch + 3_000 + 100 * i for i in range(10)}
+    dead_member(base, "a", [(due, 1, entry) for entry, due in dues.items()])
+    for _ in range(2_000):  # B's maintenance fires (every checkpoint interval) and starts the takeover
+        clock.now += 1
+        wheel.run_due()
+        if takeover._running is not None:
+            break
+    assert takeover._running is not None, "no takeover started by the maintenance"
+    takeover._running.join(30)
+    assert takeover.adopted_ids == 10 and view.peers() == []
+    handed: dict[int, list[float]] = {}
+    for entry in dues:  # the broker hands B A's unacked messages
+        assert tracker.arrivals.admit(1, entry, -1, "", None) is Verdict.HOLD, entry
+    while clock.now < epoch + 6_000:
+        clock.now += 1
+        wheel.run_due()
+        for copy in [c for c in forwarded if c[0] <= clock.now and c[1] in dues]:  # the forward's copy
+            forwarded.remove(copy)
+            entry = copy[1]
+            if tracker.arrivals.admit(1, entry, -1, "", None) is Verdict.DELIVER:
+                handed.setdefault(entry, []).append(clock.now)
+    tracker.close()
+    wheel.close(0.0)
+    assert sorted(handed) == sorted(dues) and all(len(v) == 1 for v in handed.values()), handed
+    early = {e: dues[e] - v[0] for e, v in handed.items() if v[0] < dues[e] - (2**K - 1)}
+    assert not early, early
