@@ -5,7 +5,9 @@ Consumer process A (tests/snapshot_consumer.py) nacks N messages with delays of 
 second subscription, and is killed with SIGKILL once the nacks are on disk. Then, in this process, a new
 client subscribes with the same ``snapshot_dir``: every nacked message comes back exactly once, none earlier
 than due - (2^k - 1) ms, none much later — while the official consumer's subscription gets them all at
-once. A kill in the middle of a snapshot write leaves the previous snapshot intact, and it is used."""
+once. A kill in the middle of a snapshot write leaves the previous snapshot intact, and it is used. With
+the snapshot on a topic, B may also be another member of the Shared subscription (another consumer name):
+it takes A's snapshot over at subscribe and holds A's messages back the same way."""
 
 from __future__ import annotations
 
