@@ -4,6 +4,7 @@ storage on the topic (another machine) reads the latest state, and a segment sto
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -119,3 +120,37 @@ def test_member_locks_are_exclusive_subscriptions(pulsar_lite: Any, topic: str) 
         other_client.close()
         with contextlib.suppress(pulsar.PulsarException):
             holder_client.close()  # closed already, unless the test failed before
+
+
+def test_a_consumer_waits_for_the_broker_to_drop_its_dead_predecessors_lock(
+    pulsar_lite: Any, topic: str
+) -> None:
+    """Subscribing, a consumer asks for its own key's lock again while it is held, ``lock_wait_ms`` long
+    (the previous owner may be a vanished machine the broker has not noticed yet): it gets the lock once
+    the holder's connection closes; without the wait it is refused as a duplicate name."""
+    from pulsar_nack.snapshot.namespace import SubscriptionStorage
+
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    holder_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    try:
+        holder = TopicSnapshotStorage(holder_client, topic, lock_timeout_ms=500)
+        assert holder.lock_member("k-1")
+        impatient = SubscriptionStorage(
+            TopicSnapshotStorage(client, topic, lock_timeout_ms=500, lock_wait_ms=0), "k-1"
+        )
+        with pytest.raises(SnapshotStorageError, match="in use by another live consumer"):
+            impatient.lock()
+        patient = SubscriptionStorage(
+            TopicSnapshotStorage(client, topic, lock_timeout_ms=500, lock_wait_ms=30_000), "k-1"
+        )
+        closer = threading.Timer(1.5, holder_client.close)  # the broker notices the holder is gone
+        closer.start()
+        patient.lock()
+        closer.join(30)
+        assert not closer.is_alive()
+        patient.unlock()
+    finally:
+        client.close()
+        with contextlib.suppress(pulsar.PulsarException):
+            holder_client.close()

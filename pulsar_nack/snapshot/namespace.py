@@ -30,6 +30,7 @@ import builtins
 import errno
 import hashlib
 import re
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -148,17 +149,25 @@ class SubscriptionStorage:
     def lock(self) -> None:
         """Hold this key's member lock until :meth:`unlock` or the process ends, on a storage that has
         member locks (:class:`~pulsar_nack.snapshot.storage.MemberLocks`); raises
-        :class:`SnapshotStorageError` (``EBUSY``) if another live consumer holds it. Other storages:
-        nothing (they cannot tell). Idempotent. O(1) (a local directory) or one broker round trip."""
+        :class:`SnapshotStorageError` (``EBUSY``) if another live consumer holds it. A storage whose
+        "held" may only mean that the holder's death is not noticed yet (a topic: the broker drops a
+        vanished machine's consumers after its keep-alive timeout) sets ``lock_wait_ms``: the lock is
+        asked for again, once a second, that long before giving up. Other storages: nothing (they
+        cannot tell). Idempotent. O(1) (a local directory) or broker round trips."""
         if self._locked or not isinstance(self.base, MemberLocks):
             return
-        if not self.base.lock_member(self.key):
-            where = getattr(self.base, "path", None) or getattr(self.base, "topic", type(self.base).__name__)
-            raise SnapshotStorageError(
-                errno.EBUSY,
-                f"the snapshot {self.key} in {where} is in use by another live consumer of the same "
-                "subscription: give each consumer its own consumer_name (or snapshot_dir)",
-            )
+        deadline = time.monotonic() + getattr(self.base, "lock_wait_ms", 0) / 1000
+        while not self.base.lock_member(self.key):
+            if time.monotonic() >= deadline:
+                where = getattr(self.base, "path", None) or getattr(
+                    self.base, "topic", type(self.base).__name__
+                )
+                raise SnapshotStorageError(
+                    errno.EBUSY,
+                    f"the snapshot {self.key} in {where} is in use by another live consumer of the same "
+                    "subscription: give each consumer its own consumer_name (or snapshot_dir)",
+                )
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         self._locked = True
 
     def try_lock(self) -> bool:

@@ -44,6 +44,7 @@ __all__ = ["TopicSnapshotStorage"]
 
 _READ_TIMEOUT_MS = 30_000
 _LOCK_TIMEOUT_MS = 3_000
+_LOCK_WAIT_MS = 60_000  # the broker's keep-alive timeout is 30 s by default (keepAliveIntervalSeconds)
 _OPENED = ".opened"  # not a valid blob name (check_name): never collides with one
 
 
@@ -54,6 +55,10 @@ class TopicSnapshotStorage:
 
     ``lock_timeout_ms``: how long :meth:`lock_member` waits for the broker's answer; no answer counts as
     *held* (pulsar-lite 0.2.0 never answers a second Exclusive consumer: the subscribe times out).
+    ``lock_wait_ms``: how long a consumer subscribing asks again for its own key's lock while it is held
+    (:meth:`SubscriptionStorage.lock <pulsar_nack.snapshot.namespace.SubscriptionStorage.lock>`) — the
+    previous owner may be a vanished machine whose consumers the broker drops only after its keep-alive
+    timeout; then ``SnapshotStorageError`` (``EBUSY``).
     Thread-safe: one lock orders the writes, reads and refreshes of the in-memory copy.
 
     Raises :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` if the topic cannot be read at
@@ -68,6 +73,7 @@ class TopicSnapshotStorage:
         max_bytes: int = 256 * 2**20,
         read_timeout_ms: int = _READ_TIMEOUT_MS,
         lock_timeout_ms: int = _LOCK_TIMEOUT_MS,
+        lock_wait_ms: int = _LOCK_WAIT_MS,
     ) -> None:
         if not isinstance(client, pulsar.Client):
             raise TypeError(f"client must be a pulsar.Client, got {type(client).__name__}")
@@ -75,11 +81,14 @@ class TopicSnapshotStorage:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
         if not isinstance(lock_timeout_ms, int) or lock_timeout_ms < 1:
             raise ValueError(f"lock_timeout_ms must be an int >= 1, got {lock_timeout_ms!r}")
+        if not isinstance(lock_wait_ms, int) or lock_wait_ms < 0:
+            raise ValueError(f"lock_wait_ms must be an int >= 0, got {lock_wait_ms!r}")
         self.topic = topic
         self.members_topic = topic + "-members"
         self.max_bytes = int(max_bytes)
         self.read_timeout_ms = int(read_timeout_ms)
         self.lock_timeout_ms = lock_timeout_ms
+        self.lock_wait_ms = lock_wait_ms
         self._client = client
         self._blobs: dict[str, bytes] = {}
         self._lock = threading.RLock()
