@@ -462,6 +462,10 @@ class NackTracker:
             self._timeout, self._armed_bucket = None, math.inf
         for timeout in timeouts:
             timeout.cancel()
+        takeover, self.takeover = self.takeover, None
+        stop = getattr(takeover, "stop", None)
+        if callable(stop):
+            stop()  # a takeover in progress adopts no further member (it is not waited for)
         if self._finalizer is not None:
             self._finalizer()  # closes the wheel without waiting for its thread
         if self.snapshots is not None:

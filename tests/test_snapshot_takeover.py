@@ -221,3 +221,30 @@ def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_bac
     assert sorted(handed) == sorted(dues) and all(len(v) == 1 for v in handed.values()), handed
     early = {e: dues[e] - v[0] for e, v in handed.items() if v[0] < dues[e] - (2**K - 1)}
     assert not early, early
+
+
+def test_a_closed_consumer_takes_nothing_over_any_more(tmp_path: Path) -> None:
+    """Closing the tracker stops its takeover: no further run starts, a run adopts no member."""
+    from pulsar_nack import TimerWheel
+    from pulsar_nack.tracker import NackTracker
+
+    base = LocalDirectoryStorage(tmp_path, fsync=False)
+    view = member(base, "b")
+    clock = FakeClock(0.0)
+    wheel = TimerWheel(clock=clock, start=False)
+    tracker = NackTracker(
+        lambda due: None,
+        precision_bits=K,
+        clock=clock,
+        wheel=wheel,
+        snapshots=SegmentStore(view, SegmentConfig(), precision_bits=K),
+    )
+    takeover = Takeover(view, tracker.adopt, interval_ms=0)
+    tracker.takeover = takeover
+    dead = dead_member(base, "a", [(40_000, 1, 1)])
+    tracker.close()
+    wheel.close(0.0)
+    assert tracker.takeover is None
+    takeover()
+    assert takeover._running is None, "no run started after close"
+    assert takeover.run() == 0 and view.peers() == [dead], "the dead member's snapshot is left for others"

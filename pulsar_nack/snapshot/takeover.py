@@ -68,6 +68,7 @@ class Takeover:
         self._clock = clock
         self._last: float | None = None
         self._running: threading.Thread | None = None
+        self._stopped = False
         self.adopted_members = 0
         self.adopted_ids = 0
 
@@ -76,12 +77,17 @@ class Takeover:
         running. O(1)."""
         now = self._clock()
         due = self._last is None or (now - self._last) * 1000 >= self.interval_ms
-        if due and (self._running is None or not self._running.is_alive()):
+        if due and not self._stopped and (self._running is None or not self._running.is_alive()):
             self._last = now
             self._running = threading.Thread(
                 target=self._run_logged, name="pulsar-nack-takeover", daemon=True
             )
             self._running.start()
+
+    def stop(self) -> None:
+        """No further run, and no further member adopted by one in progress (its current adoption
+        finishes). O(1); does not wait."""
+        self._stopped = True
 
     def _run_logged(self) -> None:
         try:
@@ -100,6 +106,8 @@ class Takeover:
             return 0
         total = 0
         for key in peers:
+            if self._stopped:
+                break
             peer = self.view.peer(key)
             try:
                 if not peer.try_lock():
