@@ -248,3 +248,24 @@ def test_a_closed_consumer_takes_nothing_over_any_more(tmp_path: Path) -> None:
     takeover()
     assert takeover._running is None, "no run started after close"
     assert takeover.run() == 0 and view.peers() == [dead], "the dead member's snapshot is left for others"
+
+
+def test_a_snapshot_under_the_old_key_format_is_taken_over_after_an_upgrade(tmp_path: Path) -> None:
+    """The first release keyed a snapshot ``<readable>-<24 hex digits>``; the consumer of the same topic,
+    subscription and name finds it there (its key as that release computed it: a known vector) and takes
+    it over like a dead member's, so an upgrade loses no pending nack."""
+    from pulsar_nack.snapshot.namespace import legacy_snapshot_key
+    from pulsar_nack.snapshot.wiring import subscription_storage
+
+    assert legacy_snapshot_key("t", "orders") == "orders-7cc89d0a9c08566132961af3"  # the old release's
+    base = LocalDirectoryStorage(tmp_path, fsync=False)
+    old = SubscriptionStorage(base, legacy_snapshot_key(TOPIC, SUBSCRIPTION, "w"))
+    nack_and_keep(old, [(40_000, 1, entry) for entry in range(5)])
+    other = SubscriptionStorage(base, legacy_snapshot_key(TOPIC, SUBSCRIPTION, "someone-else"))
+    nack_and_keep(other, [(40_000, 2, 1)])
+    view = subscription_storage(tmp_path, None, TOPIC, SUBSCRIPTION, "w")
+    assert view is not None and view.peers() == [old.key], "its own old key only"
+    store = SegmentStore(view, SegmentConfig(), precision_bits=K)
+    assert Takeover(view, lambda peer: store.adopt(peer, 0)).run() == 5
+    assert not old.list() and other.list(), "the old snapshot taken over, another consumer's left"
+    view.unlock()

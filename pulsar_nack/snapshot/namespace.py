@@ -36,12 +36,19 @@ from typing import Any
 
 from pulsar_nack.snapshot.storage import MemberLocks, SnapshotStorage, SnapshotStorageError
 
-__all__ = ["SubscriptionStorage", "canonical_topic", "snapshot_key", "subscription_prefix"]
+__all__ = [
+    "SubscriptionStorage",
+    "canonical_topic",
+    "legacy_snapshot_key",
+    "snapshot_key",
+    "subscription_prefix",
+]
 
 _READABLE = re.compile(r"[^A-Za-z0-9_-]+")
 _READABLE_CHARS = 40
 _SUBSCRIPTION_DIGEST_BYTES = 10
 _CONSUMER_DIGEST_BYTES = 4
+_LEGACY_DIGEST_BYTES = 12
 _KEY = re.compile(r"(?P<prefix>.+-[0-9a-f]{20}-)(?P<consumer>[0-9a-f]{8})")
 _LOCK_SUFFIX = ".lock"
 
@@ -62,22 +69,42 @@ def subscription_prefix(topic: Any, subscription: str) -> str:
     return snapshot_key(topic, subscription)[: -2 * _CONSUMER_DIGEST_BYTES]
 
 
+def legacy_snapshot_key(topic: Any, subscription: str, consumer_name: str | None = None) -> str:
+    """The key the snapshots of the first release of this package were written under,
+    ``<readable>-<24 hex digits of BLAKE2b(topics, subscription, consumer name)>``: a consumer takes a
+    snapshot it finds there over (:meth:`SubscriptionStorage.peers`), so that an upgrade loses no
+    pending nack. Arguments and errors as :func:`snapshot_key`'s. O(length of the names)."""
+    snapshot_key(topic, subscription, consumer_name)  # checks the arguments
+    identity = "\0".join([*_topics(topic), "", subscription, "", consumer_name or ""])
+    digest = hashlib.blake2b(identity.encode("utf-8"), digest_size=_LEGACY_DIGEST_BYTES).hexdigest()
+    return f"{_readable(subscription)}-{digest}"
+
+
+def _readable(subscription: str) -> str:
+    return _READABLE.sub("_", subscription)[:_READABLE_CHARS].strip("_-") or "sub"
+
+
+def _topics(topic: Any) -> list[str]:
+    """The canonical topic names of what ``subscribe`` takes (see :func:`snapshot_key`)."""
+    if isinstance(topic, str):
+        return [canonical_topic(topic)]
+    if isinstance(topic, re.Pattern):
+        return [f"regex:{topic.pattern}"]
+    if isinstance(topic, Sequence) and all(isinstance(t, str) for t in topic):
+        topics = sorted({canonical_topic(t) for t in topic})
+        if not topics:
+            raise ValueError("topic: an empty list of topics has no snapshot")
+        return topics
+    raise TypeError(f"topic must be a str, a list of str or a regex, got {type(topic).__name__}")
+
+
 def snapshot_key(topic: Any, subscription: str, consumer_name: str | None = None) -> str:
     """The key of a consumer's snapshot (see the module docstring). ``topic``: what ``subscribe`` takes —
     a name, a list of names, or a compiled regex (its pattern is used). O(total length of the names).
 
     Raises ``TypeError`` naming ``topic``/``subscription_name``/``consumer_name`` for values of another
     type, ``ValueError`` for an empty topic list or subscription name."""
-    if isinstance(topic, str):
-        topics = [canonical_topic(topic)]
-    elif isinstance(topic, re.Pattern):
-        topics = [f"regex:{topic.pattern}"]
-    elif isinstance(topic, Sequence) and all(isinstance(t, str) for t in topic):
-        topics = sorted({canonical_topic(t) for t in topic})
-        if not topics:
-            raise ValueError("topic: an empty list of topics has no snapshot")
-    else:
-        raise TypeError(f"topic must be a str, a list of str or a regex, got {type(topic).__name__}")
+    topics = _topics(topic)
     if not isinstance(subscription, str):
         raise TypeError(f"subscription_name must be a str, got {type(subscription).__name__}")
     if not subscription:
@@ -89,19 +116,22 @@ def snapshot_key(topic: Any, subscription: str, consumer_name: str | None = None
     member = hashlib.blake2b(
         (consumer_name or "").encode("utf-8"), digest_size=_CONSUMER_DIGEST_BYTES
     ).hexdigest()
-    readable = _READABLE.sub("_", subscription)[:_READABLE_CHARS].strip("_-") or "sub"
-    return f"{readable}-{digest}-{member}"
+    return f"{_readable(subscription)}-{digest}-{member}"
 
 
 class SubscriptionStorage:
     """One subscription's view of a shared :class:`SnapshotStorage`: names prefixed with ``key + "."``.
     Every method is the base storage's, O(its cost); :meth:`list` is O(names in the base storage)."""
 
-    def __init__(self, base: SnapshotStorage, key: str) -> None:
+    def __init__(self, base: SnapshotStorage, key: str, legacy_key: str | None = None) -> None:
+        """``legacy_key``: this consumer's key in the format before the subscription prefix
+        (:func:`legacy_snapshot_key`): a snapshot found under it is this consumer's from before the
+        upgrade, listed by :meth:`peers` so that it is taken over like a dead member's."""
         if not isinstance(base, SnapshotStorage):
             raise TypeError(f"snapshot_storage must be a SnapshotStorage, got {type(base).__name__}")
         self.base = base
         self.key = key
+        self.legacy_key = legacy_key
         self._prefix = key + "."
         self._locked = False
 
@@ -138,7 +168,7 @@ class SubscriptionStorage:
             key, _, rest = name.partition(".")
             if rest != _LOCK_SUFFIX[1:] and key != self.key:
                 peer = _KEY.fullmatch(key)
-                if peer is not None and peer["prefix"] == match["prefix"]:
+                if (peer is not None and peer["prefix"] == match["prefix"]) or key == self.legacy_key:
                     keys.add(key)
         return sorted(keys)
 

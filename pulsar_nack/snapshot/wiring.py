@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pulsar_nack.index import Rounding
-from pulsar_nack.snapshot.namespace import SubscriptionStorage, snapshot_key
+from pulsar_nack.snapshot.namespace import SubscriptionStorage, legacy_snapshot_key, snapshot_key
 from pulsar_nack.snapshot.segments import SegmentStore
 from pulsar_nack.snapshot.storage import LocalDirectoryStorage, SnapshotStorage
 from pulsar_nack.snapshot.takeover import Takeover
@@ -71,7 +71,7 @@ def subscription_storage(
         return None
     key = snapshot_key(topic, subscription, consumer_name)
     base = snapshot_storage if snapshot_storage is not None else LocalDirectoryStorage(snapshot_dir)  # type: ignore[arg-type]
-    view = SubscriptionStorage(base, key)
+    view = SubscriptionStorage(base, key, legacy_snapshot_key(topic, subscription, consumer_name))
     view.lock()
     return view
 
