@@ -12,10 +12,11 @@ snapshots at 10,000 nacks/s).
   second. CPU = the process's user + system time over the run (every thread), median of the rounds; the
   overhead is relative to the tracker alone — a consumer's own receive/ack work, which would dilute it, is
   left out, so this is an upper bound of the overhead a consumer sees.
-* **Restore** of 1,000,000 pending ids (ledgers of 50,000 entries), due times in entry order or at random
-  over 18 s, from a local directory (fresh process each): the segment store's restore alone, and the
-  tracker's (the store's plus teaching the arrival filter every id, which a consumer does at subscribe);
-  bytes on disk per id.
+* **Restore** of 10,000,000 pending ids (ledgers of 50,000 entries), due times in entry order or at random
+  over 18 s, from a local directory, with the default memory bound (fresh process each): the segment
+  store's restore alone, and the tracker's (the store's plus teaching the arrival filter every id, which a
+  consumer does at subscribe); their peak memory (RSS high-water mark) against what they retain; bytes on
+  disk per id. ``python bench/snapshot_cost.py --restore`` re-measures only this part.
 * **A consumer at 10,000 nacks/s** (pulsar-lite, fresh process per run, alternating): 150,000 messages
   pre-produced; the consumer nacks 100 first deliveries every 10 ms with a 5 s delay (one delay: the
   redeliveries come in entry order — pulsar-lite stalls random-order redeliveries, see
@@ -31,6 +32,7 @@ Writes ``bench/results/snapshot_cost.json`` and the ``snapshot-cost`` section of
 from __future__ import annotations
 
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -46,7 +48,9 @@ ROUNDS = 5
 RATE = 10_000  # nacks per second
 SECONDS = 20.0
 CONSUMER_SECONDS = 15.0
-RESTORE_IDS = 1_000_000
+RESTORE_IDS = 10_000_000
+RESTORE_PER_LEDGER = 50_000
+RESTORE_NOW = 1_790_000_000_000
 CONSUMER_DELAY_MS = 5_000
 TOPIC = "persistent://public/default/bench"
 
@@ -118,67 +122,120 @@ def probe(snapshots: bool) -> dict[str, Any]:
     return result
 
 
-def restore_probe(spread: str) -> dict[str, Any]:
-    """Write RESTORE_IDS pending ids, then time their restore (fresh process)."""
+def _write_pending(directory: str, spread: str) -> dict[str, Any]:
+    """RESTORE_IDS pending ids (ledgers of RESTORE_PER_LEDGER entries, due 2-20 s ahead, in entry order
+    or at random) sealed into segment files the way a consumer seals them (checkpoints of 4 ledgers),
+    filed in bulk (one add_many per bucket and ledger) so that writing 10M ids takes seconds."""
     import os
 
     import numpy as np
 
     from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
+
+    store = SegmentStore(
+        LocalDirectoryStorage(directory, fsync=False), SegmentConfig(max_loaded_ids=0, load_ahead_ms=0)
+    )
+    rng = np.random.default_rng(1)
+    mask = ~((1 << 8) - 1)  # the default precision: 256-ms buckets
+    for start in range(0, RESTORE_IDS, RESTORE_PER_LEDGER):
+        ledger = 1 + start // RESTORE_PER_LEDGER
+        count = min(RESTORE_PER_LEDGER, RESTORE_IDS - start)
+        if spread == "ordered":
+            due = RESTORE_NOW + 2_000 + np.arange(start, start + count) * 18_000 // RESTORE_IDS
+        else:
+            due = RESTORE_NOW + 2_000 + rng.integers(0, 18_000, count)
+        buckets = due & mask
+        order = np.argsort(buckets, kind="stable")
+        ordered, entries = buckets[order], np.arange(count, dtype=np.uint32)[order]
+        cuts = np.flatnonzero(np.diff(ordered)) + 1
+        for bucket_ids, entry_ids in zip(np.split(ordered, cuts), np.split(entries, cuts), strict=True):
+            store._mutable.add_many(int(bucket_ids[0]), ledger, np.sort(entry_ids), topic=TOPIC)
+        if ledger % 4 == 0:
+            store.checkpoint(RESTORE_NOW)
+    store.checkpoint(RESTORE_NOW)
+    names = os.listdir(directory)
+    return {"files": len(names), "bytes": sum(os.path.getsize(os.path.join(directory, n)) for n in names)}
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def restore_probe(directory: str, part: str) -> dict[str, Any]:
+    """One restore of the snapshot in ``directory``, in this fresh process: ``store`` (the segment
+    store's) or ``tracker`` (what subscribe does: the store's, then the arrival filter taught every id).
+    Time; peak = the process's RSS high-water mark over the restore minus its RSS before (Python,
+    numpy and CRoaring alike); retained = heap in use after minus before (memory.heap_in_use)."""
+    import gc
+    import resource
+
+    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentStore
     from pulsar_nack.timer import TimerWheel
     from pulsar_nack.tracker import NackTracker
 
-    now = 1_790_000_000_000
-
     def clock() -> float:
-        return float(now)
+        return float(RESTORE_NOW)
 
-    config = SegmentConfig(max_loaded_ids=10 * RESTORE_IDS)
-    with tempfile.TemporaryDirectory() as directory:
-        store = SegmentStore(LocalDirectoryStorage(directory), config)
-        offsets = np.random.default_rng(1).integers(0, 18_000, RESTORE_IDS)
-        if spread == "ordered":
-            offsets = np.arange(RESTORE_IDS) * 18_000 // RESTORE_IDS
-        for i, offset in enumerate((now + 2_000 + offsets).tolist()):
-            store.add(offset, 1 + i // 50_000, i % 50_000, -1, TOPIC, fresh=True)
-            if i % 200_000 == 199_999:
-                store.checkpoint(now)
-        store.checkpoint(now)
-        size = sum(os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory))
-        started = time.perf_counter()
-        SegmentStore(LocalDirectoryStorage(directory), config).restore(now)
-        store_s = time.perf_counter() - started
+    gc.collect()
+    heap_before, rss_before = heap_in_use(), _rss_bytes()
+    high_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    store = SegmentStore(LocalDirectoryStorage(directory, fsync=False))  # the default memory bound
+    started = time.perf_counter()
+    if part == "store":
+        restored = store.restore(RESTORE_NOW)
+        keep: Any = store
+    else:
         tracker = NackTracker(
-            lambda due: None,
-            clock=clock,
-            wheel=TimerWheel(clock=clock, start=False),
-            snapshots=SegmentStore(LocalDirectoryStorage(directory), config),
+            lambda due: None, clock=clock, wheel=TimerWheel(clock=clock, start=False), snapshots=store
         )
-        started = time.perf_counter()
-        ids = tracker.restore().ids
-        tracker_s = time.perf_counter() - started
+        restored = tracker.restore()
+        keep = tracker
+    seconds = time.perf_counter() - started
+    high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    gc.collect()
+    retained = heap_in_use() - heap_before
+    del keep
     return {
-        "spread": spread,
-        "ids": ids,
-        "store_s": store_s,
-        "tracker_s": tracker_s,
-        "bytes_per_id": size / ids,
+        "seconds": seconds,
+        "ids": restored.ids,
+        "loaded_ids": restored.loaded_ids,
+        "segments": restored.segments,
+        "peak_bytes": high - rss_before if high > high_before else None,
+        "retained_bytes": retained,
     }
 
 
 def restore_runs() -> list[dict[str, Any]]:
+    """For each spread: write the snapshot (a process of its own), then restore it in fresh processes
+    (started with MEASURING_ENV, as memory.heap_in_use wants): the store's, then the tracker's."""
+    from pulsar_nack.memory import MEASURING_ENV
+
     rows = []
     for spread in ("ordered", "random"):
-        out = subprocess.run(
-            [sys.executable, __file__, "--probe", json.dumps({"restore": spread})],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        )
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        with tempfile.TemporaryDirectory() as directory:
+            row: dict[str, Any] = {"spread": spread, **_probe({"write": [directory, spread]})}
+            for part in ("store", "tracker"):
+                row[part] = _probe({"restore": [directory, part]}, env=MEASURING_ENV)
+            row["ids"] = row["store"]["ids"]
+            row["bytes_per_id"] = row["bytes"] / row["ids"]
+        rows.append(row)
         print("restore", rows[-1])
     return rows
+
+
+def _probe(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--probe", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+        env={**os.environ, **(env or {})},
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def consumer_probe(service_url: str, topic: str, snapshots: bool) -> dict[str, Any]:
@@ -273,8 +330,10 @@ def main() -> None:
         spec = json.loads(sys.argv[2])
         if "consumer" in spec:
             print(json.dumps(consumer_probe(*spec["consumer"])))
+        elif "write" in spec:
+            print(json.dumps(_write_pending(*spec["write"])))
         elif "restore" in spec:
-            print(json.dumps(restore_probe(spec["restore"])))
+            print(json.dumps(restore_probe(*spec["restore"])))
         else:
             print(json.dumps(probe(spec["snapshots"])))
         return
@@ -350,12 +409,18 @@ def render(payload: dict[str, Any]) -> None:
             f"{consumer_overhead:+.1%}",
         ],
     ]
-    restore = payload.get("restore", [])
+    restore = [r for r in payload.get("restore", []) if "store" in r]  # the 10M-id format
+
+    def mb(value: int | None) -> str:
+        return "n/a" if value is None else f"{value / 2**20:.1f}"
+
     restore_rows = [
         [
             f"{r['ids']:,} ids, due times {'in entry order' if r['spread'] == 'ordered' else 'at random'}",
-            f"{r['store_s']:.2f}",
-            f"{r['tracker_s']:.2f}",
+            f"{r['store']['seconds']:.2f}",
+            f"{r['tracker']['seconds']:.2f}",
+            f"{mb(r['tracker']['peak_bytes'])} / {mb(r['tracker']['retained_bytes'])}",
+            f"{r['store']['loaded_ids']:,}",
             f"{r['bytes_per_id']:.2f}",
         ]
         for r in restore
@@ -363,8 +428,12 @@ def render(payload: dict[str, Any]) -> None:
     restore_lines = (
         [
             "",
-            "Restore from a local directory, s (the tracker's includes teaching the arrival filter every id: "
-            "one bitmap OR per group of whole entries, one call per batch member; goal for 10M ids: ≤ 1 s)"
+            "Restore from a local directory (fresh process each; the default memory bound: segments due "
+            "within 60 s loaded up to 1M ids, the rest kept as per-ledger membership bitmaps), s. The "
+            "tracker's includes teaching the arrival filter every id (one bitmap OR per ledger). Peak = RSS "
+            "high-water mark over the restore minus RSS before; retained = heap in use after minus before "
+            "(memory.heap_in_use): what the restored consumer holds. Goals (issue 12): 10M ids in ≤ 1 s, "
+            "peak ≤ 2× retained; ≤ 1 B per id on disk dense, ≤ 4 B sparse"
             + (
                 f" — {report.machine_line(payload['restore_machine'])}"
                 if "restore_machine" in payload
@@ -372,7 +441,15 @@ def render(payload: dict[str, Any]) -> None:
             ),
             "",
             report.table(
-                ["", "segment store", "tracker (what subscribe does)", "bytes on disk per id"], restore_rows
+                [
+                    "",
+                    "segment store, s",
+                    "tracker (what subscribe does), s",
+                    "tracker peak / retained, MB",
+                    "ids loaded",
+                    "bytes on disk per id",
+                ],
+                restore_rows,
             ),
         ]
         if restore_rows

@@ -249,6 +249,14 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
 
     # -- lifecycle and stats ------------------------------------------------------------------------
 
+    async def unsubscribe(self) -> None:
+        """Like ``pulsar.asyncio.Consumer.unsubscribe``; the subscription's snapshot is deleted (its pending
+        nacks are void) and the tracker stopped, as the sync consumer does. The storage work runs on a worker
+        thread: the event loop never waits for a disk."""
+        await super().unsubscribe()
+        await asyncio.to_thread(self._nacks.tracker.discard_snapshots)
+        await self._stop_tracking()
+
     async def close(self) -> None:
         """Stop the tracker (dropping or flushing pending nacks, per ``on_close``), then close the consumer.
 

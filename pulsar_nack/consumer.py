@@ -19,6 +19,7 @@ import inspect
 import logging
 import math
 import os
+import re
 import threading
 import time
 import warnings
@@ -51,6 +52,7 @@ from pulsar_nack.snapshot.wiring import (
     SubscriptionStorage,
     arguments_snapshots,
     check_snapshot_options,
+    start_takeover,
     subscription_storage,
     tracker_snapshot_arguments,
 )
@@ -59,6 +61,8 @@ from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeT
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
 _log = logging.getLogger(__name__)
+#: The name the C++ client gives a consumer subscribed without ``consumer_name`` (10 random hex digits).
+_GENERATED_NAME = re.compile(r"[0-9a-f]{10}")
 _MAX_LEDGER_TOPICS = 65_536
 _MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first chunk is remembered
 #: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic), or
@@ -305,6 +309,7 @@ class NackBridge:
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
         if snapshots is not None:
             self.tracker.restore()
+            start_takeover(self.tracker, snapshots)  # a Shared subscription's dead members' nacks
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -856,7 +861,18 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
             NATIVE_DELAY_MS,
             _wrap_lateness_ms(NATIVE_DELAY_MS)[0],
         )
-    snapshots = nack.snapshots_for(consumer.topic(), consumer.subscription_name())
+    # The consumer's name is part of the key: two wrapped consumers of one subscription sharing a directory
+    # must not collide (each locks its own key). Without a consumer_name the client makes one up, which a
+    # restarted process does not get again: its snapshot would not be found (docs/snapshots.md).
+    keeps = nack.snapshot_dir is not None or nack.snapshot_storage is not None
+    name = consumer.consumer_name() if keeps else None
+    if name is not None and _GENERATED_NAME.fullmatch(name):
+        _log.warning(
+            "wrap(): the consumer %r has a name the client made up; its snapshot is found again only by a "
+            "consumer of the same name: subscribe with consumer_name=... to restore it after a restart",
+            name,
+        )
+    snapshots = nack.snapshots_for(consumer.topic(), consumer.subscription_name(), name)
     wrapped = NackConsumer()
     wrapped._attach(consumer, nack, snapshots)
     wrapped._nacks.holding = True  # its dead_letter_policy is unknown here: held ones are not dead-lettered

@@ -39,6 +39,7 @@ from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.snapshot.format import Group
 from pulsar_nack.snapshot.segments import RestoreReport, SegmentStore, SnapshotStats
+from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.timer import Timeout, TimerWheel, check_finite, monotonic_ms, weak_callback
 
 __all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict", "epoch_clock"]
@@ -120,6 +121,28 @@ class NackStats:
     snapshots: SnapshotStats | None = None  # the segment store's metrics, when snapshots are kept
 
 
+class _Learned:
+    """The ids a restore or an adoption visits, gathered for the arrival filter: one bitmap of whole
+    entries per (topic, ledger) — the visited groups are not kept, so a restore holds one segment's
+    decoded groups at a time, not all of them — and the partially pending batch entries."""
+
+    def __init__(self) -> None:
+        self.whole: dict[tuple[str, int], BitMap] = {}
+        self.members: list[tuple[str, int, int, int]] = []  # topic, ledger, entry, batch index mask
+
+    def visit(self, group: Group) -> None:
+        """O(entries / 64 + batch members) (bitmap OR)."""
+        masks = group.batch_masks()
+        whole = group.entries - BitMap(masks) if masks else group.entries
+        key = (group.topic, group.ledger_id)
+        have = self.whole.get(key)
+        if have is None:
+            self.whole[key] = BitMap(whole)
+        else:
+            have |= whole
+        self.members.extend((group.topic, group.ledger_id, entry, mask) for entry, mask in masks.items())
+
+
 class NackTracker:
     """Schedules nacked ids and forwards them to ``forward`` when due; classifies arrivals. Thread-safe.
 
@@ -170,6 +193,9 @@ class NackTracker:
         self._compaction: Timeout | None = None
         self._sweep: Timeout | None = None
         self._maintenance: Timeout | None = None  # the segment store's life cycle, when snapshots are kept
+        #: Called on the timer thread after each run of the store's life cycle, when set: the watch over
+        #: the other members of a Shared subscription (pulsar_nack.snapshot.takeover). Keeps it running.
+        self.takeover: Callable[[], object] | None = None
         self._clock = clock
         self._owns_wheel = wheel is None
         self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
@@ -273,11 +299,14 @@ class NackTracker:
             return
         try:
             store.maintain(int(self._clock()))
+            if self.takeover is not None:
+                self.takeover()
         except Exception:  # a bug, not a storage failure (the store absorbs those): keep the timer alive
             _log.exception("snapshot maintenance failed")
         with self._lock:
             self._maintenance = None
-            if not self._closed and (len(store) or store.stats().segments_total):
+            keep = self.takeover is not None or len(store) or store.stats().segments_total
+            if not self._closed and keep:
                 self._schedule_maintenance()
             following = store.next_due_ms()  # a segment loaded or merged may be due before the armed one
             if not self._closed and following is not None and following < self._armed_bucket:
@@ -288,27 +317,10 @@ class NackTracker:
         keep their due times — passed ones are due at once — and the arrival filter learns every pending
         id, so the copies the broker redelivers at once are held back until due. A corrupt segment is
         dropped with a warning saying how many nacks were lost. O(ids restored)."""
-        store = self.snapshots
-        if store is None:
-            raise RuntimeError("this tracker keeps no snapshots")
-        pending = self.arrivals.pending
-
-        def learn(group: Group) -> None:
-            """Whole entries in bulk (one bitmap OR); batch members one by one."""
-            topic, ledger_id = group.topic, group.ledger_id
-            masks = group.batch_masks()
-            whole = group.entries - BitMap(masks) if masks else group.entries
-            self.arrivals.pending_entries(ledger_id, whole, topic)
-            for entry_id, mask in masks.items():
-                for index in range(mask.bit_length()):
-                    if mask >> index & 1:
-                        pending(ledger_id, entry_id, index, topic)
-
-        groups: list[Group] = []  # taught to the filter after the store's lock is released (lock order)
-        report = store.restore(int(self._clock()), visit=groups.append)
-        for group in groups:
-            learn(group)
-        del groups
+        store = self._store()
+        learned = _Learned()  # taught to the filter after the store's lock is released (lock order)
+        report = store.restore(int(self._clock()), visit=learned.visit)
+        self._learn(learned)
         if report.lost_ids or report.corrupt_segments:
             _log.warning(
                 "restored %d pending nacks from %d snapshot segments; %d corrupt segments dropped: "
@@ -318,14 +330,52 @@ class NackTracker:
                 report.corrupt_segments,
                 report.lost_ids,
             )
+        self._rearm(bool(report.segments))
+        return report
+
+    def adopt(self, peer: SnapshotStorage) -> int:
+        """Take over a dead member's snapshot (``peer``: its storage view, locked by the caller): its
+        pending nacks become this tracker's, at their due times, and the arrival filter learns them, so
+        the copies of its messages the broker hands to this consumer are held back until due
+        (:meth:`SegmentStore.adopt <pulsar_nack.snapshot.segments.SegmentStore.adopt>`). Returns how many
+        ids were adopted. O(ids adopted)."""
+        store = self._store()
+        if self._closed:
+            return 0
+        learned = _Learned()
+        adopted = store.adopt(peer, int(self._clock()), visit=learned.visit)
+        self._learn(learned)
+        self._rearm(adopted > 0)
+        return adopted
+
+    def _store(self) -> SegmentStore:
+        if self.snapshots is None:
+            raise RuntimeError("this tracker keeps no snapshots")
+        return self.snapshots
+
+    def _learn(self, learned: _Learned) -> None:
+        """Teach the arrival filter the restored ids: whole entries in bulk (one bitmap OR per ledger),
+        batch members one by one. O(ledgers + members)."""
+        pending = self.arrivals.pending
+        while learned.whole:  # popped one by one: the filter copies each, and this one can go
+            (topic, ledger_id), whole = learned.whole.popitem()
+            self.arrivals.pending_entries(ledger_id, whole, topic)
+        for topic, ledger_id, entry_id, mask in learned.members:
+            for index in range(mask.bit_length()):
+                if mask >> index & 1:
+                    pending(ledger_id, entry_id, index, topic)
+
+    def _rearm(self, maintain: bool) -> None:
+        """After a restore or an adoption: arm the timer for the earliest pending id, and the store's
+        life cycle if anything is kept."""
+        store = self._store()
         with self._lock:
             if not self._closed:
                 following = store.next_due_ms()
                 if following is not None and following < self._armed_bucket:
                     self._arm(following)
-                if self._maintenance is None and report.segments:
+                if self._maintenance is None and maintain:
                     self._schedule_maintenance()
-        return report
 
     # -- the timer path ----------------------------------------------------------------------------
 
@@ -415,6 +465,10 @@ class NackTracker:
             self._timeout, self._armed_bucket = None, math.inf
         for timeout in timeouts:
             timeout.cancel()
+        takeover, self.takeover = self.takeover, None
+        stop = getattr(takeover, "stop", None)
+        if callable(stop):
+            stop()  # a takeover in progress adopts no further member (it is not waited for)
         if self._finalizer is not None:
             self._finalizer()  # closes the wheel without waiting for its thread
         if self.snapshots is not None:

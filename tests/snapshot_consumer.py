@@ -8,7 +8,8 @@ It subscribes twice to the topic: with ``pulsar_nack.Client`` and ``snapshot_dir
 messages on each and nacks every one — the wrapper with its own delay, the official consumer with its one
 delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
 ``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
-``ready``. With ``stall``: then acks the
+``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription ``wrapped``).
+With ``stall``: then acks the
 first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
 through its temp file, printing ``writing`` — where the test kills it. Then it sleeps.
 """
@@ -85,6 +86,7 @@ def main(config: dict[str, Any]) -> None:
         consumer_type=pulsar.ConsumerType.Shared,
         initial_position=pulsar.InitialPosition.Earliest,
         receiver_queue_size=1000,
+        consumer_name=config.get("consumer_name"),
         snapshot_storage=storage,
     )
     messages = receive(consumer, count)

@@ -5,7 +5,9 @@ Consumer process A (tests/snapshot_consumer.py) nacks N messages with delays of 
 second subscription, and is killed with SIGKILL once the nacks are on disk. Then, in this process, a new
 client subscribes with the same ``snapshot_dir``: every nacked message comes back exactly once, none earlier
 than due - (2^k - 1) ms, none much later — while the official consumer's subscription gets them all at
-once. A kill in the middle of a snapshot write leaves the previous snapshot intact, and it is used."""
+once. A kill in the middle of a snapshot write leaves the previous snapshot intact, and it is used. With
+the snapshot on a topic, B may also be another member of the Shared subscription (another consumer name):
+it takes A's snapshot over at subscribe and holds A's messages back the same way."""
 
 from __future__ import annotations
 
@@ -89,10 +91,17 @@ def drain(consumer: Any, expected: set[str], last_due_ms: float, handouts: dict[
 
 
 def restart_and_check(
-    broker: Broker, topic: str, tmp_path: Path, due: dict[str, float], snapshot_topic: str | None = None
-) -> None:
+    broker: Broker,
+    topic: str,
+    tmp_path: Path,
+    due: dict[str, float],
+    snapshot_topic: str | None = None,
+    consumer_name: str | None = None,
+) -> Any:
     """Consumer B and the official consumer after A's death: see the module docstring. With
-    ``snapshot_topic``, B reads A's snapshot from that topic (no directory of A's)."""
+    ``snapshot_topic``, B reads A's snapshot from that topic (no directory of A's); ``consumer_name``:
+    B's (another than A's: B takes A's snapshot over as a member of the Shared subscription). Returns
+    B's nack stats right after it subscribed."""
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     official_times: dict[str, list[float]] = {}
 
@@ -112,7 +121,13 @@ def restart_and_check(
             if snapshot_topic
             else {"snapshot_dir": tmp_path / "snapshots"}
         )
-        consumer = client.subscribe(topic, "wrapped", consumer_type=pulsar.ConsumerType.Shared, **snapshots)
+        consumer = client.subscribe(
+            topic,
+            "wrapped",
+            consumer_type=pulsar.ConsumerType.Shared,
+            consumer_name=consumer_name,
+            **snapshots,
+        )
         restored = consumer.nack_stats()
         handouts: dict[str, list[float]] = {}
         drain(consumer, set(due), max(due.values()), handouts)
@@ -140,6 +155,7 @@ def restart_and_check(
     official_early = [k for k, v in official_times.items() if v[0] < due[k] - EARLY_MS]
     assert len(official_early) >= 0.8 * len(due), f"only {len(official_early)} of {len(due)} came early"
     assert max(v[0] for v in official_times.values()) - restarted_ms < LATE_MS
+    return restored
 
 
 @pytest.mark.parametrize("kind", ["lite", "apache"])
@@ -248,3 +264,39 @@ def test_nacks_kept_on_a_topic_come_back_on_another_machine(
     due = run_consumer_a(broker, topic, tmp_path, 300, snapshot_topic=snapshot_topic)
     assert not (tmp_path / "snapshots").exists(), "A kept nothing on disk"
     restart_and_check(broker, topic, tmp_path / "elsewhere", due, snapshot_topic=snapshot_topic)
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_a_shared_member_takes_over_a_killed_members_nacks_kept_on_a_topic(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Process A (consumer ``worker-a`` of the Shared subscription) keeps its snapshot on a topic and is
+    killed; B — another process's consumer, named ``worker-b``, no disk of A's — subscribes: the broker
+    hands it A's unacked messages at once, B finds A's snapshot under the subscription's prefix, sees A's
+    member lock free (A is dead), adopts A's pending nacks and deletes A's snapshot. Every message comes
+    back exactly once, none earlier than its due time allows, none much later."""
+    broker: Broker = request.getfixturevalue("pulsar_lite" if kind == "lite" else "apache_pulsar")
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    snapshot_topic = f"{topic}-nack-snapshots"
+    producer_client = pulsar.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        produce(producer_client, topic, 300)
+    finally:
+        producer_client.close()
+    due = run_consumer_a(
+        broker, topic, tmp_path, 300, snapshot_topic=snapshot_topic, consumer_name="worker-a"
+    )
+    restored = restart_and_check(
+        broker, topic, tmp_path / "elsewhere", due, snapshot_topic=snapshot_topic, consumer_name="worker-b"
+    )
+    assert restored.pending >= 300, "B took over A's pending nacks at subscribe"
+    # A's snapshot is gone from the topic (B deleted it after writing the nacks into its own), and B's
+    # own snapshot is empty again (every nack came back and was acked).
+    reader_client = Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        storage = TopicSnapshotStorage(reader_client, snapshot_topic)
+        left = [n for n in storage.list() if ".seg-" in n]
+        storage.close()
+    finally:
+        reader_client.close()
+    assert not left, f"snapshot segments left on the topic: {left}"

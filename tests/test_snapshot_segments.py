@@ -274,6 +274,8 @@ def test_stats_count_operations(storage: SnapshotStorage) -> None:
         store.add(1_000, i, 1)  # 20 groups (one per ledger), cut every 5 ids
     store.checkpoint(0)
     store.pop_due(1_000)
+    assert store.stats().delete.succeeded == 0, "the timer's pop deletes no file: the next maintain does"
+    store.maintain(1_000)
     stats = store.stats()
     assert stats.create.succeeded == 4 and stats.delete.succeeded == 4 and stats.segments_total == 0
     assert sum(stats.create.histogram) == 4 and stats.create.total_ms >= 0
@@ -483,3 +485,84 @@ def test_seals_while_fresh_nacks_arrive_from_another_thread() -> None:
     assert seals >= 3, "the seals ran while nacks arrived"
     assert len(store) == len(added)
     assert SegmentStore(storage, precision_bits=0).restore(100).ids == len(added)
+
+
+# -- storage writes outside the store's lock ------------------------------------------------------------
+
+
+class GatedStorage:
+    """A real in-memory storage whose writes (put, delete) wait at a gate: a disk flush that does not
+    end until the test opens it. ``blocked`` counts the writes waiting there now."""
+
+    def __init__(self) -> None:
+        self.inner = InMemoryStorage()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+        self.blocked = 0
+        self._count = threading.Lock()
+
+    def _wait(self) -> None:
+        with self._count:
+            self.blocked += 1
+        self.entered.set()
+        self.gate.wait(60)
+        with self._count:
+            self.blocked -= 1
+
+    def put(self, name: str, data: bytes) -> None:
+        self._wait()
+        self.inner.put(name, data)
+
+    def delete(self, name: str) -> None:
+        self._wait()
+        self.inner.delete(name)
+
+    def get(self, name: str) -> bytes:
+        return self.inner.get(name)
+
+    def list(self) -> list[str]:
+        return self.inner.list()
+
+
+def test_acks_and_re_nacks_never_wait_for_a_storage_write() -> None:
+    """While a checkpoint's write hangs (the gate closed: one write blocked), a re-nack of an id held by
+    a segment, an ack of one and a timer pop — every call that takes the store's lock — return: each
+    records, when it returned, that the write was still blocked. The bound on the wait is a safety
+    net: the assertion is on the count of blocked writes, not on time."""
+    storage = GatedStorage()
+    store = SegmentStore(storage, SegmentConfig(load_ahead_ms=0, max_loaded_ids=0), precision_bits=K)
+    for entry in range(10):
+        store.add(60_000, 1, entry)
+    store.checkpoint(0)  # ledger 1 in a segment on storage (the gate open)
+    assert len(storage.inner.list()) == 1
+    storage.gate.clear()
+    for entry in range(10):
+        store.add(90_000, 2, entry, fresh=True)  # for the next checkpoint to write
+    writer = threading.Thread(target=store.checkpoint, args=(10,), daemon=True)
+    writer.start()
+    assert storage.entered.wait(30) and storage.blocked == 1
+    returned_while_blocked: dict[str, int] = {}
+
+    def calls() -> None:  # record only: the assertions run on the test's thread
+        store.add(30_000, 1, 3)  # a re-nack, earlier than its copy in the segment
+        returned_while_blocked["re-nack"] = storage.blocked
+        store.remove(1, 4)  # an ack
+        returned_while_blocked["ack"] = storage.blocked
+        store.pop_due(20)  # the timer
+        returned_while_blocked["pop"] = storage.blocked
+
+    caller = threading.Thread(target=calls, daemon=True)
+    caller.start()
+    caller.join(10)  # a safety net only
+    storage.gate.set()
+    caller.join(30)
+    writer.join(30)
+    assert returned_while_blocked == {"re-nack": 1, "ack": 1, "pop": 1}
+    store.maintain(100)
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(store, 100, 100_000, popped)
+    (when,) = popped[("", 1, 3)]
+    assert bucket(30_000) <= when < bucket(30_000) + STEP, "the re-nack kept its earlier due time"
+    assert ("", 1, 4) not in popped, "the acked id never came out"
+    assert len(popped) == 19 and all(len(v) == 1 for v in popped.values())

@@ -3,6 +3,8 @@ storage on the topic (another machine) reads the latest state, and a segment sto
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -69,3 +71,86 @@ def test_bad_arguments_and_blobs_are_refused(client: pulsar.Client, topic: str) 
     storage.put("k.a", b"more than ten bytes")
     with pytest.raises(SnapshotStorageError, match="more than allowed"):
         TopicSnapshotStorage(client, topic, max_bytes=10)
+
+
+def test_refresh_reads_another_processes_writes(client: pulsar.Client, topic: str) -> None:
+    mine = TopicSnapshotStorage(client, topic)
+    other = TopicSnapshotStorage(client, topic)  # another member, writing meanwhile
+    other.put("k.seg-0000000000000001.pnk", b"one")
+    mine.put("j.seg-0000000000000001.pnk", b"mine")
+    assert mine.list() == ["j.seg-0000000000000001.pnk"], "read once, at construction"
+    mine.refresh()
+    assert mine.list() == ["j.seg-0000000000000001.pnk", "k.seg-0000000000000001.pnk"]
+    other.delete("k.seg-0000000000000001.pnk")
+    mine.refresh()
+    assert mine.list() == ["j.seg-0000000000000001.pnk"]
+    mine.close()
+    other.close()
+
+
+def test_member_locks_are_exclusive_subscriptions(pulsar_lite: Any, topic: str) -> None:
+    """A key's lock is held by one storage (a live consumer) at a time; another storage — another process
+    in real life — cannot take it (pulsar-lite does not answer a second Exclusive consumer: the wait
+    ends after lock_timeout_ms); once the holder lets go (its connection closes at its death) it can. A
+    ``forget`` unlock deletes the lock subscription."""
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    holder_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    other_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    try:
+        holder = TopicSnapshotStorage(holder_client, topic, lock_timeout_ms=1_000)
+        other = TopicSnapshotStorage(other_client, topic, lock_timeout_ms=1_000)
+        assert holder.lock_member("k-1")
+        assert not holder.lock_member("k-1"), "held by this storage: a live consumer of this process"
+        assert not other.lock_member("k-1"), "held by a live consumer"
+        assert other.lock_member("k-2"), "another key"
+        holder_client.close()  # as a process's death closes its connection
+        taken = False
+        for _ in range(20):  # the broker drops the holder's consumer with its connection
+            taken = other.lock_member("k-1")
+            if taken:
+                break
+        assert taken
+        other.unlock_member("k-1", forget=True)
+        other.unlock_member("k-2")
+        assert other.lock_member("k-2"), "a closed lock can be taken again"
+        other.close()
+        with pytest.raises(ValueError, match="lock_timeout_ms"):
+            TopicSnapshotStorage(other_client, topic, lock_timeout_ms=0)
+    finally:
+        other_client.close()
+        with contextlib.suppress(pulsar.PulsarException):
+            holder_client.close()  # closed already, unless the test failed before
+
+
+def test_a_consumer_waits_for_the_broker_to_drop_its_dead_predecessors_lock(
+    pulsar_lite: Any, topic: str
+) -> None:
+    """Subscribing, a consumer asks for its own key's lock again while it is held, ``lock_wait_ms`` long
+    (the previous owner may be a vanished machine the broker has not noticed yet): it gets the lock once
+    the holder's connection closes; without the wait it is refused as a duplicate name."""
+    from pulsar_nack.snapshot.namespace import SubscriptionStorage
+
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    holder_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    try:
+        holder = TopicSnapshotStorage(holder_client, topic, lock_timeout_ms=500)
+        assert holder.lock_member("k-1")
+        impatient = SubscriptionStorage(
+            TopicSnapshotStorage(client, topic, lock_timeout_ms=500, lock_wait_ms=0), "k-1"
+        )
+        with pytest.raises(SnapshotStorageError, match="in use by another live consumer"):
+            impatient.lock()
+        patient = SubscriptionStorage(
+            TopicSnapshotStorage(client, topic, lock_timeout_ms=500, lock_wait_ms=30_000), "k-1"
+        )
+        closer = threading.Timer(1.5, holder_client.close)  # the broker notices the holder is gone
+        closer.start()
+        patient.lock()
+        closer.join(30)
+        assert not closer.is_alive()
+        patient.unlock()
+    finally:
+        client.close()
+        with contextlib.suppress(pulsar.PulsarException):
+            holder_client.close()

@@ -49,12 +49,22 @@ removals of ids in segments (acks) are persisted when the segment is rewritten a
 pops when the watermark is — after a crash an id acked or redelivered in the last interval may come back
 (redelivering an acked message is a no-op at the broker).
 
-Thread safety: every public method takes one lock; storage I/O happens under it (call :meth:`maintain`
-off the nack path).
+Thread safety: every public method takes one lock, ``_lock``, for the in-memory work only. Storage
+*writes* (puts and deletes, each with its fsyncs on a local disk) never run under it: the in-memory work
+registers a new or rewritten segment at once, its encoded bytes kept as ``pending`` (readable by a load
+meanwhile), and asks for deletions in ``_undeleted``; :meth:`_write_out` then performs them holding only
+``_io``, the lock that serializes the writers (:meth:`maintain`, :meth:`checkpoint`, :meth:`clear`,
+:meth:`restore`), and takes ``_lock`` for a moment after each write to record it. So an ack or a re-nack
+(:meth:`add`, :meth:`remove`) never waits for a disk flush — at most for the in-memory work of a seal, a
+merge or a load (a load and a merge *read* files under ``_lock``). Lock order: ``_io`` before ``_lock``.
+A segment dropped while its write was in flight (popped, merged, cleared) has its new file deleted right
+after; files are deleted in increasing sequence order, so a merged file never goes before those it
+supersedes.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import re
 import struct
@@ -196,7 +206,9 @@ class _Record:
     supersedes: tuple[int, ...] = ()
     loaded: bool = False
     persisted: bool = True
-    pending: bytes | None = None  # the encoded file, while its write is to be retried
+    pending: bytes | None = None  # the encoded file, until _write_out has written it
+    merged: bool = False  # a merge's (or rewrite's) output: its write counts in the merge stats
+    failed: bool = False  # a write of it failed (logged once; retried by every _write_out)
     deleted: dict[Key, BitMap] = field(default_factory=dict)  # whole-entry removals; mutated, never optimized
     deleted_members: dict[Key, set[tuple[int, int]]] = field(default_factory=dict)
     deleted_count: int = 0
@@ -249,12 +261,15 @@ class SegmentStore:
         self._records: dict[int, _Record] = {}
         self._by_key: dict[Key, set[int]] = {}
         self._dupes: dict[Key, BitMap] = {}  # entries that may be pending in the mutable index and a segment
-        self._undeleted: dict[int, tuple[int, ...]] = {}  # seq → its supersedes, of files whose delete failed
+        # seq → its supersedes, of files to delete (asked for by the in-memory work, or whose delete failed):
+        # _write_out deletes them, outside _lock
+        self._undeleted: dict[int, tuple[int, ...]] = {}
         self._next_seq = 1
         self._last_seal: float | None = None
         self._watermark: int | None = None  # every bucket <= this has been popped (pop_due's latest now)
         self._watermark_saved: int | None = None  # ... as last written to storage
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the in-memory state; never held across a storage write
+        self._io = threading.Lock()  # serializes the writers (_write_out and what asks it for work)
         self._stats = SnapshotStats()
 
     # -- the index's calls ------------------------------------------------------------------------------
@@ -439,21 +454,24 @@ class SegmentStore:
         """Forget every pending id — in memory *and on storage* (a seek: the pending nacks are void, and
         a restart must not bring them back). A file that cannot be deleted now is retried by
         :meth:`maintain`. O(segments)."""
-        with self._lock:
-            names = [r.name for r in self._records.values() if r.persisted]
-            self._mutable.clear()
-            self._loaded.clear()
-            self._records.clear()
-            self._by_key.clear()
-            self._dupes.clear()
+        with self._io:
             try:
-                names += self.storage.list()
+                listed = self.storage.list()
             except SnapshotStorageError as exc:
+                listed = []
                 _log.warning("cannot list snapshot segments to clear them (%s)", exc)
-            for name in sorted(set(names)):
-                if _NAME.fullmatch(name):
-                    self._delete_file(name)
-            self._watermark = self._watermark_saved = None
+            with self._lock:
+                names = [r.name for r in self._records.values()] + listed
+                self._mutable.clear()
+                self._loaded.clear()
+                self._records.clear()
+                self._by_key.clear()
+                self._dupes.clear()
+                for name in sorted(set(names)):
+                    if _NAME.fullmatch(name):
+                        self._delete_file(name)
+                self._watermark = self._watermark_saved = None
+            self._write_out()
             try:
                 self.storage.delete(WATERMARK_NAME)
             except SnapshotStorageError as exc:  # harmless: no segment is left for it to cover
@@ -463,66 +481,158 @@ class SegmentStore:
 
     def maintain(self, now_ms: int) -> None:
         """Timer work: retry failed writes and deletes, seal when due, load ahead, rewrite segments with
-        many deletions, merge when there are too many segments. O(ids sealed/loaded/merged)."""
-        with self._lock:
-            self._retry(now_ms)
-            cfg = self.config
-            interval = self._last_seal is None or now_ms - self._last_seal >= cfg.checkpoint_interval_ms
-            if interval or len(self._mutable) >= cfg.min_ids_per_segment:
-                self.checkpoint(now_ms)
-            elif len(self._mutable):  # the span: a walk of the mutable index, only when nothing else seals
-                first = self._mutable.next_due_ms()
-                last = max((b for b, *_ in self._mutable), default=first)
-                if first is not None and last is not None and last - first >= cfg.max_segment_span_ms:
-                    self.checkpoint(now_ms)
-            self._load_ahead(now_ms)
-            for rec in [r for r in self._records.values() if r.persisted and r.live <= 0]:
-                self._retire(rec)
-            for rec in [
-                r
-                for r in self._records.values()
-                if r.persisted and not r.loaded and r.deleted_count >= cfg.rewrite_deleted_ratio * r.count
-            ]:
-                self._merge([rec])
-            while self._merge_once():
-                pass
+        many deletions, merge when there are too many segments; then the storage writes all that asked
+        for, outside the store's lock. O(ids sealed/loaded/merged)."""
+        with self._io:
+            with self._lock:
+                self._maintain(now_ms)
+            self._write_out()
+
+    def _maintain(self, now_ms: int) -> None:
+        """(Both locks held.) :meth:`maintain`'s in-memory work."""
+        cfg = self.config
+        interval = self._last_seal is None or now_ms - self._last_seal >= cfg.checkpoint_interval_ms
+        if interval or len(self._mutable) >= cfg.min_ids_per_segment:
+            self._checkpoint(now_ms)
+        elif len(self._mutable):  # the span: a walk of the mutable index, only when nothing else seals
+            first = self._mutable.next_due_ms()
+            last = max((b for b, *_ in self._mutable), default=first)
+            if first is not None and last is not None and last - first >= cfg.max_segment_span_ms:
+                self._checkpoint(now_ms)
+        self._load_ahead(now_ms)
+        for rec in [r for r in self._records.values() if r.persisted and r.live <= 0]:
+            self._retire(rec)
+        for rec in [
+            r
+            for r in self._records.values()
+            if r.persisted and not r.loaded and r.deleted_count >= cfg.rewrite_deleted_ratio * r.count
+        ]:
+            self._merge([rec])
+        while self._merge_once():
+            pass
 
     def checkpoint(self, now_ms: int) -> int:
         """Persist the state now (also at close): seal every id of the mutable index into segments, and
         rewrite the segments that had ids removed or popped since they were written (so that a restart
         never brings back an acked or redelivered copy that a later nack of the same id would then
-        precede). Returns how many ids were sealed. O(ids sealed + ids of rewritten segments)."""
-        with self._lock:
-            self._last_seal = now_ms
-            # (bucket, topic, ledger) → (entry ids, batch masks). Fresh nacks reach the mutable index
-            # without the store's lock (see add), so a bucket popped here may fill again before the
-            # loop ends: its second pop joins the first (a segment has one group per bucket and ledger).
-            slots: dict[tuple[int, str, int], tuple[BitMap, dict[int, int]]] = {}
-            bucket = self._mutable.next_due_ms()
-            while bucket is not None:
-                for ids in self._mutable.pop_due(bucket):
-                    masks = {e: batch_mask(ix) for e, ix in ids.batch_indexes.items()}
-                    _join(slots, (bucket, ids.topic, ids.ledger_id), BitMap(ids.entry_ids), masks)
-                bucket = self._mutable.next_due_ms()
-            rows = [(b, t, led, e, m or None) for (b, t, led), (e, m) in sorted(slots.items())]
-            sealed = 0
-            for groups in self._cut(groups_from_rows(rows)):
-                sealed += sum(len(g.entries) for g in groups)
-                self._create(groups, now_ms)
-            for rec in [r for r in self._records.values() if r.dirty and r.persisted]:
-                self._merge([rec])
-            self._save_watermark()
+        precede). Returns how many ids were sealed. O(ids sealed + ids of rewritten segments); the writes
+        run outside the store's lock."""
+        with self._io:
+            with self._lock:
+                sealed = self._checkpoint(now_ms)
+            self._write_out()
             return sealed
 
-    def _save_watermark(self) -> None:
-        """Write the pop watermark if it moved and a segment file may hold popped groups: 22 bytes,
-        atomically, instead of rewriting every segment a pop touched. A failed write is retried at the
-        next checkpoint (until then a restart re-fires the ids popped since the last one)."""
-        mark = self._watermark
-        if not self._records:
-            self._drop_watermark()
+    def _checkpoint(self, now_ms: int) -> int:
+        """(Both locks held.) :meth:`checkpoint`'s in-memory work: seal, rewrite; writes asked for."""
+        self._last_seal = now_ms
+        # (bucket, topic, ledger) → (entry ids, batch masks). Fresh nacks reach the mutable index
+        # without the store's lock (see add), so a bucket popped here may fill again before the
+        # loop ends: its second pop joins the first (a segment has one group per bucket and ledger).
+        slots: dict[tuple[int, str, int], tuple[BitMap, dict[int, int]]] = {}
+        bucket = self._mutable.next_due_ms()
+        while bucket is not None:
+            for ids in self._mutable.pop_due(bucket):
+                masks = {e: batch_mask(ix) for e, ix in ids.batch_indexes.items()}
+                _join(slots, (bucket, ids.topic, ids.ledger_id), BitMap(ids.entry_ids), masks)
+            bucket = self._mutable.next_due_ms()
+        rows = [(b, t, led, e, m or None) for (b, t, led), (e, m) in sorted(slots.items())]
+        sealed = 0
+        for groups in self._cut(groups_from_rows(rows)):
+            sealed += sum(len(g.entries) for g in groups)
+            self._create(groups, now_ms)
+        for rec in [r for r in self._records.values() if r.dirty and r.persisted]:
+            self._merge([rec])
+        return sealed
+
+    def _write_out(self) -> None:
+        """(``_io`` held, ``_lock`` not.) The storage writes the in-memory work asked for: every segment
+        not yet written (new, merged, rewritten, or whose write failed before), then the deletions, in
+        increasing sequence order, then the pop watermark. ``_lock`` is taken only between writes, to
+        record them, so acks and nacks go on meanwhile. A failed put stops the puts (the storage is
+        failing: retried by the next call); its segment's ids stay in memory. O(bytes written)."""
+        with self._lock:
+            writes = sorted(
+                ((r, r.pending) for r in self._records.values() if not r.persisted and r.pending is not None),
+                key=lambda item: item[0].seq,
+            )
+        for rec, data in writes:
+            assert data is not None
+            started = time.perf_counter()
+            try:
+                self.storage.put(rec.name, data)
+            except SnapshotStorageError as exc:
+                with self._lock:
+                    self._write_failed(rec, data, exc, _ms(started))
+                break
+            with self._lock:
+                (self._stats.merge if rec.merged else self._stats.create).record(_ms(started), True)
+                if self._records.get(rec.seq) is rec:
+                    rec.persisted, rec.pending, rec.failed = True, None, False
+                    for seq in rec.supersedes:  # only now that their replacement exists
+                        self._undeleted.setdefault(seq, ())
+                else:  # dropped while it was written (popped, merged, cleared): its file goes too
+                    self._forget_file(rec)
+        with self._lock:
+            deletes = dict(self._undeleted)
+        for seq in sorted(deletes):  # a merged file after the (older) files it supersedes
+            started = time.perf_counter()
+            try:
+                self.storage.delete(segment_name(seq))
+            except SnapshotStorageError as exc:
+                with self._lock:
+                    self._stats.delete.record(_ms(started), False)
+                _log.warning("cannot delete snapshot segment %s (%s); retrying later", segment_name(seq), exc)
+                break
+            with self._lock:
+                self._stats.delete.record(_ms(started), True)
+                self._undeleted.pop(seq, None)
+        self._write_watermark()
+
+    def _write_failed(self, rec: _Record, data: bytes, exc: SnapshotStorageError, elapsed_ms: float) -> None:
+        """(Lock held.) A put failed: count and log it once per segment; a new segment's ids fall back
+        to memory (loaded into the in-memory index), a merge's inputs stay on storage."""
+        (self._stats.merge if rec.merged else self._stats.create).record(elapsed_ms, False)
+        if rec.failed:
             return
-        if mark is None or mark == self._watermark_saved:
+        rec.failed = True
+        if rec.merged:
+            _log.warning(
+                "cannot write merged snapshot segment %s (%s); its inputs stay on storage, retrying later",
+                rec.name,
+                exc,
+            )
+            return
+        self._stats.fallbacks += 1
+        _log.warning(
+            "cannot write snapshot segment %s (%s): its %d nacks stay in memory only",
+            rec.name,
+            exc,
+            rec.count,
+        )
+        if self._records.get(rec.seq) is rec and not rec.loaded:
+            self._fill(rec, decode_segment(data, self.config.limits))
+
+    def _write_watermark(self) -> None:
+        """(``_io`` held, ``_lock`` not.) Write the pop watermark if it moved and a segment file may hold
+        popped groups: 22 bytes, atomically, instead of rewriting every segment a pop touched; delete it
+        when no segment is left. A failure is retried by the next :meth:`_write_out` (until then a
+        restart re-fires the ids popped since the last write)."""
+        with self._lock:
+            mark, saved, empty = self._watermark, self._watermark_saved, not self._records
+        if empty:
+            if saved is None:
+                return
+            try:
+                self.storage.delete(WATERMARK_NAME)
+            except SnapshotStorageError as exc:
+                _log.warning("cannot delete the snapshot's pop watermark (%s); retrying later", exc)
+                return
+            with self._lock:
+                if self._watermark_saved == saved:
+                    self._watermark_saved = None
+            return
+        if mark is None or mark == saved:
             return
         body = _WATERMARK.pack(_WATERMARK_MAGIC, 1, mark)
         try:
@@ -530,18 +640,8 @@ class SegmentStore:
         except SnapshotStorageError as exc:
             _log.warning("cannot write the snapshot's pop watermark (%s); retrying later", exc)
             return
-        self._watermark_saved = mark
-
-    def _drop_watermark(self) -> None:
-        """No segment left for the watermark to cover: delete its file (a failure is retried later)."""
-        if self._watermark_saved is None:
-            return
-        try:
-            self.storage.delete(WATERMARK_NAME)
-        except SnapshotStorageError as exc:
-            _log.warning("cannot delete the snapshot's pop watermark (%s); retrying later", exc)
-            return
-        self._watermark_saved = None
+        with self._lock:
+            self._watermark_saved = mark
 
     def _read_watermark(self, names: list[str]) -> int | None:
         """The pop watermark on storage, or None (absent, unreadable or corrupt: logged; then ids popped
@@ -568,89 +668,129 @@ class SegmentStore:
 
         ``visit`` is called with every restored group (corrupt and superseded segments left out), under
         the store's lock: how a consumer learns which ids are pending — also those left on storage — to
-        hold back the copies the broker redelivers at once. An id in two segments is visited twice."""
-        with self._lock:
-            if self._records or len(self._mutable) or len(self._loaded):
-                raise RuntimeError("restore() needs an empty store")
-            try:
-                names = self.storage.list()
-            except SnapshotStorageError as exc:
-                _log.warning("cannot list snapshot segments (%s): starting with no pending nacks", exc)
-                return RestoreReport(0, 0, 0, 0, 0, 0)
-            # Clamped to now: after a close that flushed everything (a pop at 2**62) it must not cover
-            # the nacks of this life.
-            mark = self._read_watermark(names)
-            if mark is not None:
-                mark = min(mark, int(now_ms))
-                self._watermark = self._watermark_saved = mark
-            segments: list[Segment] = []
-            sizes: dict[int, int] = {}
-            corrupt = lost = 0
-            for name in names:
-                match = _NAME.fullmatch(name)
-                if match is None:
-                    continue
-                seq = int(match["seq"], 16)
-                self._next_seq = max(self._next_seq, seq + 1)
-                started = time.perf_counter()
-                try:
-                    data = self.storage.get(name)
-                except SnapshotStorageError as exc:
-                    self._stats.load.record(_ms(started), False)
-                    _log.warning("cannot read snapshot segment %s (%s): not restored", name, exc)
-                    continue
-                try:
-                    segment = decode_segment(data, self.config.limits)
-                    if segment.seq != seq:
-                        raise SnapshotCorrupt(f"segment {name} holds sequence number {segment.seq}")
-                except SnapshotCorrupt as exc:
-                    self._stats.load.record(_ms(started), False)
-                    corrupt += 1
-                    lost += self._lost(name, data, exc)
-                    self._delete_file(name)
-                    continue
-                self._stats.load.record(_ms(started), True)
-                if mark is not None and segment.groups and segment.min_due_ms <= mark:
-                    live = tuple(g for g in segment.groups if g.bucket_ms > mark)
-                    segment = replace(segment, groups=live)
-                segments.append(segment)
-                sizes[seq] = len(data)
-            superseded = {s for seg in segments for s in seg.supersedes}
-            removed = 0
-            for seg in [s for s in segments if s.seq in superseded]:
-                self._delete_file(segment_name(seg.seq))  # an interrupted merge: its output is in charge
+        hold back the copies the broker redelivers at once. An id in two segments is visited twice.
+        Corrupt and superseded files are deleted before it returns."""
+        with self._io:
+            with self._lock:
+                report = self._restore(now_ms, visit)
+            self._write_out()
+            return report
+
+    def _restore(self, now_ms: int, visit: Callable[[Group], object] | None) -> RestoreReport:
+        """(Both locks held.) :meth:`restore`'s work; deletions asked for."""
+        if self._records or len(self._mutable) or len(self._loaded):
+            raise RuntimeError("restore() needs an empty store")
+        try:
+            names = self.storage.list()
+        except SnapshotStorageError as exc:
+            _log.warning("cannot list snapshot segments (%s): starting with no pending nacks", exc)
+            return RestoreReport(0, 0, 0, 0, 0, 0)
+        # Clamped to now: after a close that flushed everything (a pop at 2**62) it must not cover
+        # the nacks of this life.
+        mark = self._read_watermark(names)
+        if mark is not None:
+            mark = min(mark, int(now_ms))
+            self._watermark = self._watermark_saved = mark
+        # Newest first: a merge's output has a higher sequence number than its inputs, so a segment's
+        # superseders have been read when it is — each segment is settled (superseded and deleted, or
+        # restored) as it is read, and its decoded groups are dropped unless it may be loaded now.
+        numbered = sorted(
+            ((int(m["seq"], 16), n) for n in names if (m := _NAME.fullmatch(n)) is not None), reverse=True
+        )
+        if numbered:
+            self._next_seq = max(self._next_seq, numbered[0][0] + 1)
+        superseded: set[int] = set()
+        horizon = now_ms + self.config.load_ahead_ms
+        candidates: list[tuple[int, int, _Record, Segment]] = []  # a max-heap on (min due, seq), negated
+        candidate_ids = 0
+        corrupt = lost = removed = 0
+        for seq, name in numbered:
+            if seq in superseded:
+                self._delete_file(name)  # an interrupted merge: its output is in charge
                 removed += 1
-            segments = sorted(
-                (s for s in segments if s.seq not in superseded), key=lambda s: (s.min_due_ms, s.seq)
-            )
-            seen: dict[Key, BitMap] = {}
-            budget = self.config.max_loaded_ids
-            for seg in segments:
-                if not seg.groups:  # every id of it was popped before the restart
-                    self._delete_file(segment_name(seg.seq), seg.supersedes)
-                    continue
-                rec = self._record(seg, sizes[seg.seq])
-                rec.popped_through = mark
-                for key, members in rec.membership.items():  # ids in two segments: a second copy
-                    before = seen.get(key)
-                    if before is not None:
-                        both = before & members
-                        if both:
-                            self._dupes.setdefault(key, BitMap()).update(both)
-                        before |= members
-                    else:
-                        seen[key] = BitMap(members)
-                self._add_record(rec)
-                if visit is not None:
-                    for group in seg.groups:
-                        visit(group)
-                horizon = now_ms + self.config.load_ahead_ms
-                fits = len(self._loaded) + rec.count <= budget
-                if rec.min_due <= now_ms or (rec.min_due <= horizon and fits):
-                    self._fill(rec, seg)
-            self._dupes = {k: v for k, v in self._dupes.items() if v}
-            ids = sum(r.count for r in self._records.values())
-            return RestoreReport(len(self._records), ids, len(self._loaded), corrupt, lost, removed)
+                continue
+            started = time.perf_counter()
+            try:
+                data = self.storage.get(name)
+            except SnapshotStorageError as exc:
+                self._stats.load.record(_ms(started), False)
+                _log.warning("cannot read snapshot segment %s (%s): not restored", name, exc)
+                continue
+            try:
+                segment = decode_segment(data, self.config.limits)
+                if segment.seq != seq:
+                    raise SnapshotCorrupt(f"segment {name} holds sequence number {segment.seq}")
+            except SnapshotCorrupt as exc:
+                self._stats.load.record(_ms(started), False)
+                corrupt += 1
+                lost += self._lost(name, data, exc)
+                self._delete_file(name)
+                continue
+            self._stats.load.record(_ms(started), True)
+            superseded.update(segment.supersedes)
+            if mark is not None and segment.groups and segment.min_due_ms <= mark:
+                live = tuple(g for g in segment.groups if g.bucket_ms > mark)
+                segment = replace(segment, groups=live)
+            if not segment.groups:  # every id of it was popped before the restart
+                self._delete_file(name, segment.supersedes)
+                continue
+            rec = self._record(segment, len(data))
+            del data
+            rec.popped_through = mark
+            self._add_record(rec)
+            if visit is not None:
+                for group in segment.groups:
+                    visit(group)
+            if rec.min_due <= horizon:  # due ones whatever the budget; the others earliest first
+                heapq.heappush(candidates, (-rec.min_due, -rec.seq, rec, segment))
+                candidate_ids += rec.count
+                while candidate_ids > self.config.max_loaded_ids and -candidates[0][0] > now_ms:
+                    candidate_ids -= heapq.heappop(candidates)[2].count  # the latest: stays on storage
+        # A second copy: an id in two segments (restore order must not matter, so after all are read).
+        for key, seqs in self._by_key.items():
+            if len(seqs) > 1:
+                union = BitMap()
+                for seq in sorted(seqs):
+                    members = self._records[seq].membership[key]
+                    both = union & members
+                    if both:
+                        self._dupes.setdefault(key, BitMap()).update(both)
+                    union |= members
+        for _, _, rec, segment in sorted(candidates, key=lambda c: (-c[0], -c[1])):
+            self._fill(rec, segment)
+        del candidates
+        self._dupes = {k: v for k, v in self._dupes.items() if v}
+        ids = sum(r.count for r in self._records.values())
+        return RestoreReport(len(self._records), ids, len(self._loaded), corrupt, lost, removed)
+
+    def adopt(
+        self, peer: SnapshotStorage, now_ms: int, visit: Callable[[Group], object] | None = None
+    ) -> int:
+        """Take over another store's snapshot — a dead member of the subscription — into this live one:
+        its pending ids (read as :meth:`restore` reads them: its pop watermark applied, corrupt and
+        superseded files dropped) are added here at their bucket times (earliest due wins against ids
+        pending here already), written into this store's segments, and only then is the other's snapshot
+        deleted — a crash in between leaves both, and the ids pending twice fire once per copy held.
+        ``visit`` as :meth:`restore`'s. Returns how many ids were adopted. O(ids adopted) calls of
+        :meth:`add`."""
+        other = SegmentStore(
+            peer, replace(self.config, max_loaded_ids=0, load_ahead_ms=0), precision_bits=0
+        )  # precision 0: reading it loads nothing, rounds nothing
+        groups: list[Group] = []
+        other.restore(now_ms, visit=groups.append)
+        adopted = 0
+        for group in groups:
+            masks = group.batch_masks()
+            for entry in group.entries:
+                mask = masks.get(entry)
+                for index in batch_indexes(mask) if mask is not None else (-1,):
+                    self.add(group.bucket_ms, group.ledger_id, entry, index, group.topic)
+                    adopted += 1
+            if visit is not None:
+                visit(group)
+        self.checkpoint(now_ms)  # the adopted ids are in this store's files ...
+        other.clear()  # ... before the other's go
+        return adopted
 
     def close(self, now_ms: int) -> None:
         """Seal what is left in memory (a clean shutdown loses nothing)."""
@@ -708,26 +848,11 @@ class SegmentStore:
         segment = Segment(seq, tuple(groups))
         data = encode_segment(segment)
         rec = self._record(segment, len(data))
-        started = time.perf_counter()
-        try:
-            self.storage.put(rec.name, data)
-            self._stats.create.record(_ms(started), True)
-        except SnapshotStorageError as exc:
-            self._stats.create.record(_ms(started), False)
-            self._stats.fallbacks += 1
-            _log.warning(
-                "cannot write snapshot segment %s (%s): its %d nacks stay in memory only",
-                rec.name,
-                exc,
-                rec.count,
-            )
-            rec.persisted, rec.pending = False, data
+        rec.persisted, rec.pending = False, data  # written by _write_out, outside the lock
         self._add_record(rec)
         horizon = now_ms + self.config.load_ahead_ms
-        if (
-            not rec.persisted
-            or rec.min_due <= now_ms
-            or (rec.min_due <= horizon and len(self._loaded) + rec.count <= self.config.max_loaded_ids)
+        if rec.min_due <= now_ms or (
+            rec.min_due <= horizon and len(self._loaded) + rec.count <= self.config.max_loaded_ids
         ):
             self._fill(rec, segment)
 
@@ -791,7 +916,7 @@ class SegmentStore:
     def _load(self, rec: _Record) -> bool:
         started = time.perf_counter()
         try:
-            data = self.storage.get(rec.name)
+            data = rec.pending if rec.pending is not None else self.storage.get(rec.name)
             segment = decode_segment(data, self.config.limits)
             if segment.seq != rec.seq:
                 raise SnapshotCorrupt(f"segment {rec.name} holds sequence number {segment.seq}")
@@ -855,48 +980,24 @@ class SegmentStore:
         rec.loaded = True
 
     def _retire(self, rec: _Record) -> None:
-        """A segment all of whose ids were popped or deleted: forget it, delete its file."""
+        """A segment all of whose ids were popped or deleted: forget it; its file (and any it supersedes
+        that is still around) is deleted by the next :meth:`_write_out`."""
         self._drop_record(rec)
-        if rec.persisted:
-            self._delete_file(rec.name, rec.supersedes)
-        if not self._records:
-            self._drop_watermark()
+        self._forget_file(rec)
 
-    def _delete_file(self, name: str, supersedes: tuple[int, ...] = ()) -> bool:
-        """Delete a file — after any file it supersedes that is still around, so that a superseded file
-        can never outlive the one that replaced it (it would come back at restore)."""
-        for seq in [s for s in supersedes if s in self._undeleted]:
-            if not self._delete_file(segment_name(seq), self._undeleted[seq]):
-                self._undeleted[_seq_of(name)] = supersedes
-                return False
-            del self._undeleted[seq]
-        started = time.perf_counter()
-        try:
-            self.storage.delete(name)
-        except SnapshotStorageError as exc:
-            self._stats.delete.record(_ms(started), False)
-            _log.warning("cannot delete snapshot segment %s (%s); retrying later", name, exc)
-            self._undeleted[_seq_of(name)] = supersedes
-            return False
-        self._stats.delete.record(_ms(started), True)
-        self._undeleted.pop(_seq_of(name), None)
-        return True
+    def _forget_file(self, rec: _Record) -> None:
+        """(Lock held.) Ask for the deletion of a dropped segment's file and of the files it supersedes
+        (a merge not yet written leaves its inputs on storage). A file not written yet is harmless to
+        delete: a write in flight deletes it again once done."""
+        for seq in rec.supersedes:
+            self._undeleted.setdefault(seq, ())
+        self._delete_file(rec.name, rec.supersedes)
 
-    def _retry(self, now_ms: int) -> None:
-        for seq, supersedes in list(self._undeleted.items()):
-            if seq in self._undeleted:
-                self._delete_file(segment_name(seq), supersedes)
-        for rec in [r for r in self._records.values() if not r.persisted]:
-            if rec.pending is None:
-                continue
-            started = time.perf_counter()
-            try:
-                self.storage.put(rec.name, rec.pending)
-            except SnapshotStorageError:
-                self._stats.create.record(_ms(started), False)
-                break
-            self._stats.create.record(_ms(started), True)
-            rec.persisted, rec.pending = True, None
+    def _delete_file(self, name: str, supersedes: tuple[int, ...] = ()) -> None:
+        """(Lock held.) Ask for a file's deletion: :meth:`_write_out` does it, outside the lock, in
+        increasing sequence order — a superseded file (older) never outlives the one that replaced it
+        (it would come back at restore). O(1)."""
+        self._undeleted[_seq_of(name)] = supersedes
 
     # -- internals: deletions, merging ------------------------------------------------------------------
 
@@ -980,9 +1081,10 @@ class SegmentStore:
         return best is not None and self._merge(best)
 
     def _merge(self, inputs: list[_Record]) -> bool:
-        """Write one segment holding the inputs' ids (their deletions and pops applied), then drop the
-        inputs. A single input is a rewrite (a loaded one stays loaded: its ids are in the loaded index
-        already). True if the new segment was written."""
+        """Replace the inputs by one segment holding their ids (their deletions and pops applied). A single
+        input is a rewrite (a loaded one stays loaded: its ids are in the loaded index already). The new
+        segment is in charge at once, in memory; :meth:`_write_out` writes it, and deletes the inputs'
+        files only after that. True if the inputs were replaced (False: one could not be read)."""
         started = time.perf_counter()
         combined: dict[tuple[int, str, int], tuple[BitMap, dict[int, int]]] = {}
         for rec in inputs:
@@ -1024,20 +1126,15 @@ class SegmentStore:
         data = encode_segment(segment)
         rec = self._record(segment, len(data))
         rec.loaded = len(inputs) == 1 and inputs[0].loaded
-        try:
-            if groups:
-                self.storage.put(rec.name, data)
-        except SnapshotStorageError as exc:
-            self._stats.merge.record(_ms(started), False)
-            _log.warning("cannot write merged snapshot segment %s (%s); keeping its inputs", rec.name, exc)
-            return False
-        for old in inputs:  # only now that the replacement exists
-            self._drop_record(old)
-        if groups:
-            self._add_record(rec)
         for old in inputs:
-            self._delete_file(old.name, old.supersedes)
-        self._stats.merge.record(_ms(started), True)
+            self._drop_record(old)
+        if groups:  # its inputs' files are deleted once it is written (its supersedes name them)
+            rec.persisted, rec.pending, rec.merged = False, data, True
+            self._add_record(rec)
+        else:  # nothing of the inputs is left: their files simply go
+            for old in inputs:
+                self._forget_file(old)
+            self._stats.merge.record(_ms(started), True)
         return True
 
     def _lost(self, name: str, data: bytes, exc: Exception) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -22,6 +23,7 @@ from typing import Protocol, runtime_checkable
 __all__ = [
     "InMemoryStorage",
     "LocalDirectoryStorage",
+    "MemberLocks",
     "SnapshotStorage",
     "SnapshotStorageError",
     "check_name",
@@ -59,6 +61,23 @@ class SnapshotStorage(Protocol):
     def list(self) -> list[str]: ...
 
 
+@runtime_checkable
+class MemberLocks(Protocol):
+    """A storage that can tell whether the consumer owning a key is alive: a live consumer holds its key's
+    lock, and the lock goes with its process (also by ``kill -9``). How a consumer of a Shared
+    subscription knows that a member's snapshot is a dead member's, to take over
+    (:mod:`~pulsar_nack.snapshot.takeover`)."""
+
+    def lock_member(self, key: str) -> bool:
+        """Take ``key``'s lock: True if taken (no live holder), False if a live consumer holds it. May
+        raise :class:`SnapshotStorageError` (the storage cannot be reached)."""
+        ...
+
+    def unlock_member(self, key: str, *, forget: bool = False) -> None:
+        """Release a lock :meth:`lock_member` took; ``forget``: the member is gone for good."""
+        ...
+
+
 class LocalDirectoryStorage:
     """Segment files in one local directory (created 0700 if missing). See the module docstring.
 
@@ -83,6 +102,37 @@ class LocalDirectoryStorage:
         except OSError as exc:
             raise SnapshotStorageError(exc.errno, f"cannot open {self.path}: {exc}") from exc
         self.removed_temp_files = self.clean_temp_files()
+        self._locks: dict[str, int] = {}  # key → the open lock file this storage holds an flock on
+
+    def lock_member(self, key: str) -> bool:
+        """An exclusive ``flock`` on ``<key>.lock`` (created 0600), held until :meth:`unlock_member` or
+        the process ends (the kernel drops it, also at ``kill -9``). True if taken; False if held — by
+        another process, another storage in this one, or this storage (a live consumer of this process
+        sharing it). Raises :class:`SnapshotStorageError` for a file that cannot be opened. O(1)."""
+        if key in self._locks:
+            return False
+        path = self._file(key + ".lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot open {path}: {exc}") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return False
+            raise SnapshotStorageError(exc.errno, f"cannot lock {path}: {exc}") from exc
+        self._locks[key] = fd
+        return True
+
+    def unlock_member(self, key: str, *, forget: bool = False) -> None:
+        """Drop the ``flock`` (the file stays, even with ``forget``: removing it would race with a consumer
+        opening it to take the lock). O(1)."""
+        fd = self._locks.pop(key, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, check_name(name))

@@ -12,9 +12,15 @@ What it guarantees: a ``put``/``delete`` returned once the broker persisted the 
 send); a reader sees the writes of a storage in order, so the latest message of a key is its value. At
 construction the whole topic is read once (a reader from the earliest message, until none is available)
 and kept in memory — O(topic size) time and memory, bounded by ``max_bytes`` per message; after that
-``get``/``list`` are served from memory and this process's own writes. It assumes one writer per name (the
-consumer that owns the key); a second live writer of the same names is not detected (the local directory's
-lock is not available here). A segment must fit the broker's ``maxMessageSize`` (5 MB by default; a
+``get``/``list`` are served from memory and this process's own writes; :meth:`TopicSnapshotStorage.refresh`
+reads on from where the last read ended (the writes of other processes: a member of a Shared subscription
+taking over a dead member's snapshot). One writer per name (the consumer that owns the key): the member
+locks (:class:`~pulsar_nack.snapshot.storage.MemberLocks`) are Exclusive subscriptions, one per key, on the
+topic ``<topic>-members`` (nothing is ever published there): a live consumer holds its key's, the broker
+drops it with the consumer's connection — at once for a process killed on a live machine, after the
+broker's keep-alive timeout for a machine that vanished — which is also when it hands the consumer's
+unacked messages to the others. A second consumer of the same key is refused; a member whose lock can
+be taken is dead. A segment must fit the broker's ``maxMessageSize`` (5 MB by default; a
 segment holds at most 5,000 ids and a merge of four at most 20,000: a few hundred KB at worst); a larger
 one fails to write and the store keeps it in memory, with a warning (chunking would lift the limit, but
 pulsar-lite 0.2.0 mixes up the chunks of two producers of one topic). Retention: the topic must keep its
@@ -26,8 +32,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import threading
 from typing import Any
 
+import _pulsar
 import pulsar
 
 from pulsar_nack.snapshot.storage import SnapshotStorageError, check_name
@@ -35,12 +43,23 @@ from pulsar_nack.snapshot.storage import SnapshotStorageError, check_name
 __all__ = ["TopicSnapshotStorage"]
 
 _READ_TIMEOUT_MS = 30_000
+_LOCK_TIMEOUT_MS = 3_000
+_LOCK_WAIT_MS = 60_000  # the broker's keep-alive timeout is 30 s by default (keepAliveIntervalSeconds)
 _OPENED = ".opened"  # not a valid blob name (check_name): never collides with one
 
 
 class TopicSnapshotStorage:
-    """A :class:`~pulsar_nack.snapshot.storage.SnapshotStorage` on the Pulsar topic ``topic``, written and
-    read through ``client`` (a ``pulsar.Client`` or ``pulsar_nack.Client``). See the module docstring.
+    """A :class:`~pulsar_nack.snapshot.storage.SnapshotStorage` (and
+    :class:`~pulsar_nack.snapshot.storage.MemberLocks`) on the Pulsar topic ``topic``, written and read
+    through ``client`` (a ``pulsar.Client`` or ``pulsar_nack.Client``). See the module docstring.
+
+    ``lock_timeout_ms``: how long :meth:`lock_member` waits for the broker's answer; no answer counts as
+    *held* (pulsar-lite 0.2.0 never answers a second Exclusive consumer: the subscribe times out).
+    ``lock_wait_ms``: how long a consumer subscribing asks again for its own key's lock while it is held
+    (:meth:`SubscriptionStorage.lock <pulsar_nack.snapshot.namespace.SubscriptionStorage.lock>`) — the
+    previous owner may be a vanished machine whose consumers the broker drops only after its keep-alive
+    timeout; then ``SnapshotStorageError`` (``EBUSY``).
+    Thread-safe: one lock orders the writes, reads and refreshes of the in-memory copy.
 
     Raises :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` if the topic cannot be read at
     construction, and from every method whose broker operation fails; ``TypeError`` for a ``client`` or
@@ -53,29 +72,43 @@ class TopicSnapshotStorage:
         *,
         max_bytes: int = 256 * 2**20,
         read_timeout_ms: int = _READ_TIMEOUT_MS,
+        lock_timeout_ms: int = _LOCK_TIMEOUT_MS,
+        lock_wait_ms: int = _LOCK_WAIT_MS,
     ) -> None:
         if not isinstance(client, pulsar.Client):
             raise TypeError(f"client must be a pulsar.Client, got {type(client).__name__}")
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
+        if not isinstance(lock_timeout_ms, int) or lock_timeout_ms < 1:
+            raise ValueError(f"lock_timeout_ms must be an int >= 1, got {lock_timeout_ms!r}")
+        if not isinstance(lock_wait_ms, int) or lock_wait_ms < 0:
+            raise ValueError(f"lock_wait_ms must be an int >= 0, got {lock_wait_ms!r}")
         self.topic = topic
+        self.members_topic = topic + "-members"
         self.max_bytes = int(max_bytes)
+        self.read_timeout_ms = int(read_timeout_ms)
+        self.lock_timeout_ms = lock_timeout_ms
+        self.lock_wait_ms = lock_wait_ms
+        self._client = client
         self._blobs: dict[str, bytes] = {}
+        self._lock = threading.RLock()
+        self._members: dict[str, Any] = {}  # key → the _pulsar.Consumer holding its Exclusive subscription
         try:
             self._producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
             # A tombstone of a key no blob can have: the topic is never empty when read (pulsar-lite 0.2.0
             # fails has_message_available on an empty topic), and compaction removes it.
             self._producer.send(b"", partition_key=_OPENED)
-            self._read_all(client, read_timeout_ms)
+            self._reader = client.create_reader(self.topic, pulsar.MessageId.earliest)
+            self._read_on()
         except pulsar.PulsarException as exc:
             raise SnapshotStorageError(errno.EIO, f"cannot open snapshot topic {topic}: {exc}") from exc
 
-    def _read_all(self, client: Any, read_timeout_ms: int) -> None:
-        """The latest value of every key, from the earliest message on. O(messages)."""
-        reader = client.create_reader(self.topic, pulsar.MessageId.earliest)
-        try:
-            while reader.has_message_available():
-                message = reader.read_next(read_timeout_ms)
+    def _read_on(self) -> None:
+        """Read from where the last read ended to the end of the topic: the latest value of every key.
+        O(messages read)."""
+        with self._lock:
+            while self._reader.has_message_available():
+                message = self._reader.read_next(self.read_timeout_ms)
                 name, data = message.partition_key(), message.data()
                 if name == _OPENED:
                     continue
@@ -88,8 +121,14 @@ class TopicSnapshotStorage:
                     self._blobs[name] = data
                 else:
                     self._blobs.pop(name, None)
-        finally:
-            reader.close()
+
+    def refresh(self) -> None:
+        """Read the messages written since the last read — other processes' writes (this one's are known
+        already; read again, they end in the same state). O(messages read)."""
+        try:
+            self._read_on()
+        except pulsar.PulsarException as exc:
+            raise SnapshotStorageError(errno.EIO, f"cannot read snapshot topic {self.topic}: {exc}") from exc
 
     def _send(self, name: str, data: bytes) -> None:
         try:
@@ -104,25 +143,88 @@ class TopicSnapshotStorage:
         check_name(name)
         if not data:
             raise SnapshotStorageError(errno.EINVAL, f"snapshot {name}: an empty blob is a tombstone")
-        self._send(name, bytes(data))
-        self._blobs[name] = bytes(data)
+        with self._lock:
+            self._send(name, bytes(data))
+            self._blobs[name] = bytes(data)
 
     def get(self, name: str) -> bytes:
-        try:
-            return self._blobs[check_name(name)]
-        except KeyError:
-            raise SnapshotStorageError(errno.ENOENT, f"no snapshot {name} in {self.topic}") from None
+        with self._lock:
+            try:
+                return self._blobs[check_name(name)]
+            except KeyError:
+                raise SnapshotStorageError(errno.ENOENT, f"no snapshot {name} in {self.topic}") from None
 
     def delete(self, name: str) -> None:
         """A tombstone for ``name`` (nothing is sent for a name not stored). O(1)."""
-        if check_name(name) in self._blobs:
-            self._send(name, b"")
-            del self._blobs[name]
+        with self._lock:
+            if check_name(name) in self._blobs:
+                self._send(name, b"")
+                del self._blobs[name]
 
     def list(self) -> list[str]:
-        return sorted(self._blobs)
+        with self._lock:
+            return sorted(self._blobs)
+
+    def lock_member(self, key: str) -> bool:
+        """Subscribe to ``<topic>-members`` as the one Exclusive consumer of the subscription ``key``:
+        True if taken; False if held by this storage (a live consumer of this process), if the broker
+        refuses (``ConsumerBusy``: a live consumer holds it) or does not answer within
+        ``lock_timeout_ms``. A subscription that succeeds after that wait is closed at once. Raises
+        :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` for another failure. One round
+        trip."""
+        check_name(key)
+        with self._lock:
+            if key in self._members:
+                return False
+        conf = _pulsar.ConsumerConfiguration()
+        conf.consumer_type(_pulsar.ConsumerType.Exclusive)
+        conf.receiver_queue_size(1)
+        answered = threading.Event()
+        outcome: dict[str, Any] = {}
+        guard = threading.Lock()
+
+        def settled(result: Any, consumer: Any) -> None:  # a client thread: record, or close if too late
+            with guard:
+                late = outcome.setdefault("late", False)
+                if not late:
+                    outcome["result"], outcome["consumer"] = result, consumer
+            if late and result == _pulsar.Result.Ok:
+                consumer.close_async(lambda _result: None)
+            answered.set()
+
+        self._client._client.subscribe_async(self.members_topic, key, conf, settled)
+        answered.wait(self.lock_timeout_ms / 1000)
+        with guard:
+            if "result" not in outcome:
+                outcome["late"] = True
+                return False
+        result = outcome["result"]
+        if result == _pulsar.Result.Ok:
+            with self._lock:
+                self._members[key] = outcome["consumer"]
+            return True
+        if result in (_pulsar.Result.ConsumerBusy, _pulsar.Result.Timeout):
+            return False
+        raise SnapshotStorageError(errno.EIO, f"cannot lock {key} on {self.members_topic}: {result}")
+
+    def unlock_member(self, key: str, *, forget: bool = False) -> None:
+        """Close the lock's consumer; ``forget``: unsubscribe instead (the member's lock subscription is
+        deleted: it was taken over). Never raises. One round trip."""
+        with self._lock:
+            consumer = self._members.pop(key, None)
+        if consumer is None:
+            return
+        with contextlib.suppress(Exception):
+            if forget:
+                consumer.unsubscribe()
+            else:
+                consumer.close()
 
     def close(self) -> None:
-        """Close the producer (the client closes it too)."""
+        """Close the producer, the reader and the member locks (the client closes them too)."""
+        for key in list(self._members):
+            self.unlock_member(key)
         with contextlib.suppress(pulsar.PulsarException):
             self._producer.close()
+        with contextlib.suppress(pulsar.PulsarException):
+            self._reader.close()

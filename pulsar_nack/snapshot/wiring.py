@@ -4,7 +4,8 @@ and an epoch clock for its :class:`~pulsar_nack.tracker.NackTracker`.
 
 Kept out of ``consumer.py`` so that the consumer's wiring is four calls: check the options
 (:func:`check_snapshot_options`), open the storage before subscribing (:func:`arguments_snapshots` or
-:func:`subscription_storage`), build the tracker with :func:`tracker_snapshot_arguments`, restore.
+:func:`subscription_storage`), build the tracker with :func:`tracker_snapshot_arguments`, restore, and
+take over the dead members' snapshots (:func:`start_takeover`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from pulsar_nack.index import Rounding
-from pulsar_nack.snapshot.namespace import SubscriptionStorage, snapshot_key
+from pulsar_nack.snapshot.namespace import SubscriptionStorage, legacy_snapshot_key, snapshot_key
 from pulsar_nack.snapshot.segments import SegmentStore
 from pulsar_nack.snapshot.storage import LocalDirectoryStorage, SnapshotStorage
-from pulsar_nack.tracker import epoch_clock
+from pulsar_nack.snapshot.takeover import Takeover
+from pulsar_nack.tracker import NackTracker, epoch_clock
 
 __all__ = [
     "SubscriptionStorage",
     "arguments_snapshots",
     "check_snapshot_options",
+    "start_takeover",
     "subscription_storage",
     "tracker_snapshot_arguments",
 ]
@@ -68,7 +71,7 @@ def subscription_storage(
         return None
     key = snapshot_key(topic, subscription, consumer_name)
     base = snapshot_storage if snapshot_storage is not None else LocalDirectoryStorage(snapshot_dir)  # type: ignore[arg-type]
-    view = SubscriptionStorage(base, key)
+    view = SubscriptionStorage(base, key, legacy_snapshot_key(topic, subscription, consumer_name))
     view.lock()
     return view
 
@@ -85,6 +88,18 @@ def arguments_snapshots(options: Any, arguments: Mapping[str, Any]) -> Subscript
         arguments.get("subscription_name"),  # type: ignore[arg-type]  # checked by snapshot_key
         arguments.get("consumer_name"),
     )
+
+
+def start_takeover(tracker: NackTracker, view: SubscriptionStorage | None) -> Takeover | None:
+    """After the tracker restored its own snapshot: adopt every dead member's of the subscription now
+    (before the application can receive), then keep watching on the tracker's timer
+    (:mod:`~pulsar_nack.snapshot.takeover`). None without snapshots."""
+    if view is None:
+        return None
+    takeover = Takeover(view, tracker.adopt)
+    takeover.run()
+    tracker.takeover = takeover
+    return takeover
 
 
 def tracker_snapshot_arguments(
