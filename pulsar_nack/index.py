@@ -8,9 +8,12 @@ due buckets (their times sit in a heap).
 Unlike the Java structure, a slot does not always get a bitmap of its own: when many topics (ledgers)
 share a bucket, each slot holds a few ids, and a bitmap, a map entry and a key per slot cost ~500 bytes —
 60 bytes per id with 100 topics over 60 s. Small slots therefore share one 64-bit Roaring bitmap per
-bucket, the ledger's number stored *below* the entry id so that up to 256 ledgers share each Roaring
-container (a few bytes per id); a slot that grows to :data:`PROMOTE_AT` ids moves to a bitmap of its own,
-where dense, in-order ids become run or bitset containers as before.
+bucket, the low bits of the ledger's number stored *below* the entry id so that the ledgers pending share
+Roaring containers (a few bytes per id). How many bits follows how many ledgers have ids pending — none
+for one ledger, whose slot then keeps a container per 65,536 entry ids however its ids are spread; 7 for
+100 — and the shared bitmaps are re-encoded when that number doubles or falls to a quarter (rare,
+see ``TimeBucketIndex._relayout``). A slot that grows to :data:`PROMOTE_AT` ids moves to a bitmap of its
+own, where dense, in-order ids become run or bitset containers as before.
 
 Beyond the Java tracker this index
 
@@ -252,21 +255,68 @@ Entries: TypeAlias = "BitMap | _Run"
 
 # -- the packed layout ---------------------------------------------------------------------------------
 # Small slots of one bucket share one 64-bit Roaring bitmap. A ledger gets an *ordinal* (reused once the
-# ledger has nothing pending) and an id is stored as ``ordinal << 32 | entry_id``: a slot's ids share one
-# Roaring container (per 65,536 entry ids), ~100 B of C heap, where a bitmap of its own costs ~250 B plus
-# its dict entry and key. (Ordinal bits *below* the entry id let 256 ledgers share a container when
-# their entry ids are close — 8 B per id for 100 slow topics — but give every 256 entry ids of a slot a
-# container of their own when they are not: 6x more for one ledger nacked with random delays.)
-# The code keeps the general form ``group << _GROUP_SHIFT | entry_id << _ORDINAL_BITS | low ordinal``.
-_ORDINAL_BITS = 0
-_ORDINAL_LOW = (1 << _ORDINAL_BITS) - 1
-_GROUP_SHIFT = 32
-_CODE_ENTRY = (1 << _GROUP_SHIFT) - 1  # entry id and low ordinal bits
-MAX_LEDGERS: int = 1 << (64 - _GROUP_SHIFT + _ORDINAL_BITS)  # ledgers with ids pending at one time
-_U64_ORDINAL_LOW = np.uint64(_ORDINAL_LOW)
-_U64_GROUP_SHIFT = np.uint64(_GROUP_SHIFT)
-_U64_ORDINAL_BITS = np.uint64(_ORDINAL_BITS)
-_U64_CODE_ENTRY = np.uint64(_CODE_ENTRY)
+# ledger has nothing pending) and an id is stored as a *code*
+# ``ordinal >> b << (32 + b) | entry_id << b | ordinal & (2**b - 1)``: the low ``b`` bits of the ordinal
+# sit *below* the entry id, so that 2**b ledgers share each Roaring container (65,536 codes: 2**(16 - b)
+# entry ids of 2**b ledgers). That is what makes many small slots cheap — 100 topics with ~8 ids per
+# (bucket, ledger) slot share a few containers per bucket, ~2 B per id, where a container per slot cost
+# ~100 B (12 B per id). But the more ledgers share a container, the fewer entry ids it spans: with b = 8,
+# one ledger nacked with random delays had every 256 of its entry ids in a container of their own (191 B
+# per id). So ``b`` follows the number of ledgers: the fewest bits that number the ordinals handed out
+# (0 for one ledger, 7 for 100; at most _MAX_LOW_BITS, the rest of the ordinal goes above the entry id).
+# Changing ``b`` re-encodes every shared bitmap (O(ids in shared bitmaps)); see
+# TimeBucketIndex._relayout for when that happens and why it stays rare.
+_MAX_LOW_BITS = 8
+MAX_LEDGERS: int = 1 << 32  # ledgers with ids pending at one time (ordinals are 32 bits)
+
+
+class _Layout:
+    """The code layout for ``bits`` = b low ordinal bits (see above); numpy forms of its constants."""
+
+    __slots__ = ("bits", "entry_mask", "low", "shift", "u_bits", "u_entry_mask", "u_low", "u_shift")
+
+    def __init__(self, bits: int) -> None:
+        self.bits = bits
+        self.low = (1 << bits) - 1
+        self.shift = 32 + bits
+        self.entry_mask = (1 << self.shift) - 1  # entry id and low ordinal bits
+        self.u_bits, self.u_low = np.uint64(bits), np.uint64(self.low)
+        self.u_shift, self.u_entry_mask = np.uint64(self.shift), np.uint64(self.entry_mask)
+
+    def base(self, ordinal: int) -> int:
+        """The part of a code that names the ledger (entry id bits zero). O(1)."""
+        return (ordinal >> self.bits) << self.shift | ordinal & self.low
+
+    def decode(self, codes: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32]]:
+        """(ordinals, entry ids) of codes. O(n) numpy."""
+        ordinals: npt.NDArray[np.uint64] = (codes >> self.u_shift) << self.u_bits | codes & self.u_low
+        return ordinals, self.entries(codes)
+
+    def entries(self, codes: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint32]:
+        """The entry ids of codes. O(n) numpy."""
+        return ((codes & self.u_entry_mask) >> self.u_bits).astype(np.uint32)
+
+    def encode(self, ordinals: npt.NDArray[np.uint64], entry_ids: npt.NDArray[np.uint32]) -> array[int]:
+        """Codes of (ordinal, entry id) pairs as an ``array('Q')``. O(n) numpy."""
+        values = (
+            (ordinals >> self.u_bits) << self.u_shift
+            | entry_ids.astype(np.uint64) << self.u_bits
+            | ordinals & self.u_low
+        )
+        return array("Q", values.tobytes())
+
+    def codes(self, base: int, entry_ids: npt.NDArray[np.uint32]) -> array[int]:
+        """Codes of one ledger's entry ids, as an ``array('Q')`` (pyroaring reads it as a buffer)."""
+        values = entry_ids.astype(np.uint64) << self.u_bits | np.uint64(base)
+        return array("Q", values.tobytes())
+
+    def mine(self, codes: npt.NDArray[np.uint64], base: int) -> npt.NDArray[np.uint64]:
+        """The codes of the ledger with this ``base``, in entry order. O(n) numpy."""
+        mine: npt.NDArray[np.uint64] = codes[
+            (codes & ~self.u_entry_mask | codes & self.u_low) == np.uint64(base)
+        ]
+        return mine
+
 
 #: A packed slot that reaches this many ids moves to a bitmap of its own: there it can become a run or
 #: bitset container (dense, in-order nacks) and its lookups skip the shared bitmap. Sizes are kept in a
@@ -285,24 +335,6 @@ _ORDER_SHARED = 4
 #: Bucket times are kept in signed 64-bit arrays (ceil rounding may add up to 2**30 - 1): a later due
 #: time (~292 million years ahead) is filed as this one.
 MAX_DUE_MS: int = 2**63 - 2**MAX_PRECISION_BITS
-
-
-def _base(ordinal: int) -> int:
-    """The part of a packed code that names the ledger (entry id bits zero)."""
-    return (ordinal >> _ORDINAL_BITS) << _GROUP_SHIFT | ordinal & _ORDINAL_LOW
-
-
-def _decode(codes: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32]]:
-    """(ordinals, entry ids) of packed codes. O(n) numpy."""
-    ordinals = (codes >> _U64_GROUP_SHIFT) << _U64_ORDINAL_BITS | codes & _U64_ORDINAL_LOW
-    entries = ((codes & _U64_CODE_ENTRY) >> _U64_ORDINAL_BITS).astype(np.uint32)
-    return ordinals, entries
-
-
-def _codes(base: int, entry_ids: npt.NDArray[np.uint32]) -> array[int]:
-    """Packed codes of one ledger's entry ids, as an ``array('Q')`` (pyroaring reads it as a buffer)."""
-    values = entry_ids.astype(np.uint64) << _U64_ORDINAL_BITS | np.uint64(base)
-    return array("Q", values.tobytes())
 
 
 def _u32(entry_ids: npt.NDArray[np.uint32]) -> array[int]:
@@ -357,10 +389,10 @@ class _Ledger:
         "stale",
     )
 
-    def __init__(self, key: LedgerKey, ordinal: int) -> None:
+    def __init__(self, key: LedgerKey, ordinal: int, base: int) -> None:
         self.key = key
         self.ordinal = ordinal
-        self.base = _base(ordinal)
+        self.base = base
         self.buckets = array("q")
         self.sizes = array("B")
         self.head = 0
@@ -407,7 +439,7 @@ class _Ledger:
         else:
             self.mins = None
 
-    def _extremes(self, schedule: Mapping[int, _Bucket]) -> list[tuple[int, int]] | None:
+    def _extremes(self, schedule: Mapping[int, _Bucket], layout: _Layout) -> list[tuple[int, int]] | None:
         """(smallest, largest) entry id of every slot, or None when that would cost more than O(B_l):
         slots in a shared bitmap are read with numpy (O(P)), so at most _ORDER_SHARED of them."""
         shared = len(self) - self.sizes[self.head :].count(_OWN)
@@ -425,35 +457,35 @@ class _Ledger:
             if slots.packed is None:  # a new slot, still empty: no order to speak of
                 return None
             codes = _array_of(slots.packed, np.uint64)
-            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(self.base)]
+            mine = layout.mine(codes, self.base)
             if not len(mine):
                 return None
-            entry_ids = _decode(mine)[1]
+            entry_ids = layout.entries(mine)
             out.append((int(entry_ids[0]), int(entry_ids[-1])))  # codes of one ledger: by entry id
         return out
 
-    def refresh_bounds(self, schedule: Mapping[int, _Bucket]) -> None:
+    def refresh_bounds(self, schedule: Mapping[int, _Bucket], layout: _Layout) -> None:
         """Exact ``lo``/``hi`` when the slots' extremes are cheap to find (O(B_l), see ``_extremes``);
         else the loose bounds stay."""
         self.stale = False
-        extremes = self._extremes(schedule)
+        extremes = self._extremes(schedule, layout)
         if extremes:
             self.lo = min(low for low, _ in extremes)
             self.hi = max(high for _, high in extremes)
 
-    def candidates(self, schedule: Mapping[int, _Bucket], entry_id: int) -> Iterable[int]:
+    def candidates(self, schedule: Mapping[int, _Bucket], layout: _Layout, entry_id: int) -> Iterable[int]:
         """Positions of the slots that may hold ``entry_id``: O(log B_l) when ordered, else all B_l."""
         if self.mins is None:
-            self._order(schedule)
+            self._order(schedule, layout)
         if self.ordered:
             assert self.mins is not None
             i = bisect_right(self.mins, entry_id, self.head) - 1
             return (i,) if i >= self.head else ()
         return range(self.head, len(self.buckets))
 
-    def _order(self, schedule: Mapping[int, _Bucket]) -> None:
+    def _order(self, schedule: Mapping[int, _Bucket], layout: _Layout) -> None:
         self.mins, self.ordered = [], False
-        extremes = self._extremes(schedule)
+        extremes = self._extremes(schedule, layout)
         if extremes is None:
             return
         lows = [low for low, _ in extremes]
@@ -483,7 +515,7 @@ class TimeBucketIndex:
     ``2**k - 1`` ms late.
 
     Layout: a (bucket, ledger) *slot* with fewer than :data:`PROMOTE_AT` ids lives in its bucket's one
-    shared 64-bit bitmap (see ``_base``: a few bytes per id however many ledgers share the bucket); a
+    shared 64-bit bitmap (see ``_Layout``: a few bytes per id however many ledgers share the bucket); a
     larger slot has a 32-bit bitmap of its own (dense slots become run or bitset containers). Per ledger
     the index keeps the sorted bucket times of its slots in a compact array.
 
@@ -494,13 +526,16 @@ class TimeBucketIndex:
       outside the ledger's pending range (the usual in-order nack); O(log B + log B_l) when it opens a
       slot (plus a C memmove of the ledger's arrays when the slot is not its latest); O(B_l) when the id
       might already be pending (re-nack inside the ledger's pending range); O(P) once per slot, when it
-      reaches :data:`PROMOTE_AT` ids and moves to its own bitmap.
+      reaches :data:`PROMOTE_AT` ids and moves to its own bitmap; O(S) (S = ids in all shared bitmaps)
+      when a new ledger makes the ledgers pending outgrow the shared bitmaps' ordinal bits (each time
+      their number doubles past a power of two, see ``_relayout``).
     * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
       O(B_l + P) once per ledger and call if a run overlaps the ledger's pending range (the ids it may
       have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)).
     * :meth:`pop_due` — O(due ids log due ids) in numpy and CRoaring (the due buckets' shared bitmaps are
       merged in one call), plus O(1) Python work per due bucket, per slot with its own bitmap, and per
-      due ledger.
+      due ledger; O(S) when the ledgers left pending fall to a quarter of what the ordinal bits number
+      (see ``_relayout``; :meth:`remove` likewise).
     * :meth:`due_of`, :meth:`pending_mask`, :meth:`remove` — O(1) for an id outside its ledger's pending
       range, else O(log B_l) when the ledger's slots hold ordered ranges (and at most 4 of them are
       shared), else O(B_l) bitmap probes. Finding the order costs O(B_l) (+ O(P) per shared slot) once
@@ -542,6 +577,7 @@ class TimeBucketIndex:
         self._ledgers: dict[LedgerKey, _Ledger] = {}
         self._ordinals: list[_Ledger | None] = []
         self._free: list[int] = []
+        self._layout = _Layout(0)  # codes of the shared bitmaps: see _relayout
         # (bucket, key) → {entry id → bitmask of pending batch indexes}, for entries that are pending
         # only for some messages of their batch. Entries absent here are pending as a whole.
         self._members: dict[tuple[int, LedgerKey], _Members] = {}
@@ -762,6 +798,7 @@ class TimeBucketIndex:
                 else:
                     out.append(DueIds(topic, ledger_id, entry_ids))
                 self._unlink_first(record, gone)
+            self._narrow_if_sparse()
             return out
 
     def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
@@ -827,6 +864,8 @@ class TimeBucketIndex:
                         continue
                 self._discard(record, bucket, entry_id)
                 removed = True
+            if removed:
+                self._narrow_if_sparse()
             return removed
 
     def clear(self) -> None:
@@ -838,6 +877,7 @@ class TimeBucketIndex:
             self._ledgers.clear()
             self._ordinals.clear()
             self._free.clear()
+            self._layout = _Layout(0)
             self._members.clear()
             self._cold.clear()
             self._count = 0
@@ -877,7 +917,7 @@ class TimeBucketIndex:
         run (the bitmap then goes away: ~400 bytes for one id); the rest is ``shrink_to_fit``-ed if that
         frees memory. O(P log P) numpy work plus O(log B_l) per converted slot."""
         codes = _array_of(packed, np.uint64)
-        ordinals, entries = _decode(codes)
+        ordinals, entries = self._layout.decode(codes)
         if len(ordinals) > 1 and not bool((ordinals == ordinals[0]).all()):
             order = np.argsort(ordinals, kind="stable")
             codes, ordinals, entries = codes[order], ordinals[order], entries[order]
@@ -923,15 +963,17 @@ class TimeBucketIndex:
         """Buckets, (bucket, ledger) slots and the Roaring container mix: ``slots``, ``packed_slots``
         (slots in their bucket's shared bitmap), ``bitmaps`` (slots with their own bitmap, and shared
         bitmaps), ``packed_runs`` (slots compacted to one run), ``ledgers`` (with ids pending),
-        ``ordinals`` (ledger numbers handed out: the most ledgers pending at one time), ``array_containers``,
+        ``ordinals`` (ledger numbers handed out: the most ledgers pending at one time), ``ordinal_bits``
+        (low ordinal bits in the shared bitmaps' codes, see ``_Layout``), ``array_containers``,
         ``bitset_containers``, ``run_containers``. O(slots + containers)."""
         counts = dict.fromkeys(("buckets", "slots", "packed_slots", "bitmaps", "packed_runs"), 0)
-        counts |= dict.fromkeys(("ledgers", "ordinals"), 0)
+        counts |= dict.fromkeys(("ledgers", "ordinals", "ordinal_bits"), 0)
         counts |= dict.fromkeys(("array_containers", "bitset_containers", "run_containers"), 0)
         with self._lock:
             counts["buckets"] = len(self._schedule)
             counts["ledgers"] = len(self._ledgers)
             counts["ordinals"] = len(self._ordinals)
+            counts["ordinal_bits"] = self._layout.bits
             for record in self._ledgers.values():
                 counts["slots"] += len(record)
                 counts["packed_slots"] += len(record) - record.sizes[record.head :].count(_OWN)
@@ -1034,9 +1076,59 @@ class TimeBucketIndex:
                 ordinal = len(self._ordinals)
                 if ordinal >= MAX_LEDGERS:
                     raise ValueError(f"more than {MAX_LEDGERS} ledgers with pending ids")
+                if ordinal > self._layout.low and self._layout.bits < _MAX_LOW_BITS:
+                    self._relayout(ordinal.bit_length())  # the low ordinal bits are all taken
                 self._ordinals.append(None)
-            record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, ordinal)
+            base = self._layout.base(ordinal)
+            record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, ordinal, base)
         return record
+
+    def _narrow_if_sparse(self) -> None:
+        """Give the shared bitmaps fewer low ordinal bits once the ledgers with ids pending have fallen to
+        a quarter of what the bits number (or to one). O(1), or a :meth:`_relayout`."""
+        bits, ledgers = self._layout.bits, len(self._ledgers)
+        if bits and ledgers <= max(1, 1 << bits >> 2):
+            self._relayout(ledgers.bit_length() if ledgers > 1 else 0)
+
+    def _relayout(self, bits: int) -> None:
+        """Re-encode every shared bitmap with ``bits`` low ordinal bits; when ordinals have holes (freed
+        ledgers), first renumber the ledgers 0..L-1 so that the fewer bits number them. O(ids in shared
+        bitmaps) numpy/CRoaring work plus O(ledgers) Python work.
+
+        Why it is rare (amortized): the bits grow by one when a new ledger needs the ordinal ``2**b`` —
+        the ledgers with ids pending doubled since the bits last grew —, and shrink when those ledgers
+        fall to a quarter of ``2**b`` (to the bits that number them with room to spare, so that a few
+        new ledgers do not grow them again at once). Between two re-encodings the number of ledgers with
+        ids pending changes by a factor of 2 or more, so while L ledgers come and go the shared bitmaps
+        are re-encoded O(log L) times; a steady set of ledgers (a topic's ledger rolling over to the next)
+        re-encodes them never, or once per roll-over at one topic (1 to 2 ledgers). Each re-encoding
+        touches only the small slots (< :data:`PROMOTE_AT` ids each, in shared bitmaps); large slots
+        keep bitmaps of their own, which know nothing of ordinals.
+        """
+        old, new = self._layout, _Layout(bits)
+        records = [record for record in self._ordinals if record is not None]
+        renumbered: npt.NDArray[np.uint64] | None = None
+        if len(records) < len(self._ordinals):
+            renumbered = np.zeros(len(self._ordinals), dtype=np.uint64)
+            renumbered[[record.ordinal for record in records]] = np.arange(len(records), dtype=np.uint64)
+        for bucket, slots in self._schedule.items():
+            packed = slots.packed
+            if packed is None or not packed:
+                continue
+            ordinals, entries = old.decode(_array_of(packed, np.uint64))
+            if renumbered is not None:
+                ordinals = renumbered[ordinals]
+            slots.packed = BitMap64(new.encode(ordinals, entries))
+            if bucket != self._slot_bucket:
+                self._cold[bucket] = None  # built anew: compact() shrinks it (and memory_usage knows)
+        if renumbered is not None:
+            self._ordinals = list(records)
+            self._free = []
+            for ordinal, record in enumerate(records):
+                record.ordinal = ordinal
+        self._layout = new
+        for record in records:
+            record.base = new.base(record.ordinal)
 
     def _release(self, record: _Ledger) -> None:
         """The ledger has nothing pending: forget it and free its ordinal for reuse. O(log ledgers)."""
@@ -1053,8 +1145,8 @@ class TimeBucketIndex:
             return {}
         if len(self._ledgers) == 1:  # one ledger pending (one topic, in order): no grouping to do
             (key,) = self._ledgers
-            return {key: ((codes & _U64_CODE_ENTRY) >> _U64_ORDINAL_BITS).astype(np.uint32)}
-        ordinals, entries = _decode(codes)
+            return {key: self._layout.entries(codes)}
+        ordinals, entries = self._layout.decode(codes)
         ordinals_ = self._ordinals
         first = int(ordinals[0])
         if bool((ordinals == ordinals[0]).all()):  # one ledger: codes are sorted by entry id already
@@ -1107,7 +1199,7 @@ class TimeBucketIndex:
                     whole = entry_id in entries
                 else:
                     shared = due_map[bucket].packed
-                    whole = shared is not None and (record.base | entry_id << _ORDINAL_BITS) in shared
+                    whole = shared is not None and (record.base | entry_id << self._layout.bits) in shared
                 if whole:
                     break
             if not whole:
@@ -1166,7 +1258,7 @@ class TimeBucketIndex:
             entries.discard(entry_id)
         else:
             assert slots.packed is not None
-            slots.packed.discard(record.base | entry_id << _ORDINAL_BITS)
+            slots.packed.discard(record.base | entry_id << self._layout.bits)
             size = record.sizes[i] - 1
             if not size:
                 self._unlink(record, i)
@@ -1180,15 +1272,16 @@ class TimeBucketIndex:
         if entry_id > record.hi or entry_id < record.lo:
             return []
         if record.stale:
-            record.refresh_bounds(self._schedule)
+            record.refresh_bounds(self._schedule, self._layout)
             if entry_id > record.hi or entry_id < record.lo:
                 return []
         if not 0 <= entry_id <= MAX_ENTRY_ID:
             return []
         schedule, key, buckets, sizes = self._schedule, record.key, record.buckets, record.sizes
-        code = record.base | entry_id << _ORDINAL_BITS
+        layout = self._layout
+        code = record.base | entry_id << layout.bits
         out = []
-        for i in record.candidates(schedule, entry_id):
+        for i in record.candidates(schedule, layout, entry_id):
             bucket = buckets[i]
             slots = schedule[bucket]
             if sizes[i] == _OWN:
@@ -1309,7 +1402,7 @@ class TimeBucketIndex:
             packed = slots.packed
             if packed is None:
                 packed = slots.packed = BitMap64()
-            code = record.base | entry_id << _ORDINAL_BITS
+            code = record.base | entry_id << self._layout.bits
             if code in packed:
                 return False
             packed.add(code)
@@ -1326,12 +1419,12 @@ class TimeBucketIndex:
         packed = slots.packed
         size = record.sizes[self._slot_pos]
         if packed is not None and size and len(packed) == size:  # the slot is all of the bitmap
-            own.update([(code & _CODE_ENTRY) >> _ORDINAL_BITS for code in packed])
+            own.update(_u32(self._layout.entries(_array_of(packed, np.uint64))))
             slots.packed = None
         elif packed is not None and size:
             codes = _array_of(packed, np.uint64)
-            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(record.base)]
-            own.update(_u32(_decode(mine)[1]))
+            mine = self._layout.mine(codes, record.base)
+            own.update(_u32(self._layout.entries(mine)))
             if len(mine) == len(codes):
                 packed.clear()
             else:
@@ -1469,8 +1562,8 @@ class TimeBucketIndex:
                 shared.append(slots.packed)
         if shared:
             codes = _array_of(BitMap64.union(*shared) if len(shared) > 1 else shared[0], np.uint64)
-            mine = codes[(codes & ~_U64_CODE_ENTRY | codes & _U64_ORDINAL_LOW) == np.uint64(record.base)]
-            ids.update(_u32(_decode(mine)[1]))
+            layout = self._layout
+            ids.update(_u32(layout.entries(layout.mine(codes, record.base))))
         return ids
 
     def _put_many(self, fresh: npt.NDArray[np.uint32]) -> None:
@@ -1488,7 +1581,7 @@ class TimeBucketIndex:
                 if packed is None:
                     packed = slots.packed = BitMap64()
                 before = len(packed)
-                packed.update(_codes(record.base, fresh))
+                packed.update(self._layout.codes(record.base, fresh))
                 added = len(packed) - before
                 record.sizes[self._slot_pos] = size + added
                 self._count += added

@@ -555,7 +555,7 @@ def test_memory_usage_with_100_ledgers_per_bucket_is_within_10_percent_and_a_few
     assert figures["shared"] == figures["slots"] > 20_000
     for outside, inside in (figures["hot"], figures["cold"]):
         assert abs(inside - outside) <= 0.10 * outside, figures
-    assert figures["cold"][0] / 100_000 < 48, "bytes per id (a bitmap per slot: ~60)"
+    assert figures["cold"][0] / 100_000 < 12, "bytes per id (issue 9: <= 12; a container per slot: ~24)"
 
 
 _ONE_LEDGER_SPREAD = """
@@ -606,3 +606,91 @@ def test_a_renack_inside_the_range_opens_a_slot_between_others(promote_at: int) 
     index.add(260, 1, 5)  # later than its pending copy: stays
     assert [index.due_of(1, e) for e in (5, 7, 9)] == [100, 200, 250] and len(index) == 3
     assert [d.entry_ids.tolist() for d in index.pop_due(1_000)] == [[5, 7, 9]]
+
+
+def test_ordinal_bits_follow_the_ledgers_pending_both_ways() -> None:
+    """The shared bitmaps' codes take as many low ordinal bits as the ledgers pending need: re-encoded
+    when a new ledger crosses a power of two (0 → 1 → 2 → 3 → 4 bits), and back when the ledgers fall to
+    a quarter of what the bits number (renumbered 0..L-1), or to one (no bits). Every id stays in its
+    slot through each re-encoding; due_of and remove find it."""
+    index = TimeBucketIndex(0)
+    expected: dict[tuple[int, str, int], list[int]] = {}
+    bits = []
+    for ledger in range(1, 10):  # 9 ledgers, 3 ids in each of 2 buckets, all in shared slots
+        for bucket in (100, 200):
+            entries = sorted([7 + bucket, ledger * 5 + bucket, 60_000 + ledger + bucket])
+            for entry in entries:
+                index.add(bucket, ledger, entry)
+            expected[(bucket, "", ledger)] = entries
+        bits.append(index.structure()["ordinal_bits"])
+        assert _contents(index) == expected
+    assert bits == [0, 1, 2, 2, 3, 3, 3, 3, 4]
+    assert index.structure()["packed_slots"] == 18 and index.structure()["bitmaps"] == 2
+    assert index.due_of(9, 107) == 100 and index.due_of(9, 60_209) == 200 and index.due_of(9, 8) is None
+    shape = []
+    for ledger in range(9, 1, -1):  # the ledgers empty one by one (by remove), down to ledger 1
+        for entry in expected[(100, "", ledger)] + expected[(200, "", ledger)]:
+            assert index.remove(ledger, entry)
+        del expected[(100, "", ledger)], expected[(200, "", ledger)]
+        shape.append((index.structure()["ordinal_bits"], index.structure()["ordinals"]))
+        assert _contents(index) == expected
+        assert all(index.due_of(1, e) == 100 for e in expected[(100, "", 1)])
+    # 8..5 ledgers keep 4 bits; at 4 (a quarter of 16): 3 bits, renumbered; at 2: 2 bits; at 1: none.
+    assert shape == [(4, 9), (4, 9), (4, 9), (4, 9), (3, 4), (3, 4), (2, 2), (0, 1)]
+    index.add(100, 50, 105)  # a new ledger takes the free number 1, and sees none of ledger 1's ids
+    assert index.structure()["ordinal_bits"] == 1 and index.structure()["ordinals"] == 2
+    assert index.due_of(50, 107) is None and index.due_of(1, 105) == 100 and index.due_of(50, 105) == 100
+    due = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(300)}
+    assert due == {1: [105, 107, 205, 207, 60_101, 60_201], 50: [105]}
+    assert index.structure()["ordinal_bits"] == 0 and len(index) == 0
+
+
+def test_a_slot_promoted_after_a_re_encoding_takes_only_its_own_ids() -> None:
+    index = TimeBucketIndex(0, promote_at=4)
+    for ledger in (1, 2, 3):  # 2 bits
+        index.add(50, ledger, 10)
+        index.add(50, ledger, 11)
+    for entry in (12, 13, 14):
+        index.add(50, 2, entry)  # ledger 2 reaches 4 ids: its own bitmap
+    shape = index.structure()
+    assert shape["ordinal_bits"] == 2 and shape["packed_slots"] == 2 and shape["slots"] == 3
+    assert _contents(index) == {
+        (50, "", 1): [10, 11],
+        (50, "", 2): [10, 11, 12, 13, 14],
+        (50, "", 3): [10, 11],
+    }
+    index.add(50, 4, 10)  # a fourth and fifth ledger: 3 bits, with ledger 2 in its own bitmap
+    index.add(50, 5, 10)
+    assert index.structure()["ordinal_bits"] == 3
+    assert {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(50)} == {
+        1: [10, 11],
+        2: [10, 11, 12, 13, 14],
+        3: [10, 11],
+        4: [10],
+        5: [10],
+    }
+
+
+@pytest.mark.parametrize("ledgers", [1, 2, 100, 300])
+def test_pop_due_of_thousands_of_one_id_buckets_in_every_layout(ledgers: int) -> None:
+    """k = 0 with an id due every ms (the timer's worst case): one pop takes thousands of one-id buckets;
+    0, 1, 7 and 8 (+ ordinal bits above the entry id) low ordinal bits."""
+    rng = np.random.default_rng(ledgers)
+    n = 6_000
+    due = np.arange(n) + 1_000
+    ledger_ids = rng.integers(0, ledgers, n) + 7
+    entries = rng.permutation(50_000)[:n]  # each id once: one per bucket
+    index = TimeBucketIndex(0)
+    for when, led, e in zip(due.tolist(), ledger_ids.tolist(), entries.tolist(), strict=True):
+        index.add(when, led, e)
+    expected = {(led, e) for led, e in zip(ledger_ids.tolist(), entries.tolist(), strict=True)}
+    assert index.bucket_count == n and len(index) == len(expected)
+    assert index.structure()["ordinal_bits"] == min(8, (ledgers - 1).bit_length())
+    index.compact(max_buckets=n // 2)  # half of them compacted to runs of their own
+    got: list[tuple[int, int]] = []
+    for now in (999, 1_000, 1_001, 3_999, 4_000, 7_000):
+        for popped in index.pop_due(now):
+            got.extend((popped.ledger_id, e) for e in popped.entry_ids.tolist())
+        next_due = index.next_due_ms()
+        assert next_due is None or next_due > now
+    assert sorted(got) == sorted(expected) and len(index) == 0 and index.bucket_count == 0
