@@ -694,3 +694,32 @@ def test_pop_due_of_thousands_of_one_id_buckets_in_every_layout(ledgers: int) ->
         next_due = index.next_due_ms()
         assert next_due is None or next_due > now
     assert sorted(got) == sorted(expected) and len(index) == 0 and index.bucket_count == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bucket_times_across_chunks_with_overdue_adds_removes_and_partial_pops(seed: int) -> None:
+    """The sorted bucket times (kept in chunks of 4,096 bucket times, the first one popped by moving a
+    head): ids added in any order across 6 chunks, also behind the head of a partly popped chunk and
+    before the first chunk; removes that empty buckets (and chunks); pops in steps of 1 to 3,000 ms.
+    Every id comes out once, at the first pop at or after its bucket, and next_due_ms is always right."""
+    rng = np.random.default_rng(seed)
+    index = TimeBucketIndex(0)
+    pending: dict[int, int] = {}  # entry id → due
+    now, entry = 10_000, 0
+    for _ in range(60):
+        for _ in range(int(rng.integers(0, 300))):
+            due = int(now + rng.integers(-5_000, 20_000))  # some overdue, some in the next chunks
+            entry += 1
+            index.add(max(due, 0), 1, entry)
+            pending[entry] = max(due, 0)
+        for victim in rng.choice(sorted(pending), min(len(pending), 40), replace=False).tolist():
+            assert index.remove(1, victim)
+            del pending[victim]
+        assert index.next_due_ms() == min(pending.values(), default=None)
+        now += int(rng.choice([1, 7, 68, 3_000]))
+        got = [e for d in index.pop_due(now) for e in d.entry_ids.tolist()]
+        assert sorted(got) == sorted(e for e, due in pending.items() if due <= now)
+        for e in got:
+            del pending[e]
+        assert len(index) == len(pending) and index.bucket_count == len(set(pending.values()))
+        assert index.next_due_ms() == min(pending.values(), default=None)
