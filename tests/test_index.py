@@ -723,3 +723,31 @@ def test_bucket_times_across_chunks_with_overdue_adds_removes_and_partial_pops(s
             del pending[e]
         assert len(index) == len(pending) and index.bucket_count == len(set(pending.values()))
         assert index.next_due_ms() == min(pending.values(), default=None)
+
+
+def test_compact_trims_ledgers_of_few_slots_and_they_reopen() -> None:
+    """compact() gives a ledger of few slots, all in bitmaps of their own, exact-size arrays and no size
+    bytes (its record then costs ~250 B instead of ~420: issue 13's (x, k) = (8, 15) row); the ledger
+    then takes new ids in a new shared slot, in its compacted slots and before its popped ones."""
+    index = TimeBucketIndex(4, promote_at=4)
+    for entry in range(10):
+        index.add(100, 1, entry)  # an own slot of a run
+    for entry in range(10, 20):
+        index.add(200, 1, entry)
+    index.add(300, 2, 5)  # another ledger: a shared slot
+    for entry in range(20, 30):
+        index.add(400, 1, entry)
+    assert [d.entry_ids.tolist() for d in index.pop_due(100)] == [list(range(10))]  # ledger 1's head moves
+    before = index.memory_usage().breakdown["ledgers"]
+    assert index.compact() == 3
+    after = index.memory_usage().breakdown["ledgers"]
+    assert after <= before - 2 * 64, (before, after)  # ledger 1: no size bytes, arrays to size
+    assert index.structure()["packed_runs"] == 3 and index.structure()["packed_slots"] == 0
+    index.add(250, 1, 40)  # a new shared slot between the compacted ones
+    index.add(200, 1, 41)  # into a compacted run (thawed)
+    index.add(80, 1, 42)  # before every pending slot (the ledger's popped head was trimmed away)
+    assert [index.due_of(1, e) for e in (15, 25, 40, 41, 42, 5)] == [192, 400, 240, 192, 80, None]
+    assert index.remove(1, 40) and index.due_of(1, 40) is None
+    assert index.structure()["slots"] == 4 and len(index) == 23
+    due = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(1_000)}
+    assert due == {1: [*range(10, 30), 41, 42], 2: [5]}
