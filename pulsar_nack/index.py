@@ -718,6 +718,7 @@ class TimeBucketIndex:
         self._ordinals: list[_Ledger | None] = []
         self._free: list[int] = []
         self._layout = _Layout(0)  # codes of the shared bitmaps: see _relayout
+        self._narrow_at = -1  # no low ordinal bits: nothing to narrow
         # (bucket, key) → {entry id → bitmask of pending batch indexes}, for entries that are pending
         # only for some messages of their batch. Entries absent here are pending as a whole.
         self._members: dict[tuple[int, LedgerKey], _Members] = {}
@@ -929,7 +930,8 @@ class TimeBucketIndex:
                 else:
                     out.append(DueIds(topic, ledger_id, entry_ids))
                 self._unlink_first(record, gone)
-            self._narrow_if_sparse()
+            if len(self._ledgers) <= self._narrow_at:
+                self._narrow_if_sparse()
             return out
 
     def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
@@ -1008,6 +1010,7 @@ class TimeBucketIndex:
             self._ordinals.clear()
             self._free.clear()
             self._layout = _Layout(0)
+            self._narrow_at = -1
             self._members.clear()
             self._cold.clear()
             self._count = 0
@@ -1223,9 +1226,9 @@ class TimeBucketIndex:
 
     def _narrow_if_sparse(self) -> None:
         """Give the shared bitmaps fewer low ordinal bits once the ledgers with ids pending have fallen to
-        a quarter of what the bits number (or to one). O(1), or a :meth:`_relayout`."""
-        bits, ledgers = self._layout.bits, len(self._ledgers)
-        if bits and ledgers <= max(1, 1 << bits >> 2):
+        a quarter of what the bits number (or to one): see ``_narrow_at``. O(1), or a :meth:`_relayout`."""
+        ledgers = len(self._ledgers)
+        if ledgers <= self._narrow_at:
             self._relayout(ledgers.bit_length() if ledgers > 1 else 0)
 
     def _relayout(self, bits: int) -> None:
@@ -1262,6 +1265,7 @@ class TimeBucketIndex:
             if bucket != self._slot_bucket:
                 self._cold[bucket] = None  # built anew: compact() shrinks it (and memory_usage knows)
         self._layout = new
+        self._narrow_at = max(1, 1 << bits >> 2) if bits else -1  # ledgers at which to narrow again
         if renumbered is not None:
             self._ordinals = list(records)
             self._free = []
