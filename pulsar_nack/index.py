@@ -3,7 +3,7 @@
 A nack's due time (ms) is trimmed to a multiple of ``2**precision_bits`` (the *bucket*). All ids of one
 ledger that fall into one bucket (a *slot*) share one bitmap, so memory grows with buckets × ledgers, not
 with ids: at 8 nacks/ms and 1-s buckets an id costs about one *bit*. Finding what is due touches only the
-due buckets (their times sit in a heap).
+due buckets (their times sit in sorted arrays, one per chunk of 4,096 bucket times).
 
 Unlike the Java structure, a slot does not always get a bitmap of its own: when many topics (ledgers)
 share a bucket, each slot holds a few ids, and a bitmap, a map entry and a key per slot cost ~500 bytes —
