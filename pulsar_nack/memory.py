@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,33 +196,49 @@ _BITMAP64_EMPTY = 208  # measured like the rest
 
 
 def shared_bitmap64_heap_bytes(bitmap: Any, shrunk: bool) -> int:
-    """CRoaring's heap for one of the index's shared bitmaps (the small slots of one bucket, codes
-    ``ordinal << 32 | entry id``: a container per (ledger, 65,536 entry ids) slot, of a few to a few
-    hundred values), estimated from its statistics. O(1).
+    """CRoaring's heap for one of the index's shared bitmaps (the small slots of one bucket, codes with
+    the low bits of the ledger's ordinal below the entry id, see ``pulsar_nack.index._Layout``: a
+    container holds the ids of up to 2**b ledgers, from one to a few thousand values), estimated from its
+    statistics. O(1).
 
     A linear model fitted (least relative squares) to glibc's in-use bytes around building bitmaps of 1
-    to 300 ledgers × 1 to 120 ids each, entry ids spread over 1 to 60,000, value by value in random order:
-    a fixed part per bitmap, a part per container (container struct, tree leaf, inner nodes, slot in the
-    container array) and each container's payload in glibc chunks. ``shrunk`` (after ``shrink_to_fit``,
-    what compact() does): within 10 % on those shapes; as built, CRoaring's growth headroom depends on
-    each container's history: within 15 % (``tests/test_memory.py`` checks both).
+    to 300 ledgers × 1 to 100 ids each, entry ids spread over 500 to 60,000, value by value in random
+    order: a fixed part per bitmap, a part per container (container struct, tree leaf, inner nodes, slot
+    in the container array) and each container's payload in glibc chunks. ``shrunk`` (after
+    ``shrink_to_fit``, what compact() does): payloads are exact, within 5 % on those shapes. As built, an
+    array container's capacity is the first step of CRoaring's growth sequence (:data:`_ARRAY_CAPACITIES`,
+    measured) at or above its cardinality — taken at the bitmap's average cardinality, so within 15 %
+    (``tests/test_memory.py`` checks both).
     """
     stats = bitmap.get_statistics()
     containers = stats["n_containers"]
     if not containers:
         return _BITMAP64_EMPTY
     payload = 0
-    for kind in ("array", "run"):
-        count = stats[f"n_{kind}_containers"]
-        if count:
-            payload += count * _malloc_chunk(stats[f"n_bytes_{kind}_containers"] // count)
+    arrays = stats["n_array_containers"]
+    if arrays:
+        average = stats["n_values_array_containers"] / arrays
+        values = round(average) if shrunk else _array_capacity(average)
+        payload += arrays * _malloc_chunk(2 * values)
+    runs = stats["n_run_containers"]
+    if runs:
+        payload += runs * _malloc_chunk(stats["n_bytes_run_containers"] // runs)
     payload += stats["n_bitset_containers"] * (_BITSET_BYTES + 64)  # aligned allocation
     fixed, per_container, per_payload_byte = _SHARED_SHRUNK if shrunk else _SHARED_GROWN
     return int(fixed + per_container * containers + per_payload_byte * payload)
 
 
-_SHARED_SHRUNK = (289.0, 71.2, 1.09)  # bytes: per bitmap, per container, per payload chunk byte
-_SHARED_GROWN = (254.0, 88.0, 1.66)
+_SHARED_SHRUNK = (262.4, 88.4, 1.0)  # bytes: per bitmap, per container, per payload chunk byte
+_SHARED_GROWN = (221.7, 126.6, 0.97)
+
+#: The capacities (values) an array container grows through as values are added one by one (CRoaring:
+#: x2 below 64, x1.5 below 1024, x1.25 beyond, at most 4096), read off glibc's in-use bytes.
+_ARRAY_CAPACITIES = (4, 8, 16, 32, 64, 96, 144, 216, 324, 486, 729, 1093, 1366, 1707, 2133, 2666, 3332, 4096)
+
+
+def _array_capacity(values: float) -> int:
+    """The capacity of an array container grown to hold ``values`` values. O(1)."""
+    return _ARRAY_CAPACITIES[min(bisect_left(_ARRAY_CAPACITIES, values), len(_ARRAY_CAPACITIES) - 1)]
 
 
 def _malloc_chunk(size: int) -> int:

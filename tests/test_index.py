@@ -555,7 +555,7 @@ def test_memory_usage_with_100_ledgers_per_bucket_is_within_10_percent_and_a_few
     assert figures["shared"] == figures["slots"] > 20_000
     for outside, inside in (figures["hot"], figures["cold"]):
         assert abs(inside - outside) <= 0.10 * outside, figures
-    assert figures["cold"][0] / 100_000 < 48, "bytes per id (a bitmap per slot: ~60)"
+    assert figures["cold"][0] / 100_000 < 12, "bytes per id (issue 9: <= 12; a container per slot: ~24)"
 
 
 _ONE_LEDGER_SPREAD = """
@@ -606,3 +606,148 @@ def test_a_renack_inside_the_range_opens_a_slot_between_others(promote_at: int) 
     index.add(260, 1, 5)  # later than its pending copy: stays
     assert [index.due_of(1, e) for e in (5, 7, 9)] == [100, 200, 250] and len(index) == 3
     assert [d.entry_ids.tolist() for d in index.pop_due(1_000)] == [[5, 7, 9]]
+
+
+def test_ordinal_bits_follow_the_ledgers_pending_both_ways() -> None:
+    """The shared bitmaps' codes take as many low ordinal bits as the ledgers pending need: re-encoded
+    when a new ledger crosses a power of two (0 → 1 → 2 → 3 → 4 bits), and back when the ledgers fall to
+    a quarter of what the bits number (renumbered 0..L-1), or to one (no bits). Every id stays in its
+    slot through each re-encoding; due_of and remove find it."""
+    index = TimeBucketIndex(0)
+    expected: dict[tuple[int, str, int], list[int]] = {}
+    bits = []
+    for ledger in range(1, 10):  # 9 ledgers, 3 ids in each of 2 buckets, all in shared slots
+        for bucket in (100, 200):
+            entries = sorted([7 + bucket, ledger * 5 + bucket, 60_000 + ledger + bucket])
+            for entry in entries:
+                index.add(bucket, ledger, entry)
+            expected[(bucket, "", ledger)] = entries
+        bits.append(index.structure()["ordinal_bits"])
+        assert _contents(index) == expected
+    assert bits == [0, 1, 2, 2, 3, 3, 3, 3, 4]
+    assert index.structure()["packed_slots"] == 18 and index.structure()["bitmaps"] == 2
+    assert index.due_of(9, 107) == 100 and index.due_of(9, 60_209) == 200 and index.due_of(9, 8) is None
+    shape = []
+    for ledger in range(9, 1, -1):  # the ledgers empty one by one (by remove), down to ledger 1
+        for entry in expected[(100, "", ledger)] + expected[(200, "", ledger)]:
+            assert index.remove(ledger, entry)
+        del expected[(100, "", ledger)], expected[(200, "", ledger)]
+        shape.append((index.structure()["ordinal_bits"], index.structure()["ordinals"]))
+        assert _contents(index) == expected
+        assert all(index.due_of(1, e) == 100 for e in expected[(100, "", 1)])
+    # 8..5 ledgers keep 4 bits; at 4 (a quarter of 16): 3 bits, renumbered; at 2: 2 bits; at 1: none.
+    assert shape == [(4, 9), (4, 9), (4, 9), (4, 9), (3, 4), (3, 4), (2, 2), (0, 1)]
+    index.add(100, 50, 105)  # a new ledger takes the free number 1, and sees none of ledger 1's ids
+    assert index.structure()["ordinal_bits"] == 1 and index.structure()["ordinals"] == 2
+    assert index.due_of(50, 107) is None and index.due_of(1, 105) == 100 and index.due_of(50, 105) == 100
+    due = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(300)}
+    assert due == {1: [105, 107, 205, 207, 60_101, 60_201], 50: [105]}
+    assert index.structure()["ordinal_bits"] == 0 and len(index) == 0
+
+
+def test_a_slot_promoted_after_a_re_encoding_takes_only_its_own_ids() -> None:
+    index = TimeBucketIndex(0, promote_at=4)
+    for ledger in (1, 2, 3):  # 2 bits
+        index.add(50, ledger, 10)
+        index.add(50, ledger, 11)
+    for entry in (12, 13, 14):
+        index.add(50, 2, entry)  # ledger 2 reaches 4 ids: its own bitmap
+    shape = index.structure()
+    assert shape["ordinal_bits"] == 2 and shape["packed_slots"] == 2 and shape["slots"] == 3
+    assert _contents(index) == {
+        (50, "", 1): [10, 11],
+        (50, "", 2): [10, 11, 12, 13, 14],
+        (50, "", 3): [10, 11],
+    }
+    index.add(50, 4, 10)  # a fourth and fifth ledger: 3 bits, with ledger 2 in its own bitmap
+    index.add(50, 5, 10)
+    assert index.structure()["ordinal_bits"] == 3
+    assert {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(50)} == {
+        1: [10, 11],
+        2: [10, 11, 12, 13, 14],
+        3: [10, 11],
+        4: [10],
+        5: [10],
+    }
+
+
+@pytest.mark.parametrize("ledgers", [1, 2, 100, 300])
+def test_pop_due_of_thousands_of_one_id_buckets_in_every_layout(ledgers: int) -> None:
+    """k = 0 with an id due every ms (the timer's worst case): one pop takes thousands of one-id buckets;
+    0, 1, 7 and 8 (+ ordinal bits above the entry id) low ordinal bits."""
+    rng = np.random.default_rng(ledgers)
+    n = 6_000
+    due = np.arange(n) + 1_000
+    ledger_ids = rng.integers(0, ledgers, n) + 7
+    entries = rng.permutation(50_000)[:n]  # each id once: one per bucket
+    index = TimeBucketIndex(0)
+    for when, led, e in zip(due.tolist(), ledger_ids.tolist(), entries.tolist(), strict=True):
+        index.add(when, led, e)
+    expected = {(led, e) for led, e in zip(ledger_ids.tolist(), entries.tolist(), strict=True)}
+    assert index.bucket_count == n and len(index) == len(expected)
+    assert index.structure()["ordinal_bits"] == min(8, (ledgers - 1).bit_length())
+    index.compact(max_buckets=n // 2)  # half of them compacted to runs of their own
+    got: list[tuple[int, int]] = []
+    for now in (999, 1_000, 1_001, 3_999, 4_000, 7_000):
+        for popped in index.pop_due(now):
+            got.extend((popped.ledger_id, e) for e in popped.entry_ids.tolist())
+        next_due = index.next_due_ms()
+        assert next_due is None or next_due > now
+    assert sorted(got) == sorted(expected) and len(index) == 0 and index.bucket_count == 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bucket_times_across_chunks_with_overdue_adds_removes_and_partial_pops(seed: int) -> None:
+    """The sorted bucket times (kept in chunks of 4,096 bucket times, the first one popped by moving a
+    head): ids added in any order across 6 chunks, also behind the head of a partly popped chunk and
+    before the first chunk; removes that empty buckets (and chunks); pops in steps of 1 to 3,000 ms.
+    Every id comes out once, at the first pop at or after its bucket, and next_due_ms is always right."""
+    rng = np.random.default_rng(seed)
+    index = TimeBucketIndex(0)
+    pending: dict[int, int] = {}  # entry id → due
+    now, entry = 10_000, 0
+    for _ in range(60):
+        for _ in range(int(rng.integers(0, 300))):
+            due = int(now + rng.integers(-5_000, 20_000))  # some overdue, some in the next chunks
+            entry += 1
+            index.add(max(due, 0), 1, entry)
+            pending[entry] = max(due, 0)
+        for victim in rng.choice(sorted(pending), min(len(pending), 40), replace=False).tolist():
+            assert index.remove(1, victim)
+            del pending[victim]
+        assert index.next_due_ms() == min(pending.values(), default=None)
+        now += int(rng.choice([1, 7, 68, 3_000]))
+        got = [e for d in index.pop_due(now) for e in d.entry_ids.tolist()]
+        assert sorted(got) == sorted(e for e, due in pending.items() if due <= now)
+        for e in got:
+            del pending[e]
+        assert len(index) == len(pending) and index.bucket_count == len(set(pending.values()))
+        assert index.next_due_ms() == min(pending.values(), default=None)
+
+
+def test_compact_trims_ledgers_of_few_slots_and_they_reopen() -> None:
+    """compact() gives a ledger of few slots, all in bitmaps of their own, exact-size arrays and no size
+    bytes (its record then costs ~250 B instead of ~420: issue 13's (x, k) = (8, 15) row); the ledger
+    then takes new ids in a new shared slot, in its compacted slots and before its popped ones."""
+    index = TimeBucketIndex(4, promote_at=4)
+    for entry in range(10):
+        index.add(100, 1, entry)  # an own slot of a run
+    for entry in range(10, 20):
+        index.add(200, 1, entry)
+    index.add(300, 2, 5)  # another ledger: a shared slot
+    for entry in range(20, 30):
+        index.add(400, 1, entry)
+    assert [d.entry_ids.tolist() for d in index.pop_due(100)] == [list(range(10))]  # ledger 1's head moves
+    before = index.memory_usage().breakdown["ledgers"]
+    assert index.compact() == 3
+    after = index.memory_usage().breakdown["ledgers"]
+    assert after <= before - 2 * 64, (before, after)  # ledger 1: no size bytes, arrays to size
+    assert index.structure()["packed_runs"] == 3 and index.structure()["packed_slots"] == 0
+    index.add(250, 1, 40)  # a new shared slot between the compacted ones
+    index.add(200, 1, 41)  # into a compacted run (thawed)
+    index.add(80, 1, 42)  # before every pending slot (the ledger's popped head was trimmed away)
+    assert [index.due_of(1, e) for e in (15, 25, 40, 41, 42, 5)] == [192, 400, 240, 192, 80, None]
+    assert index.remove(1, 40) and index.due_of(1, 40) is None
+    assert index.structure()["slots"] == 4 and len(index) == 23
+    due = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(1_000)}
+    assert due == {1: [*range(10, 30), 41, 42], 2: [5]}

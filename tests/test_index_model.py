@@ -23,7 +23,9 @@ from pulsar_nack import TimeBucketIndex
 from pulsar_nack.index import PROMOTE_AT
 
 TOPICS = ("", "persistent://public/default/t-partition-1")
-LEDGERS = (3, 7)
+#: 2 topics × 3 ledger ids = 6 ledger keys: the shared bitmaps' codes go through 0 to 3 low ordinal bits
+#: and back (index._Layout) as ledgers come and go.
+LEDGERS = (3, 7, 11)
 ENTRIES = st.integers(0, 6)
 BATCH = st.integers(-1, 2)
 
@@ -174,6 +176,14 @@ class IndexMachine(RuleBasedStateMachine):
         assert len(self.index) == len(slots)
         assert self.index.bucket_count == len({s[0] for s in slots})
         assert self.index.next_due_ms() == min((s[0] for s in slots), default=None)
+
+    @precondition(lambda self: hasattr(self, "index"))
+    @invariant()
+    def ordinal_bits_number_the_ledgers(self) -> None:
+        """The codes' low ordinal bits number every ledger pending (none needed for one ledger)."""
+        shape = self.index.structure()
+        assert shape["ledgers"] <= 1 << shape["ordinal_bits"]
+        assert shape["ledgers"] <= shape["ordinals"] <= 1 << shape["ordinal_bits"]
 
     @precondition(lambda self: hasattr(self, "index"))
     @invariant()
