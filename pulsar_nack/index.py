@@ -322,6 +322,9 @@ class _Layout:
         return mine
 
 
+#: A shared bitmap of at most this many ids is compacted in plain Python (numpy's per-call cost dominates).
+_SMALL_SHARED = 32
+
 #: A packed slot that reaches this many ids moves to a bitmap of its own: there it can become a run or
 #: bitset container (dense, in-order nacks) and its lookups skip the shared bitmap. Sizes are kept in a
 #: byte per slot, so this stays below _OWN.
@@ -1052,7 +1055,12 @@ class TimeBucketIndex:
         """Compact a bucket's shared bitmap: a slot holding one run of consecutive ids becomes a ``_Run``
         of its own if it has :data:`RUN_AT` ids or more, or if every slot of the shared bitmap is such a
         run (the bitmap then goes away: ~400 bytes for one id); the rest is ``shrink_to_fit``-ed if that
-        frees memory. O(P log P) numpy work plus O(log B_l) per converted slot."""
+        frees memory. O(P log P) numpy work plus O(log B_l) per converted slot; a small bitmap (at most
+        :data:`_SMALL_SHARED` ids: a bucket of a ms or so, at k = 0) in plain Python — ten numpy calls cost
+        ~20 µs, which 100,000 one-id buckets made 2 s of timer-thread CPU."""
+        if len(packed) <= _SMALL_SHARED:
+            self._compact_small_shared(bucket, slots, packed)
+            return
         codes = _array_of(packed, np.uint64)
         ordinals, entries = self._layout.decode(codes)
         if len(ordinals) > 1 and not bool((ordinals == ordinals[0]).all()):
@@ -1082,6 +1090,42 @@ class TimeBucketIndex:
             return
         moved = np.repeat(convert, counts)
         packed.difference_update(BitMap64(array("Q", codes[moved].tobytes())))
+        _shrink(packed)
+
+    def _compact_small_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
+        """:meth:`_compact_shared` of a bitmap of few ids, without numpy. O(P + log B_l a converted slot)."""
+        layout = self._layout
+        groups: dict[int, list[int]] = {}  # base → codes, in entry order (codes ascend so within a ledger)
+        for code in packed:
+            groups.setdefault(code & ~layout.entry_mask | code & layout.low, []).append(code)
+        runs: list[tuple[int, int, int, list[int]]] = []  # (ordinal, lo, hi, codes) of one-run slots
+        for base, codes in groups.items():
+            lo, hi = (
+                (codes[0] & layout.entry_mask) >> layout.bits,
+                (codes[-1] & layout.entry_mask) >> layout.bits,
+            )
+            if hi - lo + 1 == len(codes):
+                runs.append((layout.ordinal(base), lo, hi, codes))
+        every = len(runs) == len(groups)
+        if not every:
+            runs = [run for run in runs if len(run[3]) >= RUN_AT]
+        if not runs:
+            _shrink(packed)
+            return
+        for ordinal, lo, hi, _ in runs:
+            record = self._ordinals[ordinal]
+            assert record is not None
+            slots[record.key] = _Run.of(lo, hi)
+            sizes = record.sizes
+            assert sizes is not None  # the slot was in the shared bitmap
+            sizes[record.position(bucket)] = _OWN
+            record.mins = None
+        if every:
+            slots.packed = None
+            return
+        for *_, codes in runs:
+            for code in codes:
+                packed.discard(code)
         _shrink(packed)
 
     def __iter__(self) -> Iterator[tuple[int, str, int, npt.NDArray[np.uint32]]]:

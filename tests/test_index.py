@@ -459,6 +459,44 @@ def test_compact_gives_shared_runs_their_own_packed_int() -> None:
     assert index.pop_due(10)[0].entry_ids.tolist() == [e for e in range(100, 121) if e != 110]
 
 
+@pytest.mark.parametrize("ledgers", [1, 3, 20])
+def test_small_shared_bitmaps_compact_as_the_numpy_path_does(
+    ledgers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared bitmaps of at most ``_SMALL_SHARED`` ids are compacted in plain Python (k = 0's one-id
+    buckets: 2 s of numpy calls per 100,000); the result — runs, shared slots, contents — must be the
+    numpy path's, for runs long and short, gaps, and ledgers with low ordinal bits."""
+    import pulsar_nack.index as index_module
+
+    rng = np.random.default_rng(ledgers)
+
+    def build() -> TimeBucketIndex:
+        index = TimeBucketIndex(0)
+        for bucket in range(1, 60):
+            for _ in range(int(rng.integers(1, 4))):
+                ledger = int(rng.integers(0, ledgers))
+                start = int(rng.integers(0, 1_000))
+                length = int(rng.choice([1, 2, 16, 17]))
+                step = int(rng.choice([1, 1, 2]))
+                for entry in range(start, start + length * step, step):
+                    index.add(bucket, ledger, entry)
+        index.add(1_000, 0, 1)  # the add path's bucket: not compacted
+        return index
+
+    state = rng.bit_generator.state
+    python_path = build()
+    rng.bit_generator.state = state
+    numpy_path = build()
+    before = _contents(python_path)
+    assert before == _contents(numpy_path)
+    compacted = python_path.compact()
+    monkeypatch.setattr(index_module, "_SMALL_SHARED", -1)  # every shared bitmap through numpy
+    assert numpy_path.compact() == compacted > 0
+    assert _contents(python_path) == _contents(numpy_path) == before
+    assert python_path.structure() == numpy_path.structure()
+    assert python_path.structure()["packed_runs"] > 0
+
+
 def test_pop_due_of_thousands_of_buckets_at_once_and_in_steps() -> None:
     rng = np.random.default_rng(11)
     n = 30_000
