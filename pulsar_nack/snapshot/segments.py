@@ -939,6 +939,9 @@ class SegmentStore:
     def _fill(self, rec: _Record, segment: Segment) -> None:
         """Put a segment's ids (deletions applied, second copies resolved) into the loaded index."""
         filled: dict[Key, BitMap] = {}  # entries this call put into the loaded index
+        # whole entries, filed with one add_many per topic at the end: the index's dedupe then gathers a
+        # ledger's pending ids once per segment, not once per (bucket, ledger) group
+        wholes: dict[str, list[tuple[int, int, npt.NDArray[np.uint32]]]] = {}
         for g in segment.groups:
             if rec.popped_through is not None and g.bucket_ms <= rec.popped_through:
                 continue  # popped before a restart (the watermark): spent
@@ -972,11 +975,18 @@ class SegmentStore:
             whole = entries - BitMap(masks) if masks else entries
             if whole:
                 array = np.frombuffer(whole.to_array(), dtype=np.uint32)
-                self._loaded.add_many(g.bucket_ms, g.ledger_id, array, topic=g.topic)
+                wholes.setdefault(g.topic, []).append((g.bucket_ms, g.ledger_id, array))
             for entry, mask in masks.items():
                 if entry in entries:
                     for index in batch_indexes(mask):
                         self._loaded.add(g.bucket_ms, g.ledger_id, entry, index, g.topic)
+        for topic, runs in wholes.items():
+            self._loaded.add_many(
+                np.concatenate([np.full(len(ids), due, dtype=np.int64) for due, _, ids in runs]),
+                np.concatenate([np.full(len(ids), ledger, dtype=np.int64) for _, ledger, ids in runs]),
+                np.concatenate([ids for _, _, ids in runs]),
+                topic=topic,
+            )
         rec.loaded = True
 
     def _retire(self, rec: _Record) -> None:
