@@ -80,7 +80,16 @@ def lite_chunking() -> Iterator[PulsarLite]:
         yield broker
 
 
-@pytest.fixture(params=["lite", pytest.param("apache", marks=pytest.mark.apache)])
+#: pulsar-lite 0.2 now and then loses a chunked message (docs/chunked.md, Known issues: 3 of ~70 runs under
+#: load; in CI once the *official* consumer's copy of a plain message sent after a chunked one): a lite test
+#: that fails by a receive timing out — and only that way — is run again, at most twice. pytest reports
+#: every rerun (R); Apache tests are never rerun.
+LITE_RERUN = pytest.mark.flaky(reruns=2, only_rerun=["AssertionError: timed out with"])
+
+
+@pytest.fixture(
+    params=[pytest.param("lite", marks=LITE_RERUN), pytest.param("apache", marks=pytest.mark.apache)]
+)
 def chunk_broker(request: pytest.FixtureRequest) -> Broker:
     if request.param == "apache":
         apache: PulsarStandalone = request.getfixturevalue("apache_chunking")
