@@ -242,7 +242,7 @@ def _profile(args: argparse.Namespace) -> int:
         raise UsageError(f"--json: {args.json} is a folder")
     if args.broker is not None:
         return _profile_broker(args, workload)
-    from pulsar_nack.profile import profile, render
+    from pulsar_nack.profile import profile
 
     bar: Any = None
     if not args.no_progress:
@@ -262,19 +262,26 @@ def _profile(args: argparse.Namespace) -> int:
     finally:
         if bar is not None:
             bar.close()
+    return _print_profile(result, args.json)
+
+
+def _print_profile(result: Any, json_path: Path | None) -> int:
+    """Print a profile's report (and write its JSON) — offline or through a broker; exit status 0."""
+    from pulsar_nack.profile import render
+
     for line in render(result):
         print(line)
-    if args.json is not None:
+    if json_path is not None:
         import json
 
-        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        print(f"wrote {args.json}")
+        json_path.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+        print(f"wrote {json_path}")
     return 0
 
 
 def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
     """``profile --broker URL``: :func:`pulsar_nack.profile_broker.profile_broker`."""
-    from pulsar_nack.profile import ProfileError, parse_duration_ms, render
+    from pulsar_nack.profile import ProfileError, parse_duration_ms
     from pulsar_nack.profile_broker import BROKER_MODES, profile_broker
 
     options = {"broker": "--broker", "timeout_s": "--broker-timeout", "partitions": "--partitions"}
@@ -303,14 +310,7 @@ def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
     finally:
         if bar is not None:
             bar.close()
-    for line in render(result):
-        print(line)
-    if args.json is not None:
-        import json
-
-        args.json.write_text(json.dumps(result.to_json(), indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return _print_profile(result, args.json)
 
 
 # -- estimate ------------------------------------------------------------------------------------------
