@@ -717,8 +717,21 @@ def _probe_env(mode: str) -> dict[str, str]:
 def _run_probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dict[str, Any]:
     """Run :func:`probe` in a fresh interpreter; it reports progress lines, then one JSON line."""
     command = [sys.executable, "-m", "pulsar_nack.profile", mode, json.dumps(workload.to_json())]
+    return run_child(command, _probe_env(mode), f"profile probe {mode!r}", _PROBE_TIMEOUT_S, progress)
+
+
+def run_child(
+    command: Sequence[str],
+    env: dict[str, str],
+    what: str,
+    timeout_s: float,
+    progress: Callable[[int], None],
+) -> dict[str, Any]:
+    """Run a probe ``command`` and return the JSON object of its last ``{...}`` line, passing each
+    ``progress N`` line on to ``progress(N)``; :class:`RuntimeError` naming ``what`` with the tail of its
+    stderr if it fails or prints no result; killed if it has not ended ``timeout_s`` after its output."""
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_probe_env(mode)
+        list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     ) as child:
         assert child.stdout is not None and child.stderr is not None
         result: dict[str, Any] | None = None
@@ -728,9 +741,13 @@ def _run_probe(mode: str, workload: Workload, progress: Callable[[int], None]) -
             elif line.startswith("{"):
                 result = json.loads(line)
         errors = child.stderr.read()
-        code = child.wait(timeout=_PROBE_TIMEOUT_S)
+        try:
+            code = child.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            raise
     if code != 0 or result is None:
-        raise RuntimeError(f"profile probe {mode!r} failed (exit {code}):\n{errors[-3000:]}")
+        raise RuntimeError(f"{what} failed (exit {code}):\n{errors[-3000:]}")
     return result
 
 

@@ -33,7 +33,6 @@ import gc
 import json
 import math
 import random
-import subprocess
 import sys
 import time
 import uuid
@@ -47,6 +46,7 @@ from pulsar_nack.profile import (
     _probe_env,
     _rss_bytes,
     java_side,
+    run_child,
     type_breakdown,
 )
 
@@ -299,25 +299,7 @@ def _run(
         repr(float(timeout_s)),
     ]
     env = _probe_env("malloc" if mode.endswith("malloc") else "default")
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    ) as child:
-        assert child.stdout is not None and child.stderr is not None
-        result: dict[str, Any] | None = None
-        for line in child.stdout:
-            if line.startswith("progress "):
-                progress(int(line.split()[1]))
-            elif line.startswith("{"):
-                result = json.loads(line)
-        errors = child.stderr.read()
-        try:
-            code = child.wait(timeout=timeout_s + 60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            raise
-    if code != 0 or result is None:
-        raise RuntimeError(f"broker profile probe {mode!r} failed (exit {code}):\n{errors[-3000:]}")
-    return result
+    return run_child(command, env, f"broker profile probe {mode!r}", timeout_s + 60, progress)
 
 
 def profile_broker(
