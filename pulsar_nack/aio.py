@@ -162,20 +162,14 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         """The next held chunked message that is due, as a :class:`~pulsar_nack.chunks.HeldMessage`; one
         past the dead-letter policy's ``max_redeliver_count`` is sent to the dead-letter topic and acked
         instead. None if none is due."""
-        hold, clock = self._nacks.hold, self._nacks.tracker.now
-        while (due := hold.pop_due(clock())) is not None:
-            message, count, key = due
-            dead_letters = self._dead_letters
-            if dead_letters is None or not dead_letters.due(count):
-                hold.count("redelivered")
-                return HeldMessage(message, count)
-            try:
-                await dead_letters.send(message)
-            except BaseException:
-                hold.hold(key, message, clock() + 1000.0, count, message._message.length())  # retried
-                raise
-            hold.count("dead_lettered")
-            await self.acknowledge(message)
+        hold, clock, dead_letters = self._nacks.hold, self._nacks.tracker.now, self._dead_letters
+        while (due := hold.next_due(clock(), dead_letters)) is not None:
+            if isinstance(due, HeldMessage):
+                return due
+            assert dead_letters is not None
+            with hold.dead_lettering(due, clock()):
+                await dead_letters.send(due.message)
+            await self.acknowledge(due.message)
         return None
 
     def _on_hold(self, due_ms: float) -> None:

@@ -32,12 +32,13 @@ both of each new hold).
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -83,6 +84,15 @@ class HeldMessage(pulsar.Message):  # type: ignore[misc]  # pulsar is untyped
     def redelivery_count(self) -> int:
         """The broker's count when the message was first received, plus the nacks held since."""
         return self._redelivery_count
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A held message past the dead-letter policy's ``max_redeliver_count``: send it, then ack it."""
+
+    message: pulsar.Message
+    count: int
+    key: Key
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,33 @@ class ChunkHold:
             del self.held[key]
             self._bytes -= held.size
             return held.message, held.redelivery_count, key
+
+    def next_due(
+        self, now_ms: float, dead_letters: _DeadLetterTopic | None
+    ) -> HeldMessage | DeadLetter | None:
+        """The earliest held message due by ``now_ms``, no longer held: a :class:`HeldMessage` to hand out
+        (counted as redelivered), or a :class:`DeadLetter` when it is past ``dead_letters``' threshold —
+        the consumer sends that one inside :meth:`dead_lettering` and acks it. None if none is due."""
+        due = self.pop_due(now_ms)
+        if due is None:
+            return None
+        message, count, key = due
+        if dead_letters is None or not dead_letters.due(count):
+            self.count("redelivered")
+            return HeldMessage(message, count)
+        return DeadLetter(message, count, key)
+
+    @contextlib.contextmanager
+    def dead_lettering(self, letter: DeadLetter, now_ms: float) -> Iterator[None]:
+        """Around sending ``letter`` to the dead-letter topic: counted as dead-lettered once sent; if the
+        send raises, the message is held again for a retry in a second and the error goes on."""
+        try:
+            yield
+        except BaseException:
+            message = letter.message
+            self.hold(letter.key, message, now_ms + 1000.0, letter.count, message._message.length())
+            raise
+        self.count("dead_lettered")
 
     def _drop_stale(self) -> None:
         """(Lock held.) Pop heap entries whose message was acked, handed out or held again since."""

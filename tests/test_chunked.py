@@ -364,6 +364,37 @@ def test_dead_letter_policy_sends_the_chunked_message_whole(client: Client, topi
     assert [len(m) for m in leftover(client, topic, SUB)] == [], stats
 
 
+def test_a_failed_dead_letter_send_keeps_the_message_held(client: Client, topic: str, size: int) -> None:
+    """The send to the dead-letter topic fails (the policy names an invalid topic): the receive raises the
+    producer's error, the message stays held (nothing is lost) and is tried again a second later."""
+    consumer = client.subscribe(
+        topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=300,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(
+            max_redeliver_count=1, dead_letter_topic="persistent://an invalid/topic name/dlq"
+        ),
+    )  # fmt: skip
+    send_chunked(client, topic, [payload(4, size)])
+    for count in (0, 1):  # handed out with redelivery counts 0 and 1, then past the policy
+        message = consumer.receive(20_000)
+        assert message.redelivery_count() == count
+        consumer.negative_acknowledge(message)
+    errors: list[Exception] = []
+    deadline = time.monotonic() + 20
+    while len(errors) < 2 and time.monotonic() < deadline:
+        try:
+            extra = consumer.receive(1000)
+        except pulsar.Timeout:
+            continue
+        except Exception as error:  # the dead-letter producer's error, from the receive that tried it
+            errors.append(error)
+            stats = consumer.nack_stats()
+            assert stats.chunked_held == 1 and stats.chunked_dead_lettered == 0, stats  # type: ignore[attr-defined]
+            continue
+        pytest.fail(f"handed out although past max_redeliver_count: {extra.redelivery_count()}")
+    assert len(errors) == 2, f"tried {len(errors)} times in 20 s"
+    consumer.close()
+
+
 # -- bounds and the native fallback ------------------------------------------------------------------
 
 
