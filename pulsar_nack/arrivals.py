@@ -331,12 +331,14 @@ class ArrivalFilter:
             if acked & bit:
                 return None
             pending = entry.pending
-            entry.pending = pending | bit
+            entry.pending = now_pending = pending | bit
             entry.out |= bit
             # quiet needs every message acked or pending, so the top one at least (cheap, checked first:
-            # the property costs a call per nack)
+            # the property costs a call per nack; each operation on a batch's >64-bit masks ~20 ns)
             size = entry.size
-            maybe_quiet = acked < 0 or (size is not None and (acked | pending | bit).bit_length() >= size)
+            maybe_quiet = acked < 0 or (
+                size is not None and (now_pending | acked if acked else now_pending).bit_length() >= size
+            )
             if maybe_quiet and self._pending_mask is not None and entry.quiet:
                 self._make_quiet(key)
             # fresh: neither this message nor its whole entry pending (other messages of it may be)

@@ -345,7 +345,7 @@ class NackBridge:
             and 0 <= delay_ms <= _FAST_DELAY_MS  # (NaN fails this too)
             and self._unlimited
         ):
-            delay = float(delay_ms)
+            delay = delay_ms  # (an int adds to the float clock as well: no conversion)
         else:
             options = self.options
             counts = delay_ms is None and options.backoff is not None
