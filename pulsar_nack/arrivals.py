@@ -456,7 +456,7 @@ class ArrivalFilter:
                             if settled is not None:
                                 return settled
                         if size is None:
-                            entry = None  # read the size first (a native call: never under the lock)
+                            entry = None  # no verdict this turn: the size first (a native call), then again
                         elif entry is None:
                             entry = self._entries[key] = _Entry(size)
                         else:
