@@ -240,6 +240,10 @@ class _Recent:
             yield from generation.values()
 
 
+def _no_index(*ids: Any) -> int:
+    raise TypeError("this ArrivalFilter files no nacks: it was made without add")
+
+
 @dataclass(frozen=True)
 class FilterCounts:
     """Counters of an :class:`ArrivalFilter` (since it was made)."""
@@ -262,6 +266,9 @@ class ArrivalFilter:
     entry_id, topic)`` asks the index which batch indexes of an entry are pending (-1: all); with it, a
     batched entry whose messages are all acked or pending is kept as one bit (``_quiet``) instead of a
     record — the state of PIP-393's use case, one nack in a batch whose other messages are acked.
+    ``add`` and ``remove`` are the index's: :meth:`file` files a nack and :meth:`acked` removes one under
+    the filter's lock, so that no ack, nack or arrival of the message sees the filter and the index
+    disagree (lock order: this filter's lock, then the index's).
     """
 
     def __init__(
@@ -271,6 +278,8 @@ class ArrivalFilter:
         clock: Callable[[], float],
         batch_size: Callable[[Any], int] = int,
         pending_mask: Callable[[int, int, str], int] | None = None,
+        add: Callable[[int, int, int, int, str, bool], int] | None = None,
+        remove: Callable[[int, int, int, str], object] | None = None,
         linger_ms: float = 30_000.0,
         max_reforwards: int = 3,
         lateness_window: int = 4096,
@@ -279,6 +288,8 @@ class ArrivalFilter:
         self._clock = clock
         self._batch_size = batch_size
         self._pending_mask = pending_mask
+        self._add = add if add is not None else _no_index
+        self._remove = remove
         self.linger_ms = float(linger_ms)
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
@@ -301,50 +312,69 @@ class ArrivalFilter:
     # -- what the tracker tells it -------------------------------------------------------------------
 
     def pending(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool | None:
-        """A nack is about to be filed in the index. Returns None (file nothing) for a batch message the
-        application has already acked, else whether the index can skip its dedupe
-        (``TimeBucketIndex.add(fresh=True)``): nothing it would merge with is pending. O(1).
+        """A nack is recorded (without filing it in the index: :meth:`file` does both). Returns None for
+        a batch message the application has already acked, else whether the index can skip its dedupe
+        (``TimeBucketIndex.add(fresh=True)``): nothing it would merge with is pending. O(1)."""
+        with self._lock:
+            return self._record((topic, ledger_id, entry_id), ledger_id, entry_id, batch_index, topic)
 
-        On the nack path: a batched nack of a followed entry costs one lock round-trip, one dict lookup
-        and a few int operations (no lookup of whole pending entries when none are, no call to test
-        whether the entry became quiet unless every message of it is acked or pending)."""
-        key = (topic, ledger_id, entry_id)
+    def file(self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int | None:
+        """A nack: recorded (:meth:`pending`) and filed in the index (``add``, with its ``fresh``) under
+        this filter's lock, so that an ack or an arrival of the message sees both or neither — an ack
+        between the two left the index holding a nack of a message the application had acked, and its
+        copy was handed out again. Returns the bucket time, or None (nothing filed) for a batch message
+        the application acked; if ``add`` raises, the record is undone. O(1) plus the index's add.
+
+        The nack path: one lock round-trip, one dict lookup and a few int operations besides the add
+        (no lookup of whole pending entries when none are, no call to test whether the entry became
+        quiet unless every message of it may be acked or pending)."""
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per nack)
         try:
-            entry = self._entries.get(key)
-            if entry is None and self._quiet and self._is_quiet(topic, ledger_id, entry_id):
-                entry = self._expand(key, 0)
-            # whole (non-batched) entries pending in this ledger: none at all on a batched topic
-            bitmap = self._pending.get((topic, ledger_id)) if self._pending else None
-            whole_pending = bitmap is not None and entry_id in bitmap
-            if batch_index < 0:  # fresh: no part of the entry pending (else the index merges)
-                fresh = not whole_pending and (entry is None or not entry.pending)
-                if bitmap is None:
-                    bitmap = self._pending[(topic, ledger_id)] = BitMap()
-                bitmap.add(entry_id)
-                return fresh
-            if entry is None:
-                entry = self._entries[key] = _Entry(None)
-            bit = 1 << batch_index
-            acked = entry.acked
-            if acked & bit:
+            fresh = self._record((topic, ledger_id, entry_id), ledger_id, entry_id, batch_index, topic)
+            if fresh is None:
                 return None
-            pending = entry.pending
-            entry.pending = now_pending = pending | bit
-            entry.out |= bit
-            # quiet needs every message acked or pending, so the top one at least (cheap, checked first:
-            # the property costs a call per nack; each operation on a batch's >64-bit masks ~20 ns)
-            size = entry.size
-            maybe_quiet = acked < 0 or (
-                size is not None and (now_pending | acked if acked else now_pending).bit_length() >= size
-            )
-            if maybe_quiet and self._pending_mask is not None and entry.quiet:
-                self._make_quiet(key)
-            # fresh: neither this message nor its whole entry pending (other messages of it may be)
-            return not whole_pending and not pending & bit
+            try:
+                return self._add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
+            except BaseException:
+                self._unrecord(ledger_id, entry_id, batch_index, topic)
+                raise
         finally:
             lock.release()
+
+    def _record(self, key: Key, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool | None:
+        """:meth:`pending`'s work (lock held)."""
+        entry = self._entries.get(key)
+        if entry is None and self._quiet and self._is_quiet(topic, ledger_id, entry_id):
+            entry = self._expand(key, 0)
+        # whole (non-batched) entries pending in this ledger: none at all on a batched topic
+        bitmap = self._pending.get((topic, ledger_id)) if self._pending else None
+        whole_pending = bitmap is not None and entry_id in bitmap
+        if batch_index < 0:  # fresh: no part of the entry pending (else the index merges)
+            fresh = not whole_pending and (entry is None or not entry.pending)
+            if bitmap is None:
+                bitmap = self._pending[(topic, ledger_id)] = BitMap()
+            bitmap.add(entry_id)
+            return fresh
+        if entry is None:
+            entry = self._entries[key] = _Entry(None)
+        bit = 1 << batch_index
+        acked = entry.acked
+        if acked & bit:
+            return None
+        pending = entry.pending
+        entry.pending = now_pending = pending | bit
+        entry.out |= bit
+        # quiet needs every message acked or pending, so the top one at least (cheap, checked first:
+        # the property costs a call per nack; each operation on a batch's >64-bit masks ~20 ns)
+        size = entry.size
+        maybe_quiet = acked < 0 or (
+            size is not None and (now_pending | acked if acked else now_pending).bit_length() >= size
+        )
+        if maybe_quiet and self._pending_mask is not None and entry.quiet:
+            self._make_quiet(key)
+        # fresh: neither this message nor its whole entry pending (other messages of it may be)
+        return not whole_pending and not pending & bit
 
     def pending_entries(self, ledger_id: int, entry_ids: BitMap, topic: str) -> None:
         """:meth:`pending` for many whole (non-batched) entries of one ledger at once — a restored
@@ -356,19 +386,18 @@ class ArrivalFilter:
             else:
                 bitmap |= entry_ids
 
-    def withdraw(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
-        """Undo :meth:`pending` (the index rejected the id). O(1)."""
-        with self._lock:
-            if batch_index < 0:
-                bitmap = self._pending.get((topic, ledger_id))
-                if bitmap is not None:
-                    bitmap.discard(entry_id)
-                    if not bitmap:
-                        del self._pending[(topic, ledger_id)]
-            else:
-                entry = self._entries.get((topic, ledger_id, entry_id))
-                if entry is not None:
-                    entry.pending &= ~(1 << batch_index)
+    def _unrecord(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
+        """Undo :meth:`_record` (lock held; the index rejected the id). O(1)."""
+        if batch_index < 0:
+            bitmap = self._pending.get((topic, ledger_id))
+            if bitmap is not None:
+                bitmap.discard(entry_id)
+                if not bitmap:
+                    del self._pending[(topic, ledger_id)]
+        else:
+            entry = self._entries.get((topic, ledger_id, entry_id))
+            if entry is not None:
+                entry.pending &= ~(1 << batch_index)
 
     def forwarded(
         self,
@@ -549,7 +578,8 @@ class ArrivalFilter:
         self, ledger_id: int, entry_id: int, batch_index: int, topic: str
     ) -> tuple[Sequence[Any], bool, bool]:
         """The application acked this message. Returns parked copies to ack along with it, whether a
-        nack of it was pending (the caller removes it from the index), and whether the caller must ack
+        nack of it was pending (removed from the index here, under the lock, when the filter was made
+        with ``remove``; else the caller removes it), and whether the caller must ack
         the whole entry at the broker: every message of a batch that was forwarded is now acked, but no
         single delivered copy may be (the nacked message was never acked on the first copy, and the rest
         of a redelivered copy may still sit in the receiver queue). O(1)."""
@@ -567,6 +597,8 @@ class ArrivalFilter:
                 bitmap.discard(entry_id)
                 if not bitmap:
                     del self._pending[(topic, ledger_id)]
+                if self._remove is not None:  # under the lock: no nack of it is filed in between
+                    self._remove(ledger_id, entry_id, batch_index, topic)
                 return _NONE, True, False
             entry = self._entries.get(key)
             if entry is None:
@@ -577,6 +609,8 @@ class ArrivalFilter:
             entry.acked |= bit
             was_pending = bool(entry.pending & bit)
             entry.pending &= ~bit
+            if was_pending and self._remove is not None:
+                self._remove(ledger_id, entry_id, batch_index, topic)
             flight = entry.flights.get(batch_index) if entry.flights else None
             if flight is not None:
                 flight.acked = True

@@ -184,12 +184,13 @@ class NackTracker:
             clock=clock,
             batch_size=batch_size,
             pending_mask=self.index.pending_mask,
+            add=self.index.add,
+            remove=self.index.remove,
             linger_ms=linger_ms,
             lateness_window=lateness_window,
         )
-        # The nack path's two calls, bound once (an attribute lookup and a method binding each, per nack).
-        self._pending = self.arrivals.pending
-        self._add = self.index.add
+        # The nack path's call, bound once (an attribute lookup and a method binding, per nack).
+        self._file = self.arrivals.file
         self._forward = forward
         self.native = native
         self.lead_ms = float(native.latency_ms)
@@ -230,14 +231,10 @@ class NackTracker:
             raise RuntimeError("the consumer is closed")
         if type(due_ms) is not float or due_ms - due_ms != 0.0:  # (the common case: a finite float)
             check_finite(due_ms, "due_ms")
-        fresh = self._pending(ledger_id, entry_id, batch_index, topic)
-        if fresh is None:
+        # recorded in the arrival filter and filed in the index under the filter's lock (see its `file`)
+        bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic)
+        if bucket is None:
             return None
-        try:
-            bucket = self._add(_ceil(due_ms), ledger_id, entry_id, batch_index, topic, fresh)
-        except BaseException:
-            self.arrivals.withdraw(ledger_id, entry_id, batch_index, topic)
-            raise
         # Most nacks land at or after the armed bucket: no lock needed to see that.
         if bucket < self._armed_bucket or self._compaction is None:
             with self._lock:
@@ -265,9 +262,8 @@ class NackTracker:
         :meth:`~pulsar_nack.arrivals.ArrivalFilter.acked`). O(1) typically."""
         if batch_index >= 0 and self.arrivals.acked_plain((topic, ledger_id, entry_id), batch_index):
             return (), False  # the common batched case: nothing of the batch was nacked
-        copies, was_pending, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
-        if was_pending:
-            self.index.remove(ledger_id, entry_id, batch_index, topic)
+        # (a pending nack of it is removed from the index by the filter, under its lock)
+        copies, _, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         return copies, ack_entry
 
     def _arm(self, bucket: float, at_ms: float | None = None) -> None:
