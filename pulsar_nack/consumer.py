@@ -56,6 +56,7 @@ from pulsar_nack.snapshot.wiring import (
     subscription_storage,
     tracker_snapshot_arguments,
 )
+from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
 
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
@@ -71,6 +72,7 @@ _MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first 
 _FAST_DELAY_MS = float(2**53)
 _ADMITTED_IDS = "_pulsar_nack_ids"
 _UNTRACKED = ()
+_monotonic = time.monotonic  # the nack path reads the default clock without a Python frame
 _DELIVER = Verdict.DELIVER  # a module constant: an enum member lookup costs 65 ns on the per-message path
 
 OnClose = Literal["drop", "flush"]
@@ -299,6 +301,13 @@ class NackBridge:
             **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
         self._arrivals = self.tracker.arrivals
+        # The nack path's constants (the options are frozen): the delay of a nack without one while no
+        # backoff or limit applies (else None), whether a per-call delay needs no limit, and the clock.
+        plain = options.backoff is None and not options.max_redelivery_delay_ms
+        self._default_delay = float(options.redelivery_delay_ms) if plain else None
+        self._unlimited = not options.max_redelivery_delay_ms
+        self._now = self.tracker.clock
+        self._monotonic_ms = self._now is monotonic_ms
         # Nacked chunked messages kept in memory (pulsar_nack.chunks); a consumer that hands them out again
         # (receive, a listener's HeldDelivery, the asyncio receive) sets `holding`. Else, and past the
         # bound, they go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
@@ -319,30 +328,34 @@ class NackBridge:
         the consumer is closed a nack does nothing, as the official consumer's does (the broker redelivers
         every unacked message of a closed consumer).
         """
-        ids = self._ids(message)
+        # The ids the admission remembered on the message (no call into the client), else read them.
+        ids = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        if ids is None or ids is _UNTRACKED:
+            ids = self._ids(message)
         if ids is None:
             raise TypeError(
                 "negative_acknowledge takes a pulsar.Message, pulsar.MessageId or _pulsar.MessageId, "
                 f"got {type(message).__name__}"
             )
         ledger_id, entry_id, batch_index, topic = ids
-        options = self.options
-        if delay_ms is None and options.backoff is None and not options.max_redelivery_delay_ms:
-            delay = float(options.redelivery_delay_ms)  # the common cases, without the general path
+        if delay_ms is None and self._default_delay is not None:
+            delay = self._default_delay  # the common cases, without the general path
         elif (
             (type(delay_ms) is int or type(delay_ms) is float)
             and 0 <= delay_ms <= _FAST_DELAY_MS  # (NaN fails this too)
-            and not options.max_redelivery_delay_ms
+            and self._unlimited
         ):
-            delay = float(delay_ms)
+            delay = delay_ms  # (an int adds to the float clock as well: no conversion)
         else:
+            options = self.options
             counts = delay_ms is None and options.backoff is not None
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
         if batch_index < 0 and self._nack_chunked(message, ids, delay):
             return
         tracker = self.tracker
         try:
-            tracker.schedule(tracker.now() + delay, ledger_id, entry_id, batch_index, topic)
+            now = _monotonic() * 1000.0 if self._monotonic_ms else self._now()  # (monotonic_ms, inlined)
+            tracker.schedule(now + delay, ledger_id, entry_id, batch_index, topic)
         except RuntimeError:
             if not tracker.closed:  # closed (before or during the call): nothing to do, as above
                 raise

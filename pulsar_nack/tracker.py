@@ -45,6 +45,7 @@ from pulsar_nack.timer import Timeout, TimerWheel, check_finite, monotonic_ms, w
 __all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict", "epoch_clock"]
 
 _log = logging.getLogger(__name__)
+_ceil = math.ceil  # (a global and an attribute lookup less per nack)
 #: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
 #: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
 NATIVE_DELAY_MS = 102
@@ -183,9 +184,13 @@ class NackTracker:
             clock=clock,
             batch_size=batch_size,
             pending_mask=self.index.pending_mask,
+            add=self.index.add,
+            remove=self.index.remove,
             linger_ms=linger_ms,
             lateness_window=lateness_window,
         )
+        # The nack path's call, bound once (an attribute lookup and a method binding, per nack).
+        self._file = self.arrivals.file
         self._forward = forward
         self.native = native
         self.lead_ms = float(native.latency_ms)
@@ -197,6 +202,8 @@ class NackTracker:
         #: the other members of a Shared subscription (pulsar_nack.snapshot.takeover). Keeps it running.
         self.takeover: Callable[[], object] | None = None
         self._clock = clock
+        #: The clock (ms) due times are measured on; :meth:`now` calls it (the nack path calls it directly).
+        self.clock = clock
         self._owns_wheel = wheel is None
         self._wheel = wheel if wheel is not None else TimerWheel(clock=clock, name="pulsar-nack-redelivery")
         # A dropped tracker closes its own wheel (the wheel holds the tracker only through weak callbacks).
@@ -224,14 +231,10 @@ class NackTracker:
             raise RuntimeError("the consumer is closed")
         if type(due_ms) is not float or due_ms - due_ms != 0.0:  # (the common case: a finite float)
             check_finite(due_ms, "due_ms")
-        fresh = self.arrivals.pending(ledger_id, entry_id, batch_index, topic)
-        if fresh is None:
+        # recorded in the arrival filter and filed in the index under the filter's lock (see its `file`)
+        bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic)
+        if bucket is None:
             return None
-        try:
-            bucket = self.index.add(math.ceil(due_ms), ledger_id, entry_id, batch_index, topic, fresh=fresh)
-        except BaseException:
-            self.arrivals.withdraw(ledger_id, entry_id, batch_index, topic)
-            raise
         # Most nacks land at or after the armed bucket: no lock needed to see that.
         if bucket < self._armed_bucket or self._compaction is None:
             with self._lock:
@@ -259,9 +262,8 @@ class NackTracker:
         :meth:`~pulsar_nack.arrivals.ArrivalFilter.acked`). O(1) typically."""
         if batch_index >= 0 and self.arrivals.acked_plain((topic, ledger_id, entry_id), batch_index):
             return (), False  # the common batched case: nothing of the batch was nacked
-        copies, was_pending, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
-        if was_pending:
-            self.index.remove(ledger_id, entry_id, batch_index, topic)
+        # (a pending nack of it is removed from the index by the filter, under its lock)
+        copies, _, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         return copies, ack_entry
 
     def _arm(self, bucket: float, at_ms: float | None = None) -> None:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import gc
 import random
+import sys
+import threading
+import time
 import weakref
 
 import numpy as np
@@ -11,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.index import TimeBucketIndex
 
 
 class Clock:
@@ -260,3 +264,103 @@ def test_a_forward_keeps_neither_the_callers_batch_indexes_nor_the_buffer_behind
     assert kept_buffer() is None, "the forward record holds a view of the caller's buffer"
     clock.now += 150
     assert all(admit(arrivals, entry, 3) is Verdict.DELIVER for entry in range(100)), "still followed"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.randoms(use_true_random=False), st.integers(1, 70), st.data())
+def test_an_entry_acked_or_nacked_in_any_order_ends_as_one_bit(
+    rng: random.Random, size: int, data: st.DataObject
+) -> None:
+    """PIP-393's case: every message of a batch acked or nacked, in any order (nacks and acks from any
+    thread). Whichever comes last — an ack or a nack — the entry's record becomes one bit, and copies of
+    it are still classified (nacked: held; acked: acked). The nack path tests this with a cheap necessary
+    condition before the full one: it must never miss the moment."""
+    index = TimeBucketIndex(8, "floor")
+    clock = Clock()
+    arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, pending_mask=index.pending_mask)
+    nacked = set(data.draw(st.sets(st.integers(0, size - 1), min_size=1), label="nacked"))
+    order = list(range(size))
+    rng.shuffle(order)
+    for batch_index in order:
+        assert admit(arrivals, 1, batch_index, size) is Verdict.DELIVER
+    rng.shuffle(order)
+    for batch_index in order:
+        if batch_index in nacked:
+            fresh = arrivals.pending(7, 1, batch_index, "t")
+            assert fresh is not None
+            index.add(int(clock.now) + 60_000, 7, 1, batch_index, "t", fresh=fresh)
+        else:
+            copies, was_pending, _ = arrivals.acked(7, 1, batch_index, "t")
+            assert copies == () and not was_pending
+    assert arrivals.counts().open_entries == 1
+    assert not arrivals._entries, "every message acked or pending: one bit, not a record"
+    for batch_index in range(size):
+        expected = Verdict.HOLD if batch_index in nacked else Verdict.ACKED
+        assert admit(arrivals, 1, batch_index, size) is expected
+
+
+def test_a_batch_size_is_read_once_per_entry_outside_the_lock() -> None:
+    """``batch_size`` (a native call) is made only for an entry the filter does not follow yet, never
+    under the filter's lock; an entry first known from a nack of a bare id (its size unknown) learns it
+    at its first arrival — and, fully acked, is forgotten like any other."""
+    calls: list[bool] = []
+
+    def batch_size(size: int) -> int:
+        calls.append(arrivals._lock.locked())
+        return size
+
+    arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
+    for batch_index in range(4):
+        assert admit(arrivals, 1, batch_index, size=4) is Verdict.DELIVER
+    assert calls == [False], "read once, for the new entry, without the lock"
+    assert arrivals.pending(7, 2, 1, "t") is True  # a nack of a bare id: the entry's size is unknown
+    for batch_index in range(3):
+        expected = Verdict.HOLD if batch_index == 1 else Verdict.DELIVER
+        assert admit(arrivals, 2, batch_index, size=3) is expected
+    assert calls == [False, False], "the entry known from a nack learned its size at its first arrival"
+    for entry, size in ((1, 4), (2, 3)):
+        for batch_index in range(size):
+            arrivals.acked(7, entry, batch_index, "t")
+    assert arrivals.idle, "every message acked: both entries forgotten"
+
+
+def test_concurrent_first_arrivals_of_one_batch_are_each_handed_out_once() -> None:
+    """Several receiver threads admitting messages of the same new entries at once (each may find the
+    entry new and read its size): every message is handed out exactly once, every second copy is a
+    duplicate, and one record per entry remains."""
+
+    def batch_size(size: int) -> int:
+        time.sleep(0)  # let another receiver in between the two turns of the lock
+        return size
+
+    arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
+    size, entries, threads = 20, 50, 8
+    messages = [(entry, index) for entry in range(entries) for index in range(size)] * 2
+    random.Random(5).shuffle(messages)
+    verdicts: dict[tuple[int, int], list[Verdict]] = {}
+    lock = threading.Lock()
+
+    def receiver(share: list[tuple[int, int]]) -> None:
+        for entry, index in share:
+            verdict = admit(arrivals, entry, index, size)
+            with lock:
+                verdicts.setdefault((entry, index), []).append(verdict)
+
+    workers = [
+        threading.Thread(target=receiver, args=(messages[i::threads],), daemon=True) for i in range(threads)
+    ]
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns often: the interleavings the test is about
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not any(worker.is_alive() for worker in workers)
+    assert len(verdicts) == size * entries
+    assert all(
+        sorted(v, key=lambda x: x.value) == [Verdict.DELIVER, Verdict.DUPLICATE] for v in verdicts.values()
+    )
+    assert arrivals.counts().open_entries == entries

@@ -500,3 +500,23 @@ def test_after_close_nack_ack_and_receive_do_what_the_official_consumer_does(
         outcomes[name] = results
     assert outcomes["official"] == ["ok", "ok", "AlreadyClosed", "AlreadyClosed"]
     assert outcomes["wrapped"] == outcomes["official"]
+
+
+@pytest.mark.parametrize("snapshots", [False, True], ids=["monotonic", "epoch"])
+def test_a_nack_is_due_on_the_trackers_own_clock(
+    nack_client: Client, unique_topic: str, tmp_path: Any, snapshots: bool
+) -> None:
+    """The nack path reads the tracker's clock (the monotonic one inlined, without a Python call): a
+    consumer that keeps snapshots runs its tracker on epoch milliseconds, and its nacks must be due on
+    that clock — on the monotonic one they would be decades early and come back at once."""
+    extra: dict[str, Any] = {"snapshot_dir": tmp_path / "snapshots"} if snapshots else {}
+    consumer = subscribe(nack_client, unique_topic, **extra)
+    produce(nack_client, unique_topic, 2, batching=True)
+    tracker = consumer._nacks.tracker
+    for message in receive_all(consumer, 2):
+        before = tracker.now()
+        consumer.negative_acknowledge(message, delay_ms=60_000)
+        after = tracker.now()
+        due = tracker.index.next_due_ms()
+        assert due is not None and before + 60_000 - 256 <= due <= after + 60_000, (before, due, after)
+    consumer.close()

@@ -10,12 +10,13 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import pytest
 
 from pulsar_nack import DueIds, MultiplierRedeliveryBackoff, NativeTiming, TimerWheel
 from pulsar_nack.delay_limit import DelayLimitExceeded, limit_delay
+from pulsar_nack.index import TimeBucketIndex
 from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker, Verdict
 
@@ -190,7 +191,11 @@ def test_a_batch_acked_but_for_its_nacked_message_is_one_bit_and_still_classifie
     h.run_until(start + 1_000)
     assert h.forwards[0][1] == [("", 8, 1, (2,))]
     assert [arrive(h, 8, 1, i, size=5) for i in range(5)] == [
-        Verdict.COVERED, Verdict.COVERED, Verdict.DELIVER, Verdict.COVERED, Verdict.COVERED
+        Verdict.COVERED,
+        Verdict.COVERED,
+        Verdict.DELIVER,
+        Verdict.COVERED,
+        Verdict.COVERED,
     ]  # forwarded: the whole entry is acked with its last message, which covers these copies
     assert arrive(h, 8, 1, 2, size=5) is Verdict.DUPLICATE, "once per nack"
     assert h.tracker.arrivals.counts().open_entries == 1, "entry 2, all acked on one copy, is forgotten"
@@ -341,9 +346,7 @@ def test_an_acked_bucket_costs_one_callback_and_the_next_bucket_still_fires() ->
 # -- far, non-finite, failing ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "due", [math.inf, -math.inf, math.nan, pytest.param(10**400, id="int-beyond-float")]
-)
+@pytest.mark.parametrize("due", [math.inf, -math.inf, math.nan, pytest.param(10**400, id="int-beyond-float")])
 def test_a_non_finite_due_time_is_rejected_naming_it(due: float) -> None:
     h = Harness()
     with pytest.raises(ValueError, match="due_ms must be a finite"):
@@ -476,3 +479,45 @@ def test_close_does_not_wait_for_a_hook_blocked_on_the_callers_lock() -> None:
     thread.join(5.0)
     assert not thread.is_alive()
     assert locks_held == [False]
+
+
+@pytest.mark.parametrize("batch_index", [-1, 0], ids=["single", "batched"])
+def test_an_ack_racing_a_nack_of_the_same_message_leaves_nothing_pending(
+    batch_index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread nacks a message while another acks it (issue 9: mixed acks and nacks from several
+    threads). The nack's arrival record and its index add happen under the arrival filter's lock, and so
+    does the ack's removal: the ack comes after both, and nothing stays pending. (When the ack could land
+    between the two, the index kept a nack of an acked message: forwarded, and a non-batched copy was
+    handed out again.) The index's add waits here for the ack to be under way, to open that window."""
+    in_add, ack_started = threading.Event(), threading.Event()
+    add = TimeBucketIndex.add
+
+    def slow_add(index: TimeBucketIndex, *args: Any, **kwargs: Any) -> int:
+        in_add.set()
+        ack_started.wait(5)
+        time.sleep(0.05)  # the ack, unless it waits for the nack, is done by now
+        return add(index, *args, **kwargs)
+
+    monkeypatch.setattr(TimeBucketIndex, "add", slow_add)  # before the tracker binds it
+    harness = Harness(quiet=True)
+    tracker = harness.tracker
+    errors: list[BaseException] = []
+
+    def acker() -> None:
+        try:
+            assert in_add.wait(5), "the nack never reached the index"
+            ack_started.set()
+            tracker.acked(7, 5, batch_index, "t")
+        except BaseException as error:  # recorded: asserted on the test's thread
+            errors.append(error)
+
+    thread = threading.Thread(target=acker, daemon=True)
+    thread.start()
+    tracker.schedule(harness.clock.now + 1_000, 7, 5, batch_index, "t")
+    thread.join(10)
+    assert not thread.is_alive() and not errors, errors
+    assert len(tracker.index) == 0, "the index holds a nack of a message acked after it"
+    tracker.flush(everything=True)
+    assert harness.forwards == [], "a nack of an acked message was forwarded"
+    assert tracker.arrivals.admit(7, 5, batch_index, "t", 1) is not Verdict.HOLD
