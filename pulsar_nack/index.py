@@ -40,7 +40,7 @@ import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import pairwise
+from itertools import chain, pairwise
 from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
 
 import numpy as np
@@ -453,19 +453,154 @@ class _Times:
         return total + sum(python_bytes(t) + python_bytes(c) for c, t in self._chunks.items())
 
 
-class _Bucket(dict[LedgerKey, Entries]):
-    """One bucket: slots that have their own bitmap (the dict, keyed by ledger key) and one shared
-    ``packed`` bitmap of the small slots (None when there are none)."""
+#: A bucket keeps up to this many compacted runs (``_Run``) in two exact-size arrays; past it, in its dict.
+_INLINE_RUNS = 32
 
-    __slots__ = ("packed",)
+
+class _Bucket:
+    """One bucket: the slots that have their own entries, keyed by ledger key, and one shared ``packed``
+    bitmap of the small slots (None when there are none).
+
+    A mapping of ledger key → entries (the dict operations the index uses). Live bitmaps sit in a dict
+    (``None`` until the first); compacted runs (``_Run``) sit in a tuple of ledger keys and an
+    ``array('Q')`` of the runs, aligned — 8 bytes a run plus its key pointer, where a dict entry and a
+    ``_Run`` object cost ~90 bytes and the dict's table ~300 per bucket (a bucket of six one-run ledgers
+    at (x, k) = (8, 15): ~270 bytes in all, was ~660). A bucket with more than :data:`_INLINE_RUNS` runs
+    keeps the rest in the dict, so that finding a run stays O(1) (a tuple search is O(runs), in C).
+    Reading a run returns a new ``_Run``. Each operation O(1), plus O(runs) ≤ 32 to add or drop a run.
+    """
+
+    __slots__ = ("_keys", "_own", "_runs", "packed")
 
     def __init__(self) -> None:
-        super().__init__()
+        self._own: dict[LedgerKey, Entries] | None = None
+        self._keys: tuple[LedgerKey, ...] = ()
+        self._runs: array[int] | None = None
         self.packed: BitMap64 | None = None
 
     def own(self, key: LedgerKey) -> Entries:
-        entries: Entries = self[key]
-        return entries
+        """The slot's entries (KeyError if the ledger has none of its own here). O(1)."""
+        own = self._own
+        if own is not None:
+            entries = own.get(key)
+            if entries is not None:
+                return entries
+        if self._keys:
+            try:
+                i = self._keys.index(key)
+            except ValueError:
+                raise KeyError(key) from None
+            assert self._runs is not None
+            return _Run(self._runs[i])
+        raise KeyError(key)
+
+    __getitem__ = own
+
+    def holds(self, key: LedgerKey, entry_id: int) -> bool:
+        """Whether the slot of ``key`` (which must exist) holds ``entry_id``. O(1)."""
+        own = self._own
+        entries = own.get(key) if own is not None else None
+        if entries is not None:
+            return entry_id in entries
+        run = self._runs[self._keys.index(key)] if self._runs is not None else None
+        assert run is not None, key
+        return run >> 32 <= entry_id <= run & MAX_ENTRY_ID
+
+    def __setitem__(self, key: LedgerKey, entries: Entries) -> None:
+        own = self._own
+        if own is not None and key in own:
+            if type(entries) is not _Run:
+                own[key] = entries
+                return
+            del own[key]
+            if not own:
+                self._own = None
+        elif self._keys and key in self._keys:
+            self._drop_run(key)
+        if type(entries) is _Run and len(self._keys) < _INLINE_RUNS:
+            self._keys += (key,)
+            if self._runs is None:
+                self._runs = array("Q", (entries,))
+            else:
+                self._runs.append(entries)
+            return
+        if self._own is None:
+            self._own = {}
+        self._own[key] = entries
+
+    def __delitem__(self, key: LedgerKey) -> None:
+        if self._own is not None and key in self._own:
+            del self._own[key]
+            if not self._own:
+                self._own = None
+        elif self._keys and key in self._keys:
+            self._drop_run(key)
+        else:
+            raise KeyError(key)
+
+    def _drop_run(self, key: LedgerKey) -> None:
+        keys, runs = self._keys, self._runs
+        assert runs is not None
+        i = keys.index(key)
+        self._keys = keys[:i] + keys[i + 1 :]
+        if self._keys:
+            self._runs = runs[:i] + runs[i + 1 :]  # exact size
+        else:
+            self._runs = None
+
+    def compact_own(self) -> None:
+        """Compact every live bitmap (``_compacted``): runs move to the arrays, which are rebuilt at
+        their exact size. O(bitmaps + their containers)."""
+        own = self._own
+        if own is None:
+            return
+        keys, runs = list(self._keys), self._runs.tolist() if self._runs is not None else []
+        kept: dict[LedgerKey, Entries] = {}
+        for key, entries in own.items():
+            if isinstance(entries, BitMap):
+                entries = _compacted(entries)  # same ids: the ledger's order still holds
+            if type(entries) is _Run and len(keys) < _INLINE_RUNS:
+                keys.append(key)
+                runs.append(entries)
+            else:
+                kept[key] = entries
+        self._own = kept or None
+        self._keys = tuple(keys)
+        self._runs = array("Q", runs) if runs else None
+
+    def __len__(self) -> int:
+        return len(self._keys) + (len(self._own) if self._own is not None else 0)
+
+    def __bool__(self) -> bool:
+        return bool(self._keys) or bool(self._own)
+
+    def __iter__(self) -> Iterator[LedgerKey]:
+        if self._own is not None:
+            yield from self._own
+        yield from self._keys
+
+    def items(self) -> Iterable[tuple[LedgerKey, Entries]]:
+        """(key, entries) of every own slot: live bitmaps first, then runs (as new ``_Run``-s). C-level
+        iterators (no generator frame: pop_due calls this once per due bucket)."""
+        own, runs = self._own, self._runs
+        if runs is None:
+            return own.items() if own is not None else ()
+        inline = zip(self._keys, map(_Run, runs))  # noqa: B905 (aligned by construction; strict costs ~0.2 us)
+        return inline if own is None else chain(own.items(), inline)
+
+    def values(self) -> Iterator[Entries]:
+        for _, entries in self.items():
+            yield entries
+
+    def memory_bytes(self) -> int:
+        """Bytes of the bucket's own objects: the bucket, its dict, key tuple and run array — not the
+        bitmaps or the keys. O(1)."""
+        total = python_bytes(self) + (python_bytes(self._keys) if self._keys else 0)
+        if self._own is not None:
+            total += python_bytes(self._own)
+        if self._runs is not None:
+            total += python_bytes(self._runs)
+        return total
 
 
 class _Ledger:
@@ -502,7 +637,7 @@ class _Ledger:
     def __init__(self, key: LedgerKey, base: int) -> None:
         self.key = key
         self.base = base
-        self.buckets = array("q")
+        self.buckets: array[int] | tuple[int, ...] = array("q")
         self.sizes: bytearray | None = bytearray()
         self.head = 0
         self.lo = 0
@@ -524,9 +659,17 @@ class _Ledger:
         sizes = self.sizes
         return 0 if sizes is None else len(self) - sizes[self.head :].count(_OWN)
 
+    def _thaw(self) -> array[int]:
+        """The bucket times as an array again, to change them (see ``trim``). O(B_l)."""
+        buckets = self.buckets
+        if type(buckets) is tuple:
+            buckets = self.buckets = array("q", buckets)
+        assert isinstance(buckets, array)
+        return buckets
+
     def insert(self, i: int, bucket: int) -> None:
         """Open a slot at position ``i`` (empty, in the shared bitmap). O(B_l) memmove."""
-        self.buckets.insert(i, bucket)
+        self._thaw().insert(i, bucket)
         if self.sizes is None:
             self.sizes = bytearray([_OWN]) * (len(self.buckets) - 1)
         self.sizes.insert(i, 0)
@@ -534,17 +677,25 @@ class _Ledger:
 
     def delete(self, i: int) -> None:
         """Forget the slot at position ``i``. O(B_l) memmove."""
-        del self.buckets[i]
+        del self._thaw()[i]
         if self.sizes is not None:
             del self.sizes[i]
         self.stale = True  # lo/hi still bound the rest, loosely
         self.mins = None
 
-    def trim(self) -> None:
+    def trim(self, single: tuple[int]) -> None:
         """Drop popped positions and spare capacity, and ``sizes`` if every slot has a bitmap of its own.
-        O(B_l)."""
-        head = self.head
-        self.buckets = array("q", self.buckets[head:])
+        The bucket times become a tuple (the next change of the slots makes it an array again) holding
+        the int ``single[0]`` — the schedule's key of the bucket being compacted, which holds a slot of
+        this ledger — rather than a copy; a ledger whose only slot is there takes ``single`` itself,
+        one tuple for all such ledgers of the bucket (an array cost 96 bytes a ledger: ~30 KB of the
+        (x, k) = (8, 15) row's 97 KB were these arrays and the ledgers' other parts). O(B_l)."""
+        head, (bucket,) = self.head, single
+        times = self.buckets[head:]
+        if len(times) == 1 and times[0] == bucket:
+            self.buckets = single
+        else:
+            self.buckets = tuple(bucket if time == bucket else time for time in times)
         if self.sizes is not None:
             live = self.sizes[head:]
             self.sizes = None if live.count(_OWN) == len(live) else live
@@ -565,7 +716,7 @@ class _Ledger:
         self.stale = True  # lo/hi still bound the rest, loosely
         # The first of ordered ranges dropped: the rest stay ordered, and mins stays aligned.
         if self.head * 2 > len(self.buckets) and self.head >= 16:
-            del self.buckets[: self.head]
+            del self._thaw()[: self.head]
             if self.sizes is not None:
                 del self.sizes[: self.head]
             if self.mins:
@@ -1039,16 +1190,17 @@ class TimeBucketIndex:
                 slots: _Bucket | None = self._schedule.get(bucket)
                 if slots is None:
                     continue
-                for key, entries in slots.items():
-                    if isinstance(entries, BitMap):
-                        slots[key] = _compacted(entries)  # same ids: the ledger's order still holds
                 if slots.packed is not None:
                     self._compact_shared(bucket, slots, slots.packed)
-                for key in slots:  # ledgers of few slots: exact-size arrays (see _Ledger)
+                slots.compact_own()
+                single = (bucket,)  # shared by the ledgers whose only slot is this one (see trim)
+                for key in slots:  # ledgers of few slots: exact-size tuples (see _Ledger)
                     record = self._ledgers[key]
                     if len(record.buckets) <= _TRIM_SLOTS and record is not self._slot_record:
-                        record.trim()
+                        record.trim(single)
                 done += 1
+            if not self._cold:
+                self._cold = {}  # a dict keeps its grown table when emptied (~1 KB per 40 buckets)
         return done
 
     def _compact_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
@@ -1213,10 +1365,11 @@ class TimeBucketIndex:
                 parts["schedule"] += sum(once(v) for v in attributes.values() if inspect.ismethod(v))
         for bucket, slots in schedule.items():
             parts["schedule"] += once(bucket)
-            parts["buckets"] += python_bytes(slots)
+            parts["buckets"] += slots.memory_bytes()
             for key, entries in slots.items():
                 parts["buckets"] += key_bytes(key)
-                parts["bitmap_objects"] += once(entries)
+                if isinstance(entries, BitMap) or entries is slots.own(key):  # (inline runs: in the array)
+                    parts["bitmap_objects"] += once(entries)
                 if isinstance(entries, BitMap):
                     roaring += bitmap_heap_bytes(entries)
                 elif not isinstance(entries, _Run):
@@ -1232,7 +1385,10 @@ class TimeBucketIndex:
         parts["ledgers"] += python_bytes(self._free) + sum(once(o) for o in self._free)
         for key, record in self._ledgers.items():
             parts["ledgers"] += key_bytes(key) + once(record) + once(record.base)
-            parts["ledgers"] += python_bytes(record.buckets)
+            if type(record.buckets) is tuple:  # trimmed: maybe shared, ints mostly the schedule's keys
+                parts["ledgers"] += once(record.buckets) + sum(map(once, record.buckets))
+            else:
+                parts["ledgers"] += python_bytes(record.buckets)
             if record.sizes is not None:
                 parts["ledgers"] += python_bytes(record.sizes)
             parts["ledgers"] += once(record.lo) + once(record.hi)
@@ -1473,7 +1629,7 @@ class TimeBucketIndex:
             bucket = buckets[i]
             slots = schedule[bucket]
             if sizes is None or sizes[i] == _OWN:
-                if entry_id in slots[key]:
+                if slots.holds(key, entry_id):
                     out.append(bucket)
             elif slots.packed is not None and code in slots.packed:  # None: a new slot, still empty
                 out.append(bucket)

@@ -789,3 +789,51 @@ def test_compact_trims_ledgers_of_few_slots_and_they_reopen() -> None:
     assert index.structure()["slots"] == 4 and len(index) == 23
     due = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(1_000)}
     assert due == {1: [*range(10, 30), 41, 42], 2: [5]}
+
+
+@pytest.mark.parametrize("topic", ["", "persistent://t/n/multi"])
+def test_compacted_runs_of_many_ledgers_in_one_bucket_stay_exact(topic: str) -> None:
+    """compact() keeps the runs of a bucket's first 32 ledgers in two arrays and the rest in its dict:
+    lookups, removals, re-nacks into a run (thawed back to a bitmap) and pops see both alike."""
+    index = TimeBucketIndex(10)
+    ledgers = range(100, 140)  # 40 ledgers with one run each: 32 inline, 8 in the dict
+    for ledger in ledgers:
+        index.add_many(np.full(20, 5_000), ledger, np.arange(ledger, ledger + 20), topic=topic)
+    assert index.compact() == 1
+    assert index.structure()["packed_runs"] == 40 and index.structure()["bitmaps"] == 0
+    assert index.memory_usage().breakdown["bitmap_objects"] > 0  # the 8 beyond 32: objects in the dict
+    assert all(index.due_of(ledger, ledger + 19, topic=topic) == 4_096 for ledger in ledgers)
+    assert index.due_of(100, 99, topic=topic) is None and index.due_of(139, 159, topic=topic) is None
+    assert index.remove(100, 105, topic=topic) and index.remove(139, 150, topic=topic)  # inline, dict
+    assert index.due_of(100, 105, topic=topic) is None and index.due_of(139, 150, topic=topic) is None
+    index.add(4_500, 101, 500, topic=topic)  # a new id into an inline run: thawed to a bitmap
+    index.add(1_000, 138, 140, topic=topic)  # an id of the dict's run due earlier: it moves
+    assert index.due_of(101, 500, topic=topic) == 4_096 and index.due_of(138, 140, topic=topic) == 0
+    index.compact()
+    assert len(index) == 40 * 20 - 2 + 1
+    got = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(5_000)}
+    expected = {ledger: list(range(ledger, ledger + 20)) for ledger in ledgers}
+    expected[100].remove(105)
+    expected[139].remove(150)
+    expected[101].append(500)
+    assert got == expected and len(index) == 0 and index.bucket_count == 0
+
+
+def test_a_compacted_bucket_of_few_one_run_ledgers_costs_no_dict_and_no_objects_per_run() -> None:
+    """(x, k) = (8, 15)'s shape: six ledgers with one run each in a bucket. After compact() the bucket's
+    own part (its object, key tuple and run array, not the ledger keys) is ~270 bytes; with a dict and a
+    ``_Run`` object per ledger it was ~650 (issue 13). The six ledgers share one tuple of their bucket
+    time: each costs its record (112 B) and largest entry id (32 B), plus ~600 B for the ledger table."""
+    index = TimeBucketIndex(15)
+    for ledger in range(10_000, 10_006):
+        index.add_many(np.full(1000, 40_000), ledger, np.arange(1000))
+    index.compact()
+    usage = index.memory_usage().breakdown
+    assert usage["bitmap_objects"] == 0, usage
+    keys = 6 * 32  # the ledger ids (ints above 256), counted with the bucket that holds them first
+    assert usage["buckets"] - keys <= 320, usage
+    assert usage["ledgers"] <= 6 * (112 + 32) + 650, usage  # an array or tuple each: +48 to +96 each
+    index.add(70_000, 10_003, 5_000)  # a new slot of one ledger: the shared tuple is never changed
+    assert index.due_of(10_003, 5_000) == 65_536 and index.due_of(10_002, 999) == 32_768
+    assert [d.ledger_id for d in index.pop_due(40_000)] == list(range(10_000, 10_006))
+    assert [(d.ledger_id, d.entry_ids.tolist()) for d in index.pop_due(70_000)] == [(10_003, [5_000])]
