@@ -94,32 +94,47 @@ class DueIds(NamedTuple):
     batch_indexes: Mapping[int, tuple[int, ...]] = {}
 
 
-#: Batch indexes below 2**10 are stored as the low bits of a 64-bit member id, so that the members of
+#: Batch indexes below 2**10 are stored as the low bits of a member id, so that the members of
 #: consecutive entries share Roaring containers; larger ones (batches over 1024 messages) in a dict.
 MEMBER_BITS = 10
 MAX_BATCH_INDEX = 2**31 - 1
 
 
 class _Members:
-    """One slot's batch members — entry id → bitmask of its pending batch indexes — stored as one 64-bit
-    Roaring bitmap of ``entry_id << 10 | batch_index``: a few bytes per member, where a dict of Python
-    ints took ~100. Indexes of 1024 and above go to a dict (batches that large are rare). The dict
-    operations the index uses; each is O(log members + batch indexes of the entry)."""
+    """One slot's batch members — entry id → bitmask of its pending batch indexes — stored as one Roaring
+    bitmap of ``entry_id << 10 | batch_index``: a few bytes per member, where a dict of Python ints took
+    ~100. The bitmap is 32-bit while every entry id is below 2**22 (managedLedgerMaxEntriesPerLedger is
+    50,000 by default) and becomes 64-bit for a larger one: measured in glibc's in-use bytes, a slot of
+    85 members (one nack per 100-message batch, 256-ms buckets) costs ~480 bytes in a 32-bit bitmap and
+    ~830 in a 64-bit one, whose radix tree is the difference. Indexes of 1024 and above go to a dict
+    (batches that large are rare). The dict operations the index uses; each is O(log members + batch
+    indexes of the entry)."""
 
     __slots__ = ("_bits", "_wide")
 
     def __init__(self) -> None:
-        self._bits = BitMap64()
+        self._bits: BitMap | BitMap64 = BitMap()
         self._wide: dict[int, int] | None = None  # entry id → mask of its indexes >= 2**MEMBER_BITS
 
+    def _holds(self, entry_id: int) -> bool:
+        """Whether the bitmap can hold codes of ``entry_id`` (if not, it has none). O(1)."""
+        return entry_id < _NARROW_ENTRIES or type(self._bits) is BitMap64
+
+    def _bitmap_for(self, entry_id: int) -> BitMap | BitMap64:
+        """The bitmap, made 64-bit first if ``entry_id``'s codes do not fit 32 bits. O(members) then."""
+        if entry_id >= _NARROW_ENTRIES and type(self._bits) is BitMap:
+            self._bits = BitMap64(self._bits)
+        return self._bits
+
     def get(self, entry_id: int, default: int | None = None) -> int | None:
-        low = entry_id << MEMBER_BITS
-        high = low + (1 << MEMBER_BITS)
         mask = 0
-        for value in self._bits.iter_equal_or_larger(low):
-            if value >= high:
-                break
-            mask |= 1 << (value - low)
+        if self._holds(entry_id):
+            low = entry_id << MEMBER_BITS
+            high = low + (1 << MEMBER_BITS)
+            for value in self._bits.iter_equal_or_larger(low):
+                if value >= high:
+                    break
+                mask |= 1 << (value - low)
         if self._wide:
             mask |= self._wide.get(entry_id, 0)
         return mask if mask else default
@@ -134,10 +149,11 @@ class _Members:
         self._clear(entry_id)
         low = entry_id << MEMBER_BITS
         narrow = mask & _NARROW_MASK
+        bits = self._bitmap_for(entry_id) if narrow else self._bits
         index = 0
         while narrow:
             if narrow & 1:
-                self._bits.add(low | index)
+                bits.add(low | index)
             narrow >>= 1
             index += 1
         if mask >> _NARROW_INDEXES:
@@ -148,7 +164,7 @@ class _Members:
     def add_index(self, entry_id: int, batch_index: int) -> None:
         """Mark one batch index of the entry pending. O(log members)."""
         if batch_index < _NARROW_INDEXES:
-            self._bits.add(entry_id << MEMBER_BITS | batch_index)
+            self._bitmap_for(entry_id).add(entry_id << MEMBER_BITS | batch_index)
         else:
             if self._wide is None:
                 self._wide = {}
@@ -157,7 +173,8 @@ class _Members:
     def discard_index(self, entry_id: int, batch_index: int) -> None:
         """Unmark one batch index of the entry. O(log members)."""
         if batch_index < _NARROW_INDEXES:
-            self._bits.discard(entry_id << MEMBER_BITS | batch_index)
+            if self._holds(entry_id):
+                self._bits.discard(entry_id << MEMBER_BITS | batch_index)
         elif self._wide and entry_id in self._wide:
             mask = self._wide[entry_id] & ~(1 << batch_index)
             if mask:
@@ -166,8 +183,9 @@ class _Members:
                 del self._wide[entry_id]
 
     def _clear(self, entry_id: int) -> None:
-        low = entry_id << MEMBER_BITS
-        self._bits.remove_range(low, low + (1 << MEMBER_BITS))
+        if self._holds(entry_id):
+            low = entry_id << MEMBER_BITS
+            self._bits.remove_range(low, low + (1 << MEMBER_BITS))
         if self._wide:
             self._wide.pop(entry_id, None)
 
@@ -186,7 +204,7 @@ class _Members:
         if not isinstance(entry_id, int):
             return False
         low = entry_id << MEMBER_BITS
-        found = self._bits.range_cardinality(low, low + (1 << MEMBER_BITS))
+        found = self._holds(entry_id) and self._bits.range_cardinality(low, low + (1 << MEMBER_BITS))
         return bool(found) or bool(self._wide and entry_id in self._wide)
 
     def __bool__(self) -> bool:
@@ -203,8 +221,13 @@ class _Members:
         return iter(sorted(masks.items()))
 
     @property
-    def bitmap(self) -> BitMap64:
+    def bitmap(self) -> BitMap | BitMap64:
         return self._bits
+
+    def heap_bytes(self) -> int:
+        """CRoaring's heap for the bitmap (walked when 32-bit, estimated when 64-bit). O(containers)."""
+        bits = self._bits
+        return bitmap_heap_bytes(bits) if type(bits) is BitMap else bitmap64_heap_bytes(bits)
 
     @property
     def wide(self) -> dict[int, int] | None:
@@ -212,6 +235,7 @@ class _Members:
 
 
 _NARROW_INDEXES = 1 << MEMBER_BITS  # batch indexes kept in the bitmap: 0 .. 1023
+_NARROW_ENTRIES = 1 << (32 - MEMBER_BITS)  # entry ids whose codes fit a 32-bit bitmap
 _NARROW_MASK = (1 << _NARROW_INDEXES) - 1
 
 
@@ -1397,7 +1421,7 @@ class TimeBucketIndex:
         parts["batch_members"] += python_bytes(self._members)
         for slot, members in self._members.items():
             parts["batch_members"] += once(slot) + once(slot[0]) + once(members) + once(members.bitmap)
-            roaring += bitmap64_heap_bytes(members.bitmap)
+            roaring += members.heap_bytes()
             if members.wide:
                 parts["batch_members"] += python_bytes(members.wide)
                 parts["batch_members"] += sum(once(e) + once(m) for e, m in members.wide.items())

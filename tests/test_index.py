@@ -837,3 +837,36 @@ def test_a_compacted_bucket_of_few_one_run_ledgers_costs_no_dict_and_no_objects_
     assert index.due_of(10_003, 5_000) == 65_536 and index.due_of(10_002, 999) == 32_768
     assert [d.ledger_id for d in index.pop_due(40_000)] == list(range(10_000, 10_006))
     assert [(d.ledger_id, d.entry_ids.tolist()) for d in index.pop_due(70_000)] == [(10_003, [5_000])]
+
+
+def test_batch_members_of_entry_ids_past_2_to_the_22_move_the_slot_to_a_64_bit_bitmap() -> None:
+    """A slot's members are kept in a 32-bit bitmap (``entry_id << 10 | index``) while entry ids are below
+    2**22; a larger entry id makes it 64-bit, and members on both sides stay exact."""
+    index = TimeBucketIndex(4)
+    low, high = 5, 2**22 + 5
+    index.add(100, 1, low, 3)
+    index.add(100, 1, low, 7)
+    assert index.pending_mask(1, low) == 1 << 3 | 1 << 7
+    assert index.pending_mask(1, high) == 0 and index.due_of(1, high, 2) is None
+    assert not index.remove(1, high, 2)  # nothing pending there: the bitmap stays 32-bit and unchanged
+    index.add(100, 1, high, 2)
+    index.add(100, 1, MAX_ENTRY_ID, 1023)
+    masks = [index.pending_mask(1, e) for e in (low, high, MAX_ENTRY_ID)]
+    assert masks == [1 << 3 | 1 << 7, 1 << 2, 1 << 1023]
+    assert index.remove(1, low, 7) and index.pending_mask(1, low) == 1 << 3
+    due = index.pop_due(100)
+    assert [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in due] == [
+        ([low, high, MAX_ENTRY_ID], {low: (3,), high: (2,), MAX_ENTRY_ID: (1023,)})
+    ]
+    assert len(index) == 0
+
+
+def test_batch_members_of_a_slot_cost_a_32_bit_bitmap() -> None:
+    """One nack per 100-message batch, 85 entries in a slot (issue 13's batched row): the members' CRoaring
+    heap is that of a 32-bit bitmap (~420 bytes, walked), not a 64-bit one's (~770, estimated)."""
+    index, whole = TimeBucketIndex(8), TimeBucketIndex(8)
+    for entry in range(85):
+        index.add(1_000, 7, entry, entry * 37 % 100)
+        whole.add(1_000, 7, entry)
+    members = index.memory_usage().roaring_bytes - whole.memory_usage().roaring_bytes
+    assert len(index) == 85 and 200 <= members <= 520, members
