@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import heapq
 import inspect
+import sys
 import threading
 from array import array
 from bisect import bisect_left, bisect_right
@@ -52,6 +53,7 @@ from pulsar_nack.memory import (
     bitmap64_heap_bytes,
     bitmap_heap_bytes,
     python_bytes,
+    release_free_heap,
     shared_bitmap64_heap_bytes,
 )
 
@@ -359,6 +361,10 @@ _OWN = 255  # the size byte of a slot that has its own bitmap
 #: consecutive ids a ``_Run`` of its own (36 bytes plus its dict entry, against 2 bytes per id).
 RUN_AT = 16
 
+#: compact() gives the C heap back to the system (glibc ``malloc_trim``) once the bitmaps it compacted
+#: have shrunk by this many bytes in all (serialized sizes, see ``_Bucket.compact_own``).
+_RELEASE_AFTER = 1 << 20
+
 #: compact() gives a ledger with at most this many slot positions exact-size arrays (and no sizes if all
 #: its slots have bitmaps of their own): O(this) per ledger and compacted bucket.
 _TRIM_SLOTS = 8
@@ -572,17 +578,22 @@ class _Bucket:
         else:
             self._runs = None
 
-    def compact_own(self) -> None:
+    def compact_own(self) -> int:
         """Compact every live bitmap (``_compacted``): runs move to the arrays, which are rebuilt at
-        their exact size. O(bitmaps + their containers)."""
+        their exact size. Returns how many bytes the bitmaps' serialized forms shrank by (a cheap measure
+        of the heap compaction freed: 8 KiB a bitset container that became a run). O(bitmaps + their
+        containers)."""
         own = self._own
         if own is None:
-            return
+            return 0
         keys, runs = list(self._keys), self._runs.tolist() if self._runs is not None else []
         kept: dict[LedgerKey, Entries] = {}
+        shrunk = 0
         for key, entries in own.items():
             if isinstance(entries, BitMap):
+                before = sys.getsizeof(entries)  # pyroaring: the serialized size
                 entries = _compacted(entries)  # same ids: the ledger's order still holds
+                shrunk += before - (sys.getsizeof(entries) if isinstance(entries, BitMap) else 0)
             if type(entries) is _Run and len(keys) < _INLINE_RUNS:
                 keys.append(key)
                 runs.append(entries)
@@ -591,6 +602,7 @@ class _Bucket:
         self._own = kept or None
         self._keys = tuple(keys)
         self._runs = array("Q", runs) if runs else None
+        return shrunk
 
     def __len__(self) -> int:
         return len(self._keys) + (len(self._own) if self._own is not None else 0)
@@ -904,6 +916,7 @@ class TimeBucketIndex:
         self._cold: dict[int, None] = {}
         self._count = 0
         self._added = 0  # ids accepted by add/add_many, repeats included
+        self._freed = 0  # serialized bytes compaction shrank bitmaps by since the heap was last trimmed
         self._forget_slot()
 
     # -- properties ---------------------------------------------------------------------------------
@@ -1216,7 +1229,7 @@ class TimeBucketIndex:
                     continue
                 if slots.packed is not None:
                     self._compact_shared(bucket, slots, slots.packed)
-                slots.compact_own()
+                self._freed += slots.compact_own()
                 single = (bucket,)  # shared by the ledgers whose only slot is this one (see trim)
                 for key in slots:  # ledgers of few slots: exact-size tuples (see _Ledger)
                     record = self._ledgers[key]
@@ -1225,6 +1238,12 @@ class TimeBucketIndex:
                 done += 1
             if not self._cold:
                 self._cold = {}  # a dict keeps its grown table when emptied (~1 KB per 40 buckets)
+            if self._freed >= _RELEASE_AFTER:
+                # The bitmaps freed by compaction stay in glibc's heap, resident, unless it is trimmed
+                # (measured at (x, k) = (1, 10), 10M ids: RSS 24 MB after compact(), 1.8 MB after a
+                # trim; 2-3 ms a trim then, ~0.2 ms when there is nothing to give back).
+                self._freed = 0
+                release_free_heap()
         return done
 
     def _compact_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
