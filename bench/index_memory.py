@@ -151,7 +151,7 @@ def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -
     import tracemalloc
 
     from pulsar_nack import TimeBucketIndex
-    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.memory import heap_in_use, release_free_heap
 
     read: Any = {"tracemalloc": lambda: tracemalloc.get_traced_memory()[0], "rss": _rss}.get(
         measure, heap_in_use
@@ -159,6 +159,10 @@ def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -
     gc.collect()
     if measure == "tracemalloc":
         tracemalloc.start()
+    if measure == "rss":
+        # compact() trims glibc's heap (``release_free_heap``): trim before the baseline too, or the pages
+        # the workload's generation freed earlier would be credited to the index (negative deltas).
+        release_free_heap()
     before = read()
     index = TimeBucketIndex(k)
     index.add_many(due, ledgers, entries)
