@@ -621,6 +621,8 @@ class _Bucket:
         own, runs = self._own, self._runs
         if runs is None:
             return own.items() if own is not None else ()
+        if own is None and len(runs) == 1:  # one ledger (small k): a tuple beats zip and map objects
+            return ((self._keys[0], _Run(runs[0])),)
         inline = zip(self._keys, map(_Run, runs))  # noqa: B905 (aligned by construction; strict costs ~0.2 us)
         return inline if own is None else chain(own.items(), inline)
 
