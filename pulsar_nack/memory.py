@@ -37,6 +37,7 @@ __all__ = [
     "bitmap_heap_bytes",
     "heap_in_use",
     "python_bytes",
+    "release_free_heap",
     "shared_bitmap64_heap_bytes",
 ]
 
@@ -90,6 +91,8 @@ def _load_libc() -> Any:
         libc.malloc_usable_size.restype = ctypes.c_size_t
         libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
         libc.mallinfo2.restype = _MallInfo2
+        libc.malloc_trim.restype = ctypes.c_int
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
         return libc
     except (OSError, AttributeError):  # not glibc (musl, macOS): fall back to estimates
         return None
@@ -275,6 +278,17 @@ def _allocated(size: int) -> int:
     if size <= _SMALL_REQUEST:
         return (size + 15) & ~15
     return (size + _CHUNK_HEADER + 15) & ~15
+
+
+def release_free_heap() -> bool:
+    """Give the free memory in glibc's heap back to the system (``malloc_trim(0)``: whole free pages
+    anywhere in the heap, not only at its top); True if some was released. Without it, memory freed after
+    a peak stays resident (glibc raises its trim threshold after freeing large blocks, e.g. numpy's
+    temporaries). No-op (False) without glibc. O(heap's free chunks): ~0.2 ms on a 50 MB heap with
+    nothing to give back, 2-3 ms releasing 20 MB; it holds glibc's arena lock meanwhile."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.malloc_trim(0))
 
 
 # -- from outside -----------------------------------------------------------------------------------

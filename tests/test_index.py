@@ -789,3 +789,115 @@ def test_compact_trims_ledgers_of_few_slots_and_they_reopen() -> None:
     assert index.structure()["slots"] == 4 and len(index) == 23
     due = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(1_000)}
     assert due == {1: [*range(10, 30), 41, 42], 2: [5]}
+
+
+@pytest.mark.parametrize("topic", ["", "persistent://t/n/multi"])
+def test_compacted_runs_of_many_ledgers_in_one_bucket_stay_exact(topic: str) -> None:
+    """compact() keeps the runs of a bucket's first 32 ledgers in two arrays and the rest in its dict:
+    lookups, removals, re-nacks into a run (thawed back to a bitmap) and pops see both alike."""
+    index = TimeBucketIndex(10)
+    ledgers = range(100, 140)  # 40 ledgers with one run each: 32 inline, 8 in the dict
+    for ledger in ledgers:
+        index.add_many(np.full(20, 5_000), ledger, np.arange(ledger, ledger + 20), topic=topic)
+    assert index.compact() == 1
+    assert index.structure()["packed_runs"] == 40 and index.structure()["bitmaps"] == 0
+    assert index.memory_usage().breakdown["bitmap_objects"] > 0  # the 8 beyond 32: objects in the dict
+    assert all(index.due_of(ledger, ledger + 19, topic=topic) == 4_096 for ledger in ledgers)
+    assert index.due_of(100, 99, topic=topic) is None and index.due_of(139, 159, topic=topic) is None
+    assert index.remove(100, 105, topic=topic) and index.remove(139, 150, topic=topic)  # inline, dict
+    assert index.due_of(100, 105, topic=topic) is None and index.due_of(139, 150, topic=topic) is None
+    index.add(4_500, 101, 500, topic=topic)  # a new id into an inline run: thawed to a bitmap
+    index.add(1_000, 138, 140, topic=topic)  # an id of the dict's run due earlier: it moves
+    assert index.due_of(101, 500, topic=topic) == 4_096 and index.due_of(138, 140, topic=topic) == 0
+    index.compact()
+    assert len(index) == 40 * 20 - 2 + 1
+    got = {d.ledger_id: d.entry_ids.tolist() for d in index.pop_due(5_000)}
+    expected = {ledger: list(range(ledger, ledger + 20)) for ledger in ledgers}
+    expected[100].remove(105)
+    expected[139].remove(150)
+    expected[101].append(500)
+    assert got == expected and len(index) == 0 and index.bucket_count == 0
+
+
+def test_a_compacted_bucket_of_few_one_run_ledgers_costs_no_dict_and_no_objects_per_run() -> None:
+    """(x, k) = (8, 15)'s shape: six ledgers with one run each in a bucket. After compact() the bucket's
+    own part (its object, key tuple and run array, not the ledger keys) is ~270 bytes; with a dict and a
+    ``_Run`` object per ledger it was ~650 (issue 13). The six ledgers share one tuple of their bucket
+    time: each costs its record (112 B) and largest entry id (32 B), plus ~600 B for the ledger table."""
+    index = TimeBucketIndex(15)
+    for ledger in range(10_000, 10_006):
+        index.add_many(np.full(1000, 40_000), ledger, np.arange(1000))
+    index.compact()
+    usage = index.memory_usage().breakdown
+    assert usage["bitmap_objects"] == 0, usage
+    keys = 6 * 32  # the ledger ids (ints above 256), counted with the bucket that holds them first
+    assert usage["buckets"] - keys <= 320, usage
+    assert usage["ledgers"] <= 6 * (112 + 32) + 650, usage  # an array or tuple each: +48 to +96 each
+    index.add(70_000, 10_003, 5_000)  # a new slot of one ledger: the shared tuple is never changed
+    assert index.due_of(10_003, 5_000) == 65_536 and index.due_of(10_002, 999) == 32_768
+    assert [d.ledger_id for d in index.pop_due(40_000)] == list(range(10_000, 10_006))
+    assert [(d.ledger_id, d.entry_ids.tolist()) for d in index.pop_due(70_000)] == [(10_003, [5_000])]
+
+
+def test_batch_members_of_entry_ids_past_2_to_the_22_move_the_slot_to_a_64_bit_bitmap() -> None:
+    """A slot's members are kept in a 32-bit bitmap (``entry_id << 10 | index``) while entry ids are below
+    2**22; a larger entry id makes it 64-bit, and members on both sides stay exact."""
+    index = TimeBucketIndex(4)
+    low, high = 5, 2**22 + 5
+    index.add(100, 1, low, 3)
+    index.add(100, 1, low, 7)
+    assert index.pending_mask(1, low) == 1 << 3 | 1 << 7
+    assert index.pending_mask(1, high) == 0 and index.due_of(1, high, 2) is None
+    assert not index.remove(1, high, 2)  # nothing pending there: the bitmap stays 32-bit and unchanged
+    index.add(100, 1, high, 2)
+    index.add(100, 1, MAX_ENTRY_ID, 1023)
+    masks = [index.pending_mask(1, e) for e in (low, high, MAX_ENTRY_ID)]
+    assert masks == [1 << 3 | 1 << 7, 1 << 2, 1 << 1023]
+    assert index.remove(1, low, 7) and index.pending_mask(1, low) == 1 << 3
+    due = index.pop_due(100)
+    assert [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in due] == [
+        ([low, high, MAX_ENTRY_ID], {low: (3,), high: (2,), MAX_ENTRY_ID: (1023,)})
+    ]
+    assert len(index) == 0
+
+
+def test_batch_members_of_a_slot_cost_a_32_bit_bitmap() -> None:
+    """One nack per 100-message batch, 85 entries in a slot (issue 13's batched row): the members' CRoaring
+    heap is that of a 32-bit bitmap (~420 bytes, walked), not a 64-bit one's (~770, estimated)."""
+    index, whole = TimeBucketIndex(8), TimeBucketIndex(8)
+    for entry in range(85):
+        index.add(1_000, 7, entry, entry * 37 % 100)
+        whole.add(1_000, 7, entry)
+    members = index.memory_usage().roaring_bytes - whole.memory_usage().roaring_bytes
+    assert len(index) == 85 and 200 <= members <= 520, members
+
+
+_RSS_PROCESS = """
+import gc, json, sys
+from pulsar_nack import TimeBucketIndex
+from pulsar_nack.sweep.workloads import Workload
+def rss():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+due, ledgers, entries = Workload(x=1, n=3_000_000).generate()
+warm = TimeBucketIndex(10)
+warm.add_many(due[:2000], ledgers[:2000], entries[:2000]); warm.compact(); del warm
+gc.collect(); before = rss()
+index = TimeBucketIndex(10)
+index.add_many(due, ledgers, entries)
+built = rss() - before
+index.compact(); gc.collect()
+print(json.dumps({"built": built, "compacted": rss() - before, "inside": index.memory_usage().total_bytes}))
+"""
+
+
+def test_compact_gives_the_freed_bitmap_heap_back_to_the_system() -> None:
+    """(x, k) = (1, 10), 3M ids: ~8 MB of bitset containers become runs of ~1 MB. Without giving glibc's
+    free heap back, the process stayed at its peak RSS after compact() (issue 13's RSS measure; the peak
+    includes add_many's numpy temporaries)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _RSS_PROCESS], capture_output=True, text=True, check=True, timeout=120
+    )
+    figures = json.loads(out.stdout)
+    assert figures["built"] > 5e6, figures  # the peak the bitmaps made resident
+    assert figures["compacted"] < figures["built"] / 3, figures
