@@ -991,12 +991,34 @@ class TimeBucketIndex:
         bucket = (due_ms + self._round_up) & self._mask
         if type(entry_id) is not int or type(ledger_id) is not int:
             entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: its __exit__ costs ~0.1 µs more (this is the nack path)
+        try:
             if not (
                 bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic
             ):
                 self._select(bucket, ledger_id, topic)
-            if batch_index == -1 and self._slot_members is None:
+            members = self._slot_members
+            if (
+                fresh
+                and members is not None
+                and type(batch_index) is int
+                and 0 <= batch_index < _NARROW_INDEXES
+                and 0 <= entry_id < _NARROW_ENTRIES
+                and type(members._bits) is BitMap
+            ):
+                # The batched nack into a slot with members (the nack path; _insert's work, inlined).
+                # An entry already here without members is pending whole and covers the message.
+                bits, code = members._bits, entry_id << MEMBER_BITS
+                if (
+                    self._put(entry_id)
+                    or bits.range_cardinality(code, code + _NARROW_INDEXES)
+                    or (members._wide and entry_id in members._wide)
+                ):
+                    bits.add(code | batch_index)
+                self._added += 1
+                return bucket
+            if batch_index == -1 and members is None:
                 record = self._slot_record
                 assert record is not None
                 own = self._slot_own
@@ -1021,6 +1043,8 @@ class TimeBucketIndex:
             else:
                 self._add_checked(entry_id, batch_index)
             self._added += 1
+        finally:
+            lock.release()
         return bucket
 
     def add_many(
@@ -1096,9 +1120,8 @@ class TimeBucketIndex:
             for bucket, slots in due:
                 if slots.packed is not None:
                     packed.append(slots.packed)
-                if slots:
-                    for key, entries in slots.items():
-                        owned.setdefault(key, []).append((bucket, entries))
+                for key, entries in slots.items():  # () when none: no __bool__ call per bucket
+                    owned.setdefault(key, []).append((bucket, entries))
             last = due[-1][0]
             shared = self._decode_union(packed) if packed else {}
             self._count -= sum(map(len, packed))

@@ -901,3 +901,23 @@ def test_compact_gives_the_freed_bitmap_heap_back_to_the_system() -> None:
     figures = json.loads(out.stdout)
     assert figures["built"] > 5e6, figures  # the peak the bitmaps made resident
     assert figures["compacted"] < figures["built"] / 3, figures
+
+
+@pytest.mark.parametrize("own", [False, True], ids=["shared slot", "own bitmap"])
+def test_fresh_batch_message_is_covered_by_its_entry_pending_whole_in_the_same_slot(own: bool) -> None:
+    """The nack path's inlined batched add (fresh=True into a slot that has members) does what the general
+    path does: a message whose whole entry is pending in the slot stays covered by it, while a message of
+    an entry with members, or of a new entry, becomes a member."""
+    index = TimeBucketIndex(8, "floor")
+    if own:
+        for entry_id in range(1000, 1200):  # enough ids for the slot to get a bitmap of its own
+            index.add(1000, 7, entry_id)
+    index.add(1000, 7, 1, 0, fresh=True)  # the slot gets members
+    index.add(1000, 7, 2)  # entry 2 pending whole
+    index.add(1000, 7, 2, 5, fresh=True)  # covered
+    index.add(1000, 7, 1, 3, fresh=True)  # a second member of entry 1
+    index.add(1000, 7, 4, 9, fresh=True)  # a new entry
+    assert (index._slot_own is not None) == own
+    (due,) = index.pop_due(2000)
+    assert {1, 2, 4} <= set(due.entry_ids.tolist())
+    assert dict(due.batch_indexes) == {1: (0, 3), 4: (9,)}
