@@ -79,7 +79,8 @@ def main(config: dict[str, Any]) -> None:
     client = pulsar_nack.Client(config["service_url"], logger=logger)
     storage: SnapshotStorage
     if config.get("snapshot_topic"):  # on the broker: B needs no disk of A's
-        storage = TopicSnapshotStorage(client, config["snapshot_topic"])
+        alive = pulsar.Client(config["service_url"], logger=logger) if config.get("alive_client") else None
+        storage = TopicSnapshotStorage(client, config["snapshot_topic"], alive_client=alive)
     else:
         storage = StallingStorage(config["snapshot_dir"])
     consumer = client.subscribe(

@@ -69,6 +69,10 @@ class TopicSnapshotStorage:
     (:meth:`SubscriptionStorage.lock <pulsar_nack.snapshot.namespace.SubscriptionStorage.lock>`) — the
     previous owner may be a vanished machine whose consumers the broker drops only after its keep-alive
     timeout; then ``SnapshotStorageError`` (``EBUSY``).
+    ``alive_client``: another ``pulsar.Client`` for the alive marker (:meth:`announce_member`), so that
+    it has a connection of its own, opened after ``client``'s: a dying process's connections are closed
+    last-opened-first, so the broker sees the marker's go first and hands it to a watcher before it
+    hands out the member's messages (pulsar-lite otherwise may hand the messages out first).
     Thread-safe: one lock orders the writes, reads and refreshes of the in-memory copy.
 
     Raises :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` if the topic cannot be read at
@@ -84,6 +88,7 @@ class TopicSnapshotStorage:
         read_timeout_ms: int = _READ_TIMEOUT_MS,
         lock_timeout_ms: int = _LOCK_TIMEOUT_MS,
         lock_wait_ms: int = _LOCK_WAIT_MS,
+        alive_client: Any = None,
     ) -> None:
         if not isinstance(client, pulsar.Client):
             raise TypeError(f"client must be a pulsar.Client, got {type(client).__name__}")
@@ -100,6 +105,9 @@ class TopicSnapshotStorage:
         self.lock_timeout_ms = lock_timeout_ms
         self.lock_wait_ms = lock_wait_ms
         self._client = client
+        if alive_client is not None and not isinstance(alive_client, pulsar.Client):
+            raise TypeError(f"alive_client must be a pulsar.Client, got {type(alive_client).__name__}")
+        self._alive_client = alive_client if alive_client is not None else client
         self._blobs: dict[str, bytes] = {}
         self._lock = threading.RLock()
         self._members: dict[str, Any] = {}  # key → the _pulsar.Consumer holding its Exclusive subscription
@@ -263,7 +271,7 @@ class TopicSnapshotStorage:
         nonce = secrets.token_hex(16).encode()
         try:
             consumer = pulsar.Client.subscribe(
-                self._client,
+                self._alive_client,
                 topic,
                 "alive",
                 consumer_type=pulsar.ConsumerType.Shared,
