@@ -48,6 +48,7 @@ from pulsar_nack.delay_limit import (
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
 from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.snapshot.storage import SnapshotStorage
+from pulsar_nack.snapshot.takeover import Adoption
 from pulsar_nack.snapshot.wiring import (
     SubscriptionStorage,
     arguments_snapshots,
@@ -316,9 +317,11 @@ class NackBridge:
         self.holding = False
         self.delivery: HeldDelivery | None = None  # a message_listener's: stopped by close()
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
+        # A dead member's snapshot being adopted (pulsar_nack.snapshot.takeover): arrivals wait for it.
+        self.adopting: Adoption | None = None
         if snapshots is not None:
             self.tracker.restore()
-            start_takeover(self.tracker, snapshots)  # a Shared subscription's dead members' nacks
+            start_takeover(self.tracker, snapshots, self._hold_arrivals)  # dead members' nacks
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -408,14 +411,23 @@ class NackBridge:
         if self.options.on_redelivery is not None:
             self.options.on_redelivery(due)
 
+    def _hold_arrivals(self, adoption: Adoption | None) -> None:
+        """The takeover's: a dead member's snapshot is being adopted (None: done)."""
+        self.adopting = adoption
+
     def admit(self, message: pulsar.Message) -> bool:
         """Whether the application gets this arrival; copies it does not get are acked now (it acked the
-        message) or parked to be acked with its own copy. Remembers the message's ids on it.
+        message) or parked to be acked with its own copy. Remembers the message's ids on it. While a dead
+        member's snapshot is being adopted, waits for that first (bounded): the arrival may be a copy
+        of one of its pending nacks.
 
         The per-message path of every consumer, so it makes as few native calls as it can: two for a
         non-batched message while nothing is pending or in flight, four for a batched one (five on a
         multi-topic or partitioned consumer).
         """
+        adopting = self.adopting  # the one read on this path while no takeover is in progress
+        if adopting is not None:
+            adopting.wait()
         inner = message._message
         message_id = inner.message_id()
         batch_index = message_id.batch_index()

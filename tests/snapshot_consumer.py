@@ -8,7 +8,8 @@ It subscribes twice to the topic: with ``pulsar_nack.Client`` and ``snapshot_dir
 messages on each and nacks every one — the wrapper with its own delay, the official consumer with its one
 delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
 ``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
-``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription ``wrapped``).
+``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription ``wrapped``);
+``official: false`` skips the official consumer.
 With ``stall``: then acks the
 first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
 through its temp file, printing ``writing`` — where the test kills it. Then it sleeps.
@@ -64,20 +65,22 @@ def main(config: dict[str, Any]) -> None:
     rng = random.Random(config["seed"])
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     count = config["count"]
-    official_client = pulsar.Client(config["service_url"], logger=logger)
-    official = official_client.subscribe(
-        config["topic"],
-        "official",
-        consumer_type=pulsar.ConsumerType.Shared,
-        initial_position=pulsar.InitialPosition.Earliest,
-        negative_ack_redelivery_delay_ms=config["official_delay_ms"],
-    )
-    for message in receive(official, count):
-        official.negative_acknowledge(message)
+    if config.get("official", True):
+        official_client = pulsar.Client(config["service_url"], logger=logger)
+        official = official_client.subscribe(
+            config["topic"],
+            "official",
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest,
+            negative_ack_redelivery_delay_ms=config["official_delay_ms"],
+        )
+        for message in receive(official, count):
+            official.negative_acknowledge(message)
     client = pulsar_nack.Client(config["service_url"], logger=logger)
     storage: SnapshotStorage
     if config.get("snapshot_topic"):  # on the broker: B needs no disk of A's
-        storage = TopicSnapshotStorage(client, config["snapshot_topic"])
+        alive = pulsar.Client(config["service_url"], logger=logger) if config.get("alive_client") else None
+        storage = TopicSnapshotStorage(client, config["snapshot_topic"], alive_client=alive)
     else:
         storage = StallingStorage(config["snapshot_dir"])
     consumer = client.subscribe(

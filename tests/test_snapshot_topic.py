@@ -63,6 +63,8 @@ def test_bad_arguments_and_blobs_are_refused(client: pulsar.Client, topic: str) 
         TopicSnapshotStorage("pulsar://127.0.0.1:6650", topic)
     with pytest.raises(TypeError, match="topic"):
         TopicSnapshotStorage(client, "")
+    with pytest.raises(TypeError, match="alive_client"):
+        TopicSnapshotStorage(client, topic, alive_client="pulsar://127.0.0.1:6650")
     storage = TopicSnapshotStorage(client, topic, max_bytes=10)
     with pytest.raises(SnapshotStorageError, match="tombstone"):
         storage.put("k.a", b"")

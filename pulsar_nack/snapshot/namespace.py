@@ -29,12 +29,13 @@ from __future__ import annotations
 import builtins
 import errno
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from pulsar_nack.snapshot.storage import MemberLocks, SnapshotStorage, SnapshotStorageError
+from pulsar_nack.snapshot.storage import MemberLocks, MemberWatch, SnapshotStorage, SnapshotStorageError
 
 __all__ = [
     "SubscriptionStorage",
@@ -43,6 +44,8 @@ __all__ = [
     "snapshot_key",
     "subscription_prefix",
 ]
+
+_log = logging.getLogger(__name__)
 
 _READABLE = re.compile(r"[^A-Za-z0-9_-]+")
 _READABLE_CHARS = 40
@@ -172,6 +175,27 @@ class SubscriptionStorage:
                     keys.add(key)
         return sorted(keys)
 
+    def members(self, *, refresh: bool = True) -> builtins.list[str]:
+        """The keys of the other members of this subscription that announced themselves — a lock file
+        in a local directory, a ``<key>.lock`` blob on a topic — with a snapshot or not: the ones to
+        watch (:meth:`~pulsar_nack.snapshot.storage.MemberWatch.watch_member`). Sorted. ``refresh``: read
+        a topic storage up to its end first. O(names in the base storage)."""
+        match = _KEY.fullmatch(self.key)
+        if match is None:
+            return []
+        if refresh:
+            read_on = getattr(self.base, "refresh", None)
+            if callable(read_on):
+                read_on()
+        keys = set()
+        for name in self.base.list():
+            key, _, rest = name.partition(".")
+            if rest == _LOCK_SUFFIX[1:] and key != self.key:
+                peer = _KEY.fullmatch(key)
+                if peer is not None and peer["prefix"] == match["prefix"]:
+                    keys.add(key)
+        return sorted(keys)
+
     def peer(self, key: str) -> SubscriptionStorage:
         """The view of another member's snapshot (a key from :meth:`peers`), not locked. O(1)."""
         return SubscriptionStorage(self.base, key)
@@ -199,6 +223,13 @@ class SubscriptionStorage:
                 )
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
         self._locked = True
+        if isinstance(self.base, MemberWatch):
+            try:  # so that the other members learn of this one's death at once
+                self.base.announce_member(self.key)
+            except SnapshotStorageError as exc:
+                _log.warning(
+                    "cannot announce %s to the other members (%s): its death is noticed late", self.key, exc
+                )
 
     def try_lock(self) -> bool:
         """Take this key's member lock if no live consumer holds it: True if taken (the owner is dead, or

@@ -16,14 +16,19 @@ import errno
 import fcntl
 import os
 import re
+import resource
 import secrets
 import stat
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
+
+from pulsar_nack.snapshot.deaths import CloseWatch
 
 __all__ = [
     "InMemoryStorage",
     "LocalDirectoryStorage",
     "MemberLocks",
+    "MemberWatch",
     "SnapshotStorage",
     "SnapshotStorageError",
     "check_name",
@@ -31,6 +36,7 @@ __all__ = [
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TEMP_SUFFIX = ".tmp"
+_ANNOUNCE_FD = 1000  # the lowest descriptor number for an announcement (see announce_member)
 _TEMP = re.compile(r"\.(?P<name>.+)\.(?P<pid>\d+)\.[0-9a-f]{16}\.tmp")
 
 
@@ -78,6 +84,32 @@ class MemberLocks(Protocol):
         ...
 
 
+@runtime_checkable
+class MemberWatch(Protocol):
+    """A storage with member locks that can also tell when a lock's holder dies, the moment it dies — not
+    only when asked (:class:`MemberLocks`): how a running member of a Shared subscription learns of
+    another's death before the broker hands it the dead member's messages
+    (:mod:`~pulsar_nack.snapshot.takeover`). ``watch_sees_close``: whether a watch also reports a holder
+    that closed (released its lock and lives on)."""
+
+    watch_sees_close: bool
+
+    def announce_member(self, key: str) -> None:
+        """Called by the holder of ``key``'s lock (its own, not a peer's taken over): make its death
+        watchable. May raise :class:`SnapshotStorageError`."""
+        ...
+
+    def watch_member(self, key: str, on_death: Callable[[], None]) -> bool:
+        """Call ``on_death()`` once, from another thread and quickly, when the holder of ``key``'s lock
+        dies (or closes). False if ``key`` cannot be watched now (not announced, or a holder this
+        process cannot watch): the caller keeps looking from time to time."""
+        ...
+
+    def unwatch_member(self, key: str, *, forget: bool = False) -> None:
+        """Stop watching ``key``; ``forget``: the member is gone for good (taken over). Never raises."""
+        ...
+
+
 class LocalDirectoryStorage:
     """Segment files in one local directory (created 0700 if missing). See the module docstring.
 
@@ -103,17 +135,20 @@ class LocalDirectoryStorage:
             raise SnapshotStorageError(exc.errno, f"cannot open {self.path}: {exc}") from exc
         self.removed_temp_files = self.clean_temp_files()
         self._locks: dict[str, int] = {}  # key → the open lock file this storage holds an flock on
+        self._announced: dict[str, int] = {}  # key → its lock file, open for writing (announce_member)
+        self._watch = CloseWatch()  # its thread runs only while a member is watched
 
     def lock_member(self, key: str) -> bool:
-        """An exclusive ``flock`` on ``<key>.lock`` (created 0600), held until :meth:`unlock_member` or
-        the process ends (the kernel drops it, also at ``kill -9``). True if taken; False if held — by
-        another process, another storage in this one, or this storage (a live consumer of this process
-        sharing it). Raises :class:`SnapshotStorageError` for a file that cannot be opened. O(1)."""
+        """An exclusive ``flock`` on ``<key>.lock`` (created 0600, opened read-only: see
+        :mod:`~pulsar_nack.snapshot.deaths`), held until :meth:`unlock_member` or the process ends (the
+        kernel drops it, also at ``kill -9``). True if taken; False if held — by another process, another
+        storage in this one, or this storage (a live consumer of this process sharing it). Raises
+        :class:`SnapshotStorageError` for a file that cannot be opened. O(1)."""
         if key in self._locks:
             return False
         path = self._file(key + ".lock")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise SnapshotStorageError(exc.errno, f"cannot open {path}: {exc}") from exc
         try:
@@ -127,12 +162,64 @@ class LocalDirectoryStorage:
         return True
 
     def unlock_member(self, key: str, *, forget: bool = False) -> None:
-        """Drop the ``flock`` (the file stays, even with ``forget``: removing it would race with a consumer
-        opening it to take the lock). O(1)."""
+        """Drop the ``flock``, then close the announcement (the file stays, even with ``forget``:
+        removing it would race with a consumer opening it to take the lock). O(1)."""
         fd = self._locks.pop(key, None)
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        announced = self._announced.pop(key, None)
+        if announced is not None:  # after the lock: a watcher woken by this close finds it free
+            with contextlib.suppress(OSError):
+                os.close(announced)
+
+    #: a watch reports a close as well as a death (the announcement is closed with either)
+    watch_sees_close = True
+
+    def announce_member(self, key: str) -> None:
+        """Open ``<key>.lock`` for writing and keep it open while the lock is held: its close — at
+        :meth:`unlock_member`, or by the kernel when the process ends — is what the other members watch
+        (``IN_CLOSE_WRITE``, :mod:`~pulsar_nack.snapshot.deaths`). O(1)."""
+        if key not in self._locks or key in self._announced:
+            return
+        path = self._file(key + ".lock")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise SnapshotStorageError(exc.errno, f"cannot announce {path}: {exc}") from exc
+        # A dying process's files are released last-opened-first (the kernel runs the deferred closes
+        # of an exiting task in LIFO order, by descriptor number): a descriptor numbered above the broker
+        # connection's is closed before it, so the watchers learn of the death before the broker does.
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = min(_ANNOUNCE_FD, soft - 1) if soft != resource.RLIM_INFINITY else _ANNOUNCE_FD
+        if target > fd:
+            with contextlib.suppress(OSError):
+                high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, target)
+                os.close(fd)
+                fd = high
+        self._announced[key] = fd
+
+    def watch_member(self, key: str, on_death: Callable[[], None]) -> bool:
+        """Watch ``<key>.lock`` for its announcement's close (inotify,
+        :class:`~pulsar_nack.snapshot.deaths.CloseWatch`): ``on_death()`` runs on the watch thread the
+        moment the member dies or closes. False for a lock this storage holds, a missing file, or a
+        system without inotify. O(1)."""
+        if key in self._locks:
+            return False
+        return self._watch.watch(key, self._file(key + ".lock"), on_death)
+
+    def unwatch_member(self, key: str, *, forget: bool = False) -> None:
+        """Stop watching ``key`` (the watch thread ends with the last watch). O(1)."""
+        self._watch.unwatch(key)
+
+    def watched_members(self) -> list[str]:
+        """The keys watched now, sorted. O(watches)."""
+        return self._watch.watching()
+
+    @property
+    def watch_thread(self) -> Any:
+        """The watch thread while one runs, else None (tests check that it ends)."""
+        return self._watch.thread
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, check_name(name))

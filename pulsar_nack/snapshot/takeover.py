@@ -16,7 +16,22 @@ How a member finds them (:class:`Takeover`):
   subscription on a topic); the lock goes with the member's process. A key whose lock can be taken is a
   dead member's. A storage without member locks cannot tell: nothing is taken over there.
 * **When**: at subscribe, right after the consumer's own snapshot is restored (before the application can
-  receive), and then every ``interval_ms`` on the tracker's timer thread.
+  receive); then the moment a watched member dies; and every ``interval_ms`` (a periodic look, on a
+  thread of its own started from the tracker's timer thread) for the members not watched.
+* **Watching** (:class:`~pulsar_nack.snapshot.storage.MemberWatch`): at each look, every other member that
+  announced itself (a lock file; a topic's ``<key>.lock`` blob) is watched — one watch per member, ended
+  when it is taken over or this member stops. A local directory watches the holder's process through a
+  pidfd (:mod:`~pulsar_nack.snapshot.deaths`: one thread for all); a topic waits, as a second consumer of
+  the member's Shared *alive* subscription, for the marker the member holds unacked — the broker hands it
+  over the moment the member's connection goes, as it hands over the member's messages.
+* **Holding arrivals back while adopting**: the moment a death is seen, ``hold(adoption)`` is called with
+  an :class:`Adoption` (the consumer sets it on its admit path: one attribute read per message when
+  none is in progress); arrivals wait on it — at most ``hold_ms`` — until the adoption is done and the
+  arrival filter knows the dead member's pending nacks, then are classified (held if pending and not
+  due); ``hold(None)`` when done. The broker re-dispatches the dead member's messages as soon as it sees
+  its connection close, the same moment, so an arrival that was admitted before the watch's thread
+  woke up goes out at once: the race left is that wake-up (microseconds to a few ms; on a topic, one
+  broker dispatch to the watcher).
 * **How**: holding the dead member's lock, the member adds its pending nacks to its own (at their due
   times; earliest wins), writes them into its own snapshot, deletes the dead member's snapshot, then
   releases the lock (a topic's lock subscription is deleted). A crash in between leaves both snapshots:
@@ -35,21 +50,47 @@ import time
 from collections.abc import Callable
 
 from pulsar_nack.snapshot.namespace import SubscriptionStorage
-from pulsar_nack.snapshot.storage import SnapshotStorage, SnapshotStorageError
+from pulsar_nack.snapshot.storage import MemberWatch, SnapshotStorage, SnapshotStorageError
 
-__all__ = ["Takeover"]
+__all__ = ["Adoption", "Takeover"]
 
 _log = logging.getLogger(__name__)
 
+_REPORTED_RETRY_MS = 200  # how long a reported death's lock is tried (see Takeover._take)
+
+
+class Adoption:
+    """A dead member's snapshot being adopted: arrivals :meth:`wait` until :meth:`done` (bounded)."""
+
+    __slots__ = ("_done", "timeout_s")
+
+    def __init__(self, timeout_ms: int) -> None:
+        self._done = threading.Event()
+        self.timeout_s = timeout_ms / 1000
+
+    def wait(self) -> bool:
+        """Block until the adoption is done or ``timeout_ms`` passed; True if done. O(1)."""
+        return self._done.wait(self.timeout_s)
+
+    def done(self) -> None:
+        self._done.set()
+
+    @property
+    def is_done(self) -> bool:
+        return self._done.is_set()
+
 
 class Takeover:
-    """One member's watch over the others: :meth:`run` adopts every dead member's snapshot now; calling
-    the object starts it on a thread of its own at most every ``interval_ms`` (the tracker calls it on
-    its timer thread, which must not wait: asking a topic storage whether a member lives takes a broker
+    """One member's watch over the others: :meth:`run` adopts every dead member's snapshot now and watches
+    the live ones; :meth:`member_died` (a watch) adopts one at once; calling the object starts a
+    periodic look on a thread of its own at most every ``interval_ms`` (the tracker calls it on its
+    timer thread, which must not wait: asking a topic storage whether a member lives takes a broker
     round trip, up to its ``lock_timeout_ms`` on a broker that does not answer).
 
     ``view``: this member's storage view (locked); ``adopt``: takes a dead member's storage view and
-    returns how many ids it adopted (:meth:`NackTracker.adopt <pulsar_nack.tracker.NackTracker.adopt>`).
+    returns how many ids it adopted (:meth:`NackTracker.adopt <pulsar_nack.tracker.NackTracker.adopt>`);
+    ``hold``: called with an :class:`Adoption` when a death is seen and with None when its adoption is
+    done (see the module docstring); ``hold_ms``: how long an arrival waits for an adoption at most.
     """
 
     def __init__(
@@ -59,73 +100,206 @@ class Takeover:
         *,
         interval_ms: int = 5_000,
         clock: Callable[[], float] = time.monotonic,
+        hold: Callable[[Adoption | None], None] | None = None,
+        hold_ms: int = 10_000,
     ) -> None:
         if not isinstance(interval_ms, int) or interval_ms < 0:
             raise ValueError(f"interval_ms must be an int >= 0, got {interval_ms!r}")
+        if not isinstance(hold_ms, int) or hold_ms < 0:
+            raise ValueError(f"hold_ms must be an int >= 0, got {hold_ms!r}")
         self.view = view
         self._adopt = adopt
         self.interval_ms = interval_ms
+        self.hold_ms = hold_ms
+        self._hold = hold
         self._clock = clock
         self._last: float | None = None
-        self._running: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._running: threading.Thread | None = None  # the last worker thread started (tests join it)
+        self._working = False  # a worker is on its loop (decided under the lock: no request is lost)
+        self._look = False  # a periodic look is asked for
+        self._dead: set[str] = set()  # members whose death a watch reported, to adopt now
+        self._adoption: Adoption | None = None
+        self._watched: set[str] = set()
+        self._unwatchable: set[str] = set()  # a watch that reported a live member: looked at instead
         self._stopped = False
         self.adopted_members = 0
         self.adopted_ids = 0
+        self.deaths_seen = 0
+        self.last_death_ms: float | None = None  #: epoch ms a watch last reported a death (diagnostics)
+
+    @property
+    def watched(self) -> list[str]:
+        """The members watched now, sorted."""
+        with self._lock:
+            return sorted(self._watched)
 
     def __call__(self) -> None:
-        """Start :meth:`run` on a daemon thread if ``interval_ms`` passed since the last run and none is
-        running. O(1)."""
+        """Start a periodic look (:meth:`run`) on the worker thread if ``interval_ms`` passed since the
+        last. O(1)."""
         now = self._clock()
-        due = self._last is None or (now - self._last) * 1000 >= self.interval_ms
-        if due and not self._stopped and (self._running is None or not self._running.is_alive()):
-            self._last = now
-            self._running = threading.Thread(
-                target=self._run_logged, name="pulsar-nack-takeover", daemon=True
-            )
+        if self._last is None or (now - self._last) * 1000 >= self.interval_ms:
+            with self._lock:
+                if self._stopped:
+                    return
+                self._last = now
+                self._look = True
+                self._kick()
+
+    def member_died(self, key: str) -> None:
+        """A watch saw member ``key`` die: hold arrivals back and adopt its snapshot now, on the worker
+        thread. Returns at once (it runs on the watch's thread). O(1)."""
+        with self._lock:
+            if self._stopped:
+                return
+            self.deaths_seen += 1
+            self.last_death_ms = time.time() * 1000
+            self._watched.discard(key)
+            self._dead.add(key)
+            if self._adoption is None:
+                self._adoption = Adoption(self.hold_ms)
+                if self._hold is not None:
+                    self._hold(self._adoption)
+            self._kick()
+
+    def _kick(self) -> None:
+        """(Lock held.) Make sure a worker runs."""
+        if not self._working:
+            self._working = True
+            self._running = threading.Thread(target=self._work, name="pulsar-nack-takeover", daemon=True)
             self._running.start()
 
-    def stop(self) -> None:
-        """No further run, and no further member adopted by one in progress (its current adoption
-        finishes). O(1); does not wait."""
-        self._stopped = True
+    def _work(self) -> None:
+        """The worker thread: adopt the reported dead, look when asked, until nothing is left; then let
+        the held arrivals go."""
+        while True:
+            with self._lock:
+                if self._stopped or not (self._dead or self._look):
+                    self._working = False
+                    adoption, self._adoption = self._adoption, None
+                    if adoption is not None:
+                        if self._hold is not None:
+                            self._hold(None)
+                        adoption.done()
+                    return
+                dead, self._dead = sorted(self._dead), set()
+                look, self._look = self._look, False
+            try:
+                for key in dead:
+                    if self._take(key, retry_ms=_REPORTED_RETRY_MS) is None:  # it lives: the watch misled
+                        _log.info(
+                            "member %s, reported dead, holds its lock: looked at every few seconds", key
+                        )
+                        self._unwatch(key)
+                        with self._lock:
+                            self._unwatchable.add(key)
+                if look:
+                    self.run()
+            except Exception:  # a bug: keep watching at the next interval
+                _log.exception("taking over dead members' snapshots failed")
 
-    def _run_logged(self) -> None:
-        try:
-            self.run()
-        except Exception:  # a bug: keep watching at the next interval
-            _log.exception("taking over dead members' snapshots failed")
+    def stop(self) -> None:
+        """No further run, no further member adopted by one in progress (its current adoption finishes),
+        every watch ended, held arrivals let go. O(watches); does not wait for a broker."""
+        with self._lock:
+            self._stopped = True
+            watched, self._watched = sorted(self._watched), set()
+            adoption, self._adoption = self._adoption, None
+        if adoption is not None:
+            if self._hold is not None:
+                self._hold(None)
+            adoption.done()
+        for key in watched:
+            self._unwatch(key)
 
     def run(self) -> int:
-        """Adopt the snapshot of every member whose lock can be taken; returns how many ids. A storage
+        """Watch every other announced member not watched yet; adopt the snapshot of every member whose
+        lock can be taken — on a storage whose watch reports closes too, only of those not watched
+        before this run (a member that died before its watch began sends no notice). A member with no
+        snapshot whose lock can be taken (it is gone) is not watched. Returns how many ids. A storage
         failure is logged and retried at the next run. O(names in the storage + ids adopted)."""
         self._last = self._clock()
         try:
             peers = self.view.peers()
+            members = self.view.members(refresh=False)
         except SnapshotStorageError as exc:
             _log.warning("cannot list the other members' snapshots (%s); retrying later", exc)
             return 0
+        base = self.view.base
+        watched_before = set(self.watched)
+        if isinstance(base, MemberWatch):
+            # Watch before looking at the locks: a member dying in between is then seen either way.
+            newly = []
+            for key in members:
+                with self._lock:
+                    if self._stopped or key in self._watched or key in self._unwatchable:
+                        continue
+                if base.watch_member(key, lambda key=key: self.member_died(key)):  # type: ignore[misc]
+                    with self._lock:
+                        if self._stopped:
+                            base.unwatch_member(key)
+                            break
+                        self._watched.add(key)
+                        newly.append(key)
+            for key in set(newly) - set(peers):  # nothing to adopt: watched only while it lives
+                peer = self.view.peer(key)
+                try:
+                    gone = peer.try_lock()
+                except SnapshotStorageError:
+                    continue
+                if gone:
+                    peer.unlock()
+                    self._unwatch(key)
+                    with self._lock:
+                        self._watched.discard(key)
         total = 0
+        skip_watched = getattr(base, "watch_sees_close", False)
         for key in peers:
-            if self._stopped:
-                break
-            peer = self.view.peer(key)
-            try:
-                if not peer.try_lock():
-                    continue  # alive
-            except SnapshotStorageError as exc:
-                _log.warning("cannot tell whether member %s is alive (%s); retrying later", key, exc)
-                continue
-            adopted = False
-            try:
-                count = self._adopt(peer)
-                adopted = True
-            except SnapshotStorageError as exc:
-                _log.warning("cannot take over the snapshot of dead member %s (%s); retrying later", key, exc)
-                continue
-            finally:
-                peer.unlock(forget=adopted)
+            with self._lock:
+                if self._stopped:
+                    break
+                if skip_watched and key in self._watched and key in watched_before:
+                    continue  # alive: its watch says when it dies or closes (no lock round trip)
+            total += self._take(key) or 0
+        return total
+
+    def _unwatch(self, key: str) -> None:
+        base = self.view.base
+        if isinstance(base, MemberWatch):
+            base.unwatch_member(key)
+
+    def _take(self, key: str, *, retry_ms: int = 0) -> int | None:
+        """Adopt member ``key``'s snapshot if its lock can be taken; returns how many ids, or None if a
+        live member holds the lock (0 also when the storage failed: retried at the next look).
+        ``retry_ms``: try the lock again, every ms, that long (a death reported while the kernel is
+        still releasing the dead process's files: the lock may go a moment after the watched close)."""
+        peer = self.view.peer(key)
+        base = self.view.base
+        deadline = time.monotonic() + retry_ms / 1000
+        try:
+            while not peer.try_lock():
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.001)
+        except SnapshotStorageError as exc:
+            _log.warning("cannot tell whether member %s is alive (%s); retrying later", key, exc)
+            return 0
+        adopted = False
+        try:
+            count = self._adopt(peer)
+            adopted = True
+        except SnapshotStorageError as exc:
+            _log.warning("cannot take over the snapshot of dead member %s (%s); retrying later", key, exc)
+            return 0
+        finally:
+            peer.unlock(forget=adopted)
+            if adopted and isinstance(base, MemberWatch):
+                base.unwatch_member(key, forget=True)
+        with self._lock:
+            self._watched.discard(key)
+            self._unwatchable.discard(key)
+        if count:
             self.adopted_members += 1
             self.adopted_ids += count
-            total += count
             _log.info("took over %d pending nacks of a dead member of the subscription (%s)", count, key)
-        return total
+        return count

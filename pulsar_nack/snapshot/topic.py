@@ -20,7 +20,10 @@ topic ``<topic>-members`` (nothing is ever published there): a live consumer hol
 drops it with the consumer's connection — at once for a process killed on a live machine, after the
 broker's keep-alive timeout for a machine that vanished — which is also when it hands the consumer's
 unacked messages to the others. A second consumer of the same key is refused; a member whose lock can
-be taken is dead. A segment must fit the broker's ``maxMessageSize`` (5 MB by default; a
+be taken is dead. A live member also holds an *alive marker* on ``<topic>-members-<key>``
+(:meth:`TopicSnapshotStorage.announce_member`), which the broker hands to a watching member the moment
+the member's connection goes (:meth:`TopicSnapshotStorage.watch_member`). A segment must fit the
+broker's ``maxMessageSize`` (5 MB by default; a
 segment holds at most 5,000 ids and a merge of four at most 20,000: a few hundred KB at worst); a larger
 one fails to write and the store keeps it in memory, with a warning (chunking would lift the limit, but
 pulsar-lite 0.2.0 mixes up the chunks of two producers of one topic). Retention: the topic must keep its
@@ -30,9 +33,14 @@ without subscriptions may be trimmed.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
+import logging
+import secrets
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import _pulsar
@@ -41,6 +49,8 @@ import pulsar
 from pulsar_nack.snapshot.storage import SnapshotStorageError, check_name
 
 __all__ = ["TopicSnapshotStorage"]
+
+_log = logging.getLogger(__name__)
 
 _READ_TIMEOUT_MS = 30_000
 _LOCK_TIMEOUT_MS = 3_000
@@ -59,6 +69,10 @@ class TopicSnapshotStorage:
     (:meth:`SubscriptionStorage.lock <pulsar_nack.snapshot.namespace.SubscriptionStorage.lock>`) — the
     previous owner may be a vanished machine whose consumers the broker drops only after its keep-alive
     timeout; then ``SnapshotStorageError`` (``EBUSY``).
+    ``alive_client``: another ``pulsar.Client`` for the alive marker (:meth:`announce_member`), so that
+    it has a connection of its own, opened after ``client``'s: a dying process's connections are closed
+    last-opened-first, so the broker sees the marker's go first and hands it to a watcher before it
+    hands out the member's messages (pulsar-lite otherwise may hand the messages out first).
     Thread-safe: one lock orders the writes, reads and refreshes of the in-memory copy.
 
     Raises :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` if the topic cannot be read at
@@ -74,6 +88,7 @@ class TopicSnapshotStorage:
         read_timeout_ms: int = _READ_TIMEOUT_MS,
         lock_timeout_ms: int = _LOCK_TIMEOUT_MS,
         lock_wait_ms: int = _LOCK_WAIT_MS,
+        alive_client: Any = None,
     ) -> None:
         if not isinstance(client, pulsar.Client):
             raise TypeError(f"client must be a pulsar.Client, got {type(client).__name__}")
@@ -90,9 +105,14 @@ class TopicSnapshotStorage:
         self.lock_timeout_ms = lock_timeout_ms
         self.lock_wait_ms = lock_wait_ms
         self._client = client
+        if alive_client is not None and not isinstance(alive_client, pulsar.Client):
+            raise TypeError(f"alive_client must be a pulsar.Client, got {type(alive_client).__name__}")
+        self._alive_client = alive_client if alive_client is not None else client
         self._blobs: dict[str, bytes] = {}
         self._lock = threading.RLock()
         self._members: dict[str, Any] = {}  # key → the _pulsar.Consumer holding its Exclusive subscription
+        self._alive: dict[str, Any] = {}  # own key → the consumer holding its alive marker (announce_member)
+        self._watches: dict[str, Any] = {}  # peer key → the consumer waiting for its alive marker
         try:
             self._producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
             # A tombstone of a key no blob can have: the topic is never empty when read (pulsar-lite 0.2.0
@@ -212,6 +232,15 @@ class TopicSnapshotStorage:
         deleted: it was taken over). Never raises. One round trip."""
         with self._lock:
             consumer = self._members.pop(key, None)
+            alive = self._alive.pop(key, None)
+        if alive is not None:  # its own: the marker goes to a watcher, who finds the lock free
+            with contextlib.suppress(Exception):
+                self.delete(key + ".lock")
+            with contextlib.suppress(Exception):
+                alive.close()
+        elif forget:  # a dead member's, taken over: nobody is to watch it any more
+            with contextlib.suppress(Exception):
+                self.delete(key + ".lock")
         if consumer is None:
             return
         with contextlib.suppress(Exception):
@@ -220,8 +249,119 @@ class TopicSnapshotStorage:
             else:
                 consumer.close()
 
+    #: a watch reports a close as well as a death (the marker goes back with either)
+    watch_sees_close = True
+
+    def alive_topic(self, key: str) -> str:
+        """The topic of ``key``'s alive marker: ``<topic>-members-<key>``."""
+        return f"{self.members_topic}-{check_name(key)}"
+
+    def announce_member(self, key: str) -> None:
+        """Hold ``key``'s *alive marker*: subscribe the Shared subscription ``alive`` of
+        :meth:`alive_topic` (receiver queue 1), publish one marker (a random nonce) and receive it without
+        acking it (older markers are acked); then put the blob ``<key>.lock`` that tells the other members
+        to watch it. A member watching (:meth:`watch_member`) is a second consumer of that subscription
+        that gets nothing while this one holds the marker; when this consumer's connection goes (a
+        killed process, a close), the broker hands the unacked marker to a watcher at once — as it hands
+        the member's unacked messages of the data topic to the others. Without the marker back within
+        ``lock_timeout_ms`` (a watcher took it), the member is not watchable: others keep looking every
+        few seconds. Raises :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` if the broker
+        refuses. A few round trips."""
+        topic = self.alive_topic(key)
+        nonce = secrets.token_hex(16).encode()
+        try:
+            consumer = pulsar.Client.subscribe(
+                self._alive_client,
+                topic,
+                "alive",
+                consumer_type=pulsar.ConsumerType.Shared,
+                receiver_queue_size=1,
+                initial_position=pulsar.InitialPosition.Earliest,
+            )
+            producer = pulsar.Client.create_producer(self._client, topic, batching_enabled=False)
+            try:
+                producer.send(nonce)
+            finally:
+                producer.close()
+        except pulsar.PulsarException as exc:
+            raise SnapshotStorageError(errno.EIO, f"cannot announce member {key} on {topic}: {exc}") from exc
+        deadline = time.monotonic() + self.lock_timeout_ms / 1000
+        held = False
+        while not held and time.monotonic() < deadline:
+            try:
+                message = consumer.receive(max(1, int((deadline - time.monotonic()) * 1000)))
+            except pulsar.Timeout:
+                break
+            except pulsar.PulsarException as exc:
+                _log.warning("cannot receive the alive marker of member %s (%s)", key, exc)
+                break
+            if message.data() == nonce:
+                held = True  # kept unacked for as long as this consumer lives
+            else:
+                consumer.acknowledge(message)  # a marker of an earlier life of this key
+        with self._lock:
+            self._alive[key] = consumer
+        if not held:
+            _log.warning("member %s did not get its alive marker back: its death is noticed late", key)
+            return
+        self.put(key + ".lock", nonce)
+
+    def watch_member(self, key: str, on_death: Callable[[], None]) -> bool:
+        """Wait for ``key``'s alive marker (see :meth:`announce_member`) as a second consumer of its
+        Shared subscription: ``on_death()`` runs once, on a client listener thread, when the broker
+        hands it the marker — the holder's connection went. False if ``key`` has no ``<key>.lock``
+        blob (not announced) or is this storage's own. True if watched already. One round trip."""
+        with self._lock:
+            if key in self._watches:
+                return True
+            if key in self._alive or key in self._members or check_name(key + ".lock") not in self._blobs:
+                return False
+        fired = threading.Event()
+
+        def marker(_consumer: Any, _message: Any) -> None:  # a client listener thread
+            if not fired.is_set():
+                fired.set()
+                on_death()
+
+        try:
+            consumer = pulsar.Client.subscribe(
+                self._client,
+                self.alive_topic(key),
+                "alive",
+                consumer_type=pulsar.ConsumerType.Shared,
+                receiver_queue_size=1,
+                initial_position=pulsar.InitialPosition.Earliest,
+                message_listener=marker,
+            )
+        except pulsar.PulsarException as exc:
+            _log.warning("cannot watch member %s (%s); looking every few seconds instead", key, exc)
+            return False
+        with self._lock:
+            self._watches[key] = consumer
+        return True
+
+    def unwatch_member(self, key: str, *, forget: bool = False) -> None:
+        """Close the watch's consumer (its marker, if it got one, goes back to the subscription);
+        ``forget``: unsubscribe instead (the member was taken over: nobody needs its marker). Never
+        raises. One round trip."""
+        with self._lock:
+            consumer = self._watches.pop(key, None)
+        if consumer is not None:
+            with contextlib.suppress(Exception):
+                if forget:
+                    consumer.unsubscribe()
+                else:
+                    consumer.close()
+
+    def watched_members(self) -> builtins.list[str]:
+        """The keys watched now, sorted."""
+        with self._lock:
+            return sorted(self._watches)
+
     def close(self) -> None:
-        """Close the producer, the reader and the member locks (the client closes them too)."""
+        """Close the producer, the reader, the member locks and watches (the client closes them too)."""
+        for key in list(self._watches):
+            self.unwatch_member(key)
         for key in list(self._members):
             self.unlock_member(key)
         with contextlib.suppress(pulsar.PulsarException):

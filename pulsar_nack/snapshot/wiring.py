@@ -11,14 +11,14 @@ take over the dead members' snapshots (:func:`start_takeover`).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pulsar_nack.index import Rounding
 from pulsar_nack.snapshot.namespace import SubscriptionStorage, legacy_snapshot_key, snapshot_key
 from pulsar_nack.snapshot.segments import SegmentStore
 from pulsar_nack.snapshot.storage import LocalDirectoryStorage, SnapshotStorage
-from pulsar_nack.snapshot.takeover import Takeover
+from pulsar_nack.snapshot.takeover import Adoption, Takeover
 from pulsar_nack.tracker import NackTracker, epoch_clock
 
 __all__ = [
@@ -90,13 +90,18 @@ def arguments_snapshots(options: Any, arguments: Mapping[str, Any]) -> Subscript
     )
 
 
-def start_takeover(tracker: NackTracker, view: SubscriptionStorage | None) -> Takeover | None:
+def start_takeover(
+    tracker: NackTracker,
+    view: SubscriptionStorage | None,
+    hold: Callable[[Adoption | None], None] | None = None,
+) -> Takeover | None:
     """After the tracker restored its own snapshot: adopt every dead member's of the subscription now
-    (before the application can receive), then keep watching on the tracker's timer
-    (:mod:`~pulsar_nack.snapshot.takeover`). None without snapshots."""
+    (before the application can receive) and watch the live ones, then keep looking on the tracker's
+    timer (:mod:`~pulsar_nack.snapshot.takeover`). ``hold``: the consumer's, to hold arrivals back
+    while a dead member's snapshot is adopted. None without snapshots."""
     if view is None:
         return None
-    takeover = Takeover(view, tracker.adopt)
+    takeover = Takeover(view, tracker.adopt, hold=hold)
     takeover.run()
     tracker.takeover = takeover
     return takeover
