@@ -72,7 +72,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     import tracemalloc
 
     from pulsar_nack import TimeBucketIndex
-    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.memory import heap_in_use, release_free_heap
     from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
     from pulsar_nack.sweep.workloads import Workload
 
@@ -97,6 +97,10 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
     if measure == "tracemalloc":
         tracemalloc.start()
+    if measure == "rss":
+        # the index's compact() trims glibc's heap (``release_free_heap``): trim before the baseline too,
+        # or pages freed earlier (the workload's generation, the warm-up) are credited to the structure
+        release_free_heap()
     before = now()
     structure = build()
     structure.add_many(due, ledgers, entries)

@@ -528,7 +528,7 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
     structure), ``"malloc"`` (mallinfo2 delta; run with PYTHONMALLOC=malloc) or ``"tracemalloc"``."""
     import tracemalloc
 
-    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.memory import heap_in_use, release_free_heap
 
     baseline: dict[str, int] = {}
 
@@ -539,7 +539,8 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
             baseline["traced"] = tracemalloc.get_traced_memory()[0]
         elif mode == "malloc":
             baseline["heap"] = heap_in_use()
-        else:
+        else:  # the tracker's compaction trims glibc's heap: trim first, or earlier frees count as its own
+            release_free_heap()
             baseline["rss"] = _rss_bytes()
 
     run = _drive(workload, progress, before)
