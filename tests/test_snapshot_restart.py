@@ -25,6 +25,7 @@ from typing import Any
 import pulsar
 import pytest
 from messaging import produce
+from snapshot_helpers import assert_each_once_on_time
 
 from pulsar_nack import Client
 from pulsar_nack.snapshot.topic import TopicSnapshotStorage
@@ -135,20 +136,9 @@ def restart_and_check(
         client.close()
         official_client.close()
     assert restored.pending > 0 and restored.snapshots is not None
-    missing = sorted(set(due) - set(handouts))
-    twice = {k: len(v) for k, v in handouts.items() if len(v) > 1}
-    unexpected = sorted(set(handouts) - set(due))
-    early = {k: round(due[k] - v[0]) for k, v in handouts.items() if k in due and v[0] < due[k] - EARLY_MS}
-    late = {
-        k: round(v[0] - max(due[k], restarted_ms))
-        for k, v in handouts.items()
-        if k in due and v[0] > max(due[k], restarted_ms) + LATE_MS
-    }
-    assert not missing, f"{len(missing)} nacked messages never came back: {missing[:10]}"
-    assert not twice, f"handed out more than once: {dict(list(twice.items())[:10])}"
-    assert not unexpected, f"handed out but never nacked: {unexpected[:10]}"
-    assert not early, f"{len(early)} handed out early (ms): {dict(list(early.items())[:10])}"
-    assert not late, f"{len(late)} handed out late (ms): {dict(list(late.items())[:10])}"
+    assert_each_once_on_time(
+        due, handouts, restarted_ms, EARLY_MS, LATE_MS, "nacked messages never came back"
+    )
     # The contrast: the official consumer's pending nacks died with A; the broker redelivered them all
     # at once, long before most were due (A's own nacks would have waited OFFICIAL_DELAY_MS).
     assert set(official_times) == set(due)

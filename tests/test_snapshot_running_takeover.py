@@ -30,6 +30,7 @@ from typing import Any
 import pulsar
 import pytest
 from messaging import produce
+from snapshot_helpers import assert_each_once_on_time
 
 from pulsar_nack import Client
 from pulsar_nack.snapshot.topic import TopicSnapshotStorage
@@ -142,20 +143,7 @@ def run_and_kill(broker: Broker, tmp_path: Path, storage: str) -> None:
     finally:
         client.close()
     assert len(due) == COUNT
-    missing = sorted(set(due) - set(handouts))
-    twice = {k: len(v) for k, v in handouts.items() if len(v) > 1}
-    unexpected = sorted(set(handouts) - set(due))
-    early = {k: round(due[k] - v[0]) for k, v in handouts.items() if k in due and v[0] < due[k] - EARLY_MS}
-    late = {
-        k: round(v[0] - max(due[k], killed_ms))
-        for k, v in handouts.items()
-        if k in due and v[0] > max(due[k], killed_ms) + LATE_MS
-    }
-    assert not missing, f"{len(missing)} of A's nacked messages never came: {missing[:10]}"
-    assert not twice, f"handed out more than once: {dict(list(twice.items())[:10])}"
-    assert not unexpected, f"handed out but never nacked: {unexpected[:10]}"
-    assert not early, f"{len(early)} handed out early (ms): {dict(list(early.items())[:10])}"
-    assert not late, f"{len(late)} handed out late (ms): {dict(list(late.items())[:10])}"
+    assert_each_once_on_time(due, handouts, killed_ms, EARLY_MS, LATE_MS, "of A's nacked messages never came")
     assert deaths >= 1, "B's watch never reported A's death"
     # The test means something: most of A's nacks were still pending (not yet due) at the kill.
     assert sum(d > killed_ms + 1_000 for d in due.values()) >= 0.8 * COUNT
