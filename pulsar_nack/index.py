@@ -1103,31 +1103,56 @@ class TimeBucketIndex:
         in numpy/CRoaring — the due buckets' shared bitmaps are merged by one CRoaring union — plus O(1)
         Python work per due bucket, per due slot with its own bitmap and per due ledger (and per due slot
         with batch members); one-id slots of a ledger are merged without numpy (see ``_merge_own``).
+
+        The timer calls this every 68 ms at small k, with the caches cold after its sleep, where every
+        line and object touched costs several times its warm cost (issue 10): the loop over the due
+        buckets reads their fields directly (no ``_Bucket.items`` call, no ``_Run`` object per run) and
+        one due ledger skips the set and the sort of the ledgers.
         """
-        now_ms = _check_due(now_ms, "now_ms", bounded=False)
+        if type(now_ms) is not int or now_ms < 0:
+            now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
             times = self._times.pop_until(now_ms)
             if not times:
                 return []
-            self._forget_slot()
+            if self._slot_bucket is not None:
+                self._forget_slot()
             schedule, cold = self._schedule, self._cold
             due = list(zip(times, map(schedule.pop, times), strict=True))  # in bucket order
             if cold:
                 for bucket in times:
                     cold.pop(bucket, None)
             packed: list[BitMap64] = []  # their shared bitmaps
-            owned: dict[LedgerKey, list[tuple[int, Entries]]] = {}  # ledger → its own due bitmaps
+            # ledger → its own due entries: bitmaps, _Run-s, or runs as plain ints (see _merge_own)
+            owned: dict[LedgerKey, list[tuple[int, Entries | int]]] = {}
             for bucket, slots in due:
                 if slots.packed is not None:
                     packed.append(slots.packed)
-                for key, entries in slots.items():  # () when none: no __bool__ call per bucket
-                    owned.setdefault(key, []).append((bucket, entries))
+                runs, own = slots._runs, slots._own
+                if runs is not None:
+                    if len(runs) == 1:  # one ledger's run (small k): no zip, no _Run
+                        key = slots._keys[0]
+                        parts = owned.get(key)
+                        if parts is None:
+                            owned[key] = [(bucket, runs[0])]
+                        else:
+                            parts.append((bucket, runs[0]))
+                    else:
+                        for key, run in zip(slots._keys, runs):  # noqa: B905 (aligned by construction)
+                            owned.setdefault(key, []).append((bucket, run))
+                if own is not None:
+                    for key, entries in own.items():
+                        owned.setdefault(key, []).append((bucket, entries))
             last = due[-1][0]
             shared = self._decode_union(packed) if packed else {}
-            self._count -= sum(map(len, packed))
+            if packed:
+                self._count -= sum(map(len, packed))
             ledgers = self._ledgers
-            records = [ledgers[key] for key in (shared.keys() | owned.keys() if owned else shared)]
-            records.sort(key=_first_bucket)
+            if not shared and len(owned) == 1:
+                records = [ledgers[key] for key in owned]
+            else:
+                records = [ledgers[key] for key in (shared.keys() | owned.keys() if owned else shared)]
+                records.sort(key=_first_bucket)
             out = []
             due_map = dict(due) if self._members else None
             for record in records:
@@ -1584,7 +1609,7 @@ class TimeBucketIndex:
         record: _Ledger,
         gone: int,
         due_map: dict[int, _Bucket],
-        parts: list[tuple[int, Entries]] | None,
+        parts: list[tuple[int, Entries | int]] | None,
     ) -> dict[int, tuple[int, ...]]:
         """The partially due entries of a ledger whose first ``gone`` slots are due: entry id → due batch
         indexes, for entries not due as a whole in any due slot. Pops the slots' batch members.
@@ -1596,7 +1621,7 @@ class TimeBucketIndex:
         ]
         if all(masks is None for _, masks in slot_masks):
             return {}
-        own = dict(parts or ())
+        own = {bucket: _Run(e) if isinstance(e, int) else e for bucket, e in parts or ()}
         merged: dict[int, int] = {}
         for _, masks in slot_masks:
             if masks is not None:
@@ -2196,11 +2221,12 @@ _SHRINK_FROM = 64
 
 
 def _merge_own(
-    shared: npt.NDArray[np.uint32] | None, parts: list[tuple[int, Entries]]
+    shared: npt.NDArray[np.uint32] | None, parts: list[tuple[int, Entries | int]]
 ) -> tuple[npt.NDArray[np.uint32], int]:
     """One ledger's due entry ids: ``shared`` (from the shared bitmaps, or None) merged with its due
-    bitmaps of their own; and how many (bucket, entry) pairs those held. O(parts) Python steps plus one
-    CRoaring union.
+    entries of their own — bitmaps, ``_Run``-s, or runs as plain ints (``_Bucket``'s inline runs, read
+    by ``pop_due`` without making a ``_Run``); and how many (bucket, entry) pairs those held. O(parts)
+    Python steps plus one CRoaring union.
 
     Runs of one id each (one id per bucket at small k: 68 of them per forward at k = 0) are gathered in
     a plain loop and sorted once: the timer calls this every 68 ms with its caches cold, where each of
@@ -2208,15 +2234,20 @@ def _merge_own(
     0.2 us per id back to back).
     """
     if shared is None and len(parts) == 1:
-        entries = parts[0][1]
+        only = parts[0][1]
+        entries = _Run(only) if isinstance(only, int) else only
         return _as_array(entries), len(entries)
     singles: list[int] = []
     wider: list[Entries] = []
-    for _, entries in parts:
-        if type(entries) is _Run and entries >> 32 == entries & MAX_ENTRY_ID:
-            singles.append(entries >> 32)
+    for _, part in parts:
+        if isinstance(part, int):  # a run (a _Run or a plain int)
+            lo = part >> 32
+            if lo == part & MAX_ENTRY_ID:
+                singles.append(lo)
+            else:
+                wider.append(_Run(part))
         else:
-            wider.append(entries)
+            wider.append(part)
     count = len(singles)
     if shared is None and not wider:
         return np.array(sorted(set(singles)), dtype=np.uint32), count

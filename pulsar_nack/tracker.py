@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,14 @@ class NativeTiming:
 
     delay_ms: int = NATIVE_DELAY_MS
     margin_ms: float = 5.0  # timer jitter allowed for before a fresh forward may re-arm the native timer
+    _free_after: float = field(init=False, repr=False, compare=False, default=0.0)
+    _same_grid_after: float = field(init=False, repr=False, compare=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        # forward_at's two constants, computed once: it runs at every forward, with cold caches, where
+        # the two property calls cost several µs (issue 10).
+        object.__setattr__(self, "_free_after", self.latency_ms + self.margin_ms)
+        object.__setattr__(self, "_same_grid_after", 2 * self.interval_ms)
 
     @property
     def interval_ms(self) -> int:
@@ -92,8 +100,8 @@ class NativeTiming:
 
     def forward_at(self, desired_ms: float, last_ms: float) -> float:
         """The earliest moment >= ``desired_ms`` at which a forward keeps the one at ``last_ms`` on time."""
-        free_ms = last_ms + self.latency_ms + self.margin_ms
-        same_grid_ms = last_ms + 2 * self.interval_ms
+        free_ms = last_ms + self._free_after
+        same_grid_ms = last_ms + self._same_grid_after
         if desired_ms >= free_ms:
             return desired_ms
         if desired_ms <= same_grid_ms:

@@ -453,7 +453,7 @@ def test_close_does_not_wait_for_a_hook_blocked_on_the_callers_lock() -> None:
     tracker = NackTracker(lambda _due: hook(), precision_bits=0)
 
     def hook() -> None:
-        locks_held.append(tracker._lock.locked() or tracker._wheel._cond._lock.locked())  # type: ignore[attr-defined]
+        locks_held.append(tracker._lock.locked() or tracker._wheel._lock.locked())
         entered.set()
         with app_lock:
             left.set()
