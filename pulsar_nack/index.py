@@ -2220,6 +2220,9 @@ def _shrink(bitmap: BitMap64) -> None:
 _SHRINK_FROM = 64
 
 
+_U32 = np.dtype(np.uint32)  # (np.array with a dtype object skips parsing ``dtype=np.uint32``: ~9 µs cold)
+
+
 def _merge_own(
     shared: npt.NDArray[np.uint32] | None, parts: list[tuple[int, Entries | int]]
 ) -> tuple[npt.NDArray[np.uint32], int]:
@@ -2239,18 +2242,22 @@ def _merge_own(
         return _as_array(entries), len(entries)
     singles: list[int] = []
     wider: list[Entries] = []
+    last, ordered = -1, True  # singles strictly ascending so far (in-order nacks): no set, no sort
     for _, part in parts:
         if isinstance(part, int):  # a run (a _Run or a plain int)
             lo = part >> 32
             if lo == part & MAX_ENTRY_ID:
                 singles.append(lo)
+                if lo <= last:
+                    ordered = False
+                last = lo
             else:
                 wider.append(_Run(part))
         else:
             wider.append(part)
     count = len(singles)
     if shared is None and not wider:
-        return np.array(sorted(set(singles)), dtype=np.uint32), count
+        return np.array(singles if ordered else sorted(set(singles)), _U32), count
     union = BitMap(singles)
     if shared is not None:
         union.update(_u32(shared))

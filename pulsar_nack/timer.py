@@ -45,6 +45,7 @@ import logging
 import math
 import threading
 import time
+import types
 import weakref
 from collections.abc import Callable
 
@@ -71,13 +72,19 @@ def check_finite(value: float, name: str) -> None:
 
 def weak_callback(method: Callable[[], object]) -> Callable[[], None]:
     """A callback that calls the bound ``method`` while its object lives and does nothing after: a timer
-    holding it does not keep the object alive. O(1)."""
-    ref = weakref.WeakMethod(method)
+    holding it does not keep the object alive. O(1).
+
+    A weak reference to the object and the plain function, not a ``weakref.WeakMethod``: calling one runs
+    its Python ``__call__`` and makes a bound method each time, which the redelivery timer paid at every
+    forward with cold caches (issue 10)."""
+    if not isinstance(method, types.MethodType):
+        raise TypeError(f"weak_callback needs a bound method, got {type(method).__name__}")
+    ref, function = weakref.ref(method.__self__), method.__func__
 
     def call() -> None:
-        bound = ref()
-        if bound is not None:
-            bound()
+        target = ref()
+        if target is not None:
+            function(target)
 
     return call
 
@@ -203,9 +210,11 @@ class TimerWheel:
         """
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {type(callback).__name__}")
-        if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int | float):
+        kind = type(deadline_ms)  # (a float or an int passes with two identity tests)
+        number = kind is float or kind is int or (kind is not bool and isinstance(deadline_ms, int | float))
+        if not number:
             raise TypeError(f"deadline_ms must be a number of milliseconds, got {deadline_ms!r}")
-        if isinstance(deadline_ms, float):
+        if isinstance(deadline_ms, float) and deadline_ms - deadline_ms != 0.0:  # inf or NaN
             check_finite(deadline_ms, "deadline_ms")
         with self._lock:
             if self._closed:
