@@ -921,3 +921,29 @@ def test_fresh_batch_message_is_covered_by_its_entry_pending_whole_in_the_same_s
     (due,) = index.pop_due(2000)
     assert {1, 2, 4} <= set(due.entry_ids.tolist())
     assert dict(due.batch_indexes) == {1: (0, 3), 4: (9,)}
+
+
+@pytest.mark.parametrize("order", ["ascending", "descending", "repeated"])
+def test_pop_due_of_one_id_buckets_returns_sorted_unique_ids(order: str) -> None:
+    """k = 0, one id per ms (the timer's case: 68 one-id buckets a forward): once compacted every bucket is
+    one inline run of one id, which pop_due gathers without numpy or a sort when the ids ascend. Ids that
+    do not (nacked out of order) or repeat across buckets (batch messages of one entry) must still come
+    sorted and once, and the count must drop by every (bucket, entry) popped."""
+    index = TimeBucketIndex(precision_bits=0)
+    entries = {
+        "ascending": list(range(100, 168)),
+        "descending": list(range(167, 99, -1)),
+        "repeated": [100 + i // 2 for i in range(68)],
+    }[order]
+    for ms, entry_id in enumerate(entries):
+        index.add(1_000 + ms, 1, entry_id, batch_index=ms % 2 if order == "repeated" else -1)
+    index.add(2_000, 1, 5_000)  # a later nack: compact() leaves the slot nacks still go to (this one)
+    index.compact()
+    (due,) = index.pop_due(1_000 + len(entries) - 1)
+    assert due.entry_ids.dtype == np.uint32
+    assert due.entry_ids.tolist() == sorted(set(entries))
+    assert len(index) == 1 and index.bucket_count == 1
+    if order == "repeated":  # each entry's two messages were due in two buckets (inline runs): both come
+        assert due.batch_indexes == {entry_id: (0, 1) for entry_id in sorted(set(entries))}
+    else:
+        assert not due.batch_indexes

@@ -3,14 +3,16 @@ far and non-finite deadlines, a failing loop, the lazily started thread."""
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
 import tracemalloc
+import weakref
 
 import pytest
 
-from pulsar_nack.timer import MAX_WAIT_MS, TimerWheel, _Wheel, monotonic_ms
+from pulsar_nack.timer import MAX_WAIT_MS, TimerWheel, _Wheel, monotonic_ms, weak_callback
 
 
 class FakeClock:
@@ -318,3 +320,54 @@ def test_memory_bytes_agrees_with_tracemalloc_and_falls_back_once_fired() -> Non
     clock.now += 200_000
     assert wheel.run_due() == 10_000
     assert wheel.memory_bytes() - empty < reported / 4
+
+
+def test_weak_callback_calls_its_object_while_it_lives_and_does_not_keep_it() -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def tick(self) -> None:
+            self.calls += 1
+
+    owner = Owner()
+    callback = weak_callback(owner.tick)
+    callback()
+    assert owner.calls == 1
+    alive = weakref.ref(owner)
+    del owner
+    gc.collect()
+    assert alive() is None, "the callback must not keep its object alive"
+    callback()  # its object is gone: nothing happens
+    with pytest.raises(TypeError, match="bound method"):
+        weak_callback(lambda: None)
+
+
+def test_a_callback_rearming_the_wheel_does_not_wake_the_thread_again() -> None:
+    """The thread is woken (its wake lock released) only while it sleeps: a callback that schedules an
+    earlier head from the timer thread itself (the redelivery timer, every forward) must leave the lock
+    held, else the next sleep returns at once and costs a wake-up for nothing. From another thread,
+    while the thread sleeps, the same schedule must release it."""
+    wheel = TimerWheel()
+    held_after_own_schedule: list[bool] = []
+    fired = threading.Event()
+
+    def rearm() -> None:
+        wheel.schedule(monotonic_ms() + 60_000, lambda: None)  # the new head: the heap was empty
+        held_after_own_schedule.append(wheel._wake.locked())
+        fired.set()
+
+    try:
+        wheel.schedule(monotonic_ms() + 10, rearm)
+        assert fired.wait(5.0)
+        assert held_after_own_schedule == [True], "the thread must not notify itself"
+        woken = threading.Event()
+        for _ in range(200):  # until the thread sleeps again (bounded: 2 s)
+            if wheel._sleeping:
+                break
+            time.sleep(0.01)
+        assert wheel._sleeping
+        wheel.schedule(monotonic_ms() + 20, woken.set)  # earlier than the 60-s head: wake it
+        assert woken.wait(5.0), "a schedule from another thread must wake the sleeping thread"
+    finally:
+        assert wheel.close()
