@@ -1117,15 +1117,15 @@ class TimeBucketIndex:
                 return []
             if self._slot_bucket is not None:
                 self._forget_slot()
-            schedule, cold = self._schedule, self._cold
-            due = list(zip(times, map(schedule.pop, times), strict=True))  # in bucket order
+            cold = self._cold
+            due = list(map(self._schedule.pop, times))  # their _Bucket-s, in bucket order
             if cold:
                 for bucket in times:
                     cold.pop(bucket, None)
             packed: list[BitMap64] = []  # their shared bitmaps
             # ledger → its own due entries: bitmaps, _Run-s, or runs as plain ints (see _merge_own)
             owned: dict[LedgerKey, list[tuple[int, Entries | int]]] = {}
-            for bucket, slots in due:
+            for bucket, slots in zip(times, due):  # noqa: B905 (same length; strict costs a check a turn)
                 if slots.packed is not None:
                     packed.append(slots.packed)
                 runs, own = slots._runs, slots._own
@@ -1143,7 +1143,7 @@ class TimeBucketIndex:
                 if own is not None:
                     for key, entries in own.items():
                         owned.setdefault(key, []).append((bucket, entries))
-            last = due[-1][0]
+            last = times[-1]
             shared = self._decode_union(packed) if packed else {}
             if packed:
                 self._count -= sum(map(len, packed))
@@ -1154,7 +1154,7 @@ class TimeBucketIndex:
                 records = [ledgers[key] for key in (shared.keys() | owned.keys() if owned else shared)]
                 records.sort(key=_first_bucket)
             out = []
-            due_map = dict(due) if self._members else None
+            due_map = dict(zip(times, due, strict=True)) if self._members else None
             for record in records:
                 key = record.key
                 gone = bisect_right(record.buckets, last, record.head) - record.head
