@@ -904,8 +904,12 @@ def _admitting_listener(
                 return
             admit = consumer._nacks.admit
         if admit(message):
-            with lock:  # one call at a time, with the HeldDelivery thread's (~0.1 µs a message)
+            # one call at a time, with the HeldDelivery thread's (not `with`: its __exit__ costs ~90 ns more)
+            lock.acquire()
+            try:
                 listener(consumer, message)
+            finally:
+                lock.release()
 
     return admit_then_call
 
