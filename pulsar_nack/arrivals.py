@@ -226,7 +226,7 @@ class _Recent:
         """ACKED or DUPLICATE for a copy of a recently handed-out message, else None."""
         if not self._holds(self.delivered, ledger, entry_id):
             return None
-        return Verdict.ACKED if self._holds(self.acked, ledger, entry_id) else Verdict.DUPLICATE
+        return _ACKED if self._holds(self.acked, ledger, entry_id) else _DUPLICATE
 
     def rotate(self, now: float, half_linger_ms: float) -> Generation | None:
         """Start a new generation once the current one is ``half_linger_ms`` old; returns the delivered
@@ -668,20 +668,20 @@ class ArrivalFilter:
     def _landed(self, flight: _Flight, now: float) -> tuple[Verdict, _Flight | None]:
         """A copy of an in-flight message (lock held): hand it out, or hold it (and maybe re-forward)."""
         if flight.acked:
-            return Verdict.ACKED, None
+            return _ACKED, None
         asked_by_us = now >= flight.at + NATIVE_MIN_DELAY_MS
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
             self.lateness.add(now - flight.target)
-            return Verdict.DELIVER, None
+            return _DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
             # than assumed): forward again, as much earlier as this copy came.
             self._reforwarded += 1
             again = _Flight(flight.at, flight.target, None)
             flight.at = _NEVER  # waiting for the new forward, which replaces this flight
-            return Verdict.HOLD, again
-        return Verdict.HOLD, None  # asked for by something else (a sibling, a reconnect): ours follows
+            return _HOLD, again
+        return _HOLD, None  # asked for by something else (a sibling, a reconnect): ours follows
 
     def park(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, copy: Any) -> bool:
         """Keep a ``DUPLICATE`` copy until the application acks its own. False if the application has
