@@ -76,6 +76,7 @@ _UNTRACKED = ()
 _monotonic = time.monotonic  # the nack path reads the default clock without a Python frame
 _DELIVER = Verdict.DELIVER  # a module constant: an enum member lookup costs 65 ns on the per-message path
 _ACKED, _DUPLICATE = Verdict.ACKED, Verdict.DUPLICATE
+_MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
 _BACKOFF = "negative_ack_redelivery_backoff"  # names the backoff in the messages of its checks
@@ -333,7 +334,7 @@ class NackBridge:
         every unacked message of a closed consumer).
         """
         # The ids the admission remembered on the message (no call into the client), else read them.
-        ids = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        ids = message.__dict__.get(_ADMITTED_IDS) if type(message) is _MESSAGE else None
         if ids is None or ids is _UNTRACKED:
             ids = self._ids(message)
         if ids is None:
@@ -541,7 +542,7 @@ class NackBridge:
     def _ids(self, message: Any) -> tuple[int, int, int, str] | None:
         """(ledger, entry, batch index, topic) of a message or id the application passes; None if it is
         neither (the official client reports that)."""
-        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        known = message.__dict__.get(_ADMITTED_IDS) if type(message) is _MESSAGE else None
         if known is not None and known is not _UNTRACKED:
             return known  # type: ignore[no-any-return]
         target = message_id_of(message)
@@ -561,7 +562,7 @@ class NackBridge:
             held = self._ids(message)
             if held is not None and held[2] < 0:
                 self.hold.discard((held[3], held[0], held[1]))
-        ids = message.__dict__.get(_ADMITTED_IDS) if type(message) is pulsar.Message else None
+        ids = message.__dict__.get(_ADMITTED_IDS) if type(message) is _MESSAGE else None
         if ids is _UNTRACKED:
             if arrivals.idle:
                 return  # a non-batched message while nothing is tracked
