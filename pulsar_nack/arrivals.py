@@ -23,7 +23,11 @@ Batched entries are followed while the application has any unacked message of th
 the message id (:func:`pulsar_nack.native.batch_size`), never inferred from arrival order.
 
 All methods are O(1) in the number of pending nacks and buckets (dict and Roaring-bitmap lookups) and
-thread-safe (one lock; no calls into the native client while it is held).
+thread-safe (one lock; no calls into the native client while it is held). The per-message paths are
+cut to the bone, since every message the broker delivers takes them: a non-batched message that is not
+pending, in flight or recently redelivered is told apart without the lock (:meth:`ArrivalFilter.admit_entry`,
+:meth:`ArrivalFilter.acked_entry`), and a ``batch_receive``'s batch messages are classified together
+(:meth:`ArrivalFilter.admit_batched`).
 """
 
 from __future__ import annotations
@@ -222,18 +226,32 @@ class _Recent:
         """ACKED or DUPLICATE for a copy of a recently handed-out message, else None."""
         if not self._holds(self.delivered, ledger, entry_id):
             return None
-        return Verdict.ACKED if self._holds(self.acked, ledger, entry_id) else Verdict.DUPLICATE
+        return _ACKED if self._holds(self.acked, ledger, entry_id) else _DUPLICATE
 
-    def rotate(self, now: float, half_linger_ms: float) -> None:
-        if now - self.started >= half_linger_ms:
-            self.delivered = [{}, self.delivered[0]]
-            self.acked = [{}, self.acked[0]]
-            self.settled = [{}, self.settled[0]]
-            self.started = now
+    def rotate(self, now: float, half_linger_ms: float) -> Generation | None:
+        """Start a new generation once the current one is ``half_linger_ms`` old; returns the delivered
+        generation dropped then (None if not rotated)."""
+        if now - self.started < half_linger_ms:
+            return None
+        dropped = self.delivered[1]
+        self.delivered = [{}, self.delivered[0]]
+        self.acked = [{}, self.acked[0]]
+        self.settled = [{}, self.settled[0]]
+        self.started = now
+        return dropped
 
-    def forget_unacked(self) -> None:
-        """The application's copies are void: only acked ones stay known."""
+    def forget_unacked(self) -> Generation:
+        """The application's copies are void: only acked ones stay known. Returns the delivered ids
+        forgotten (per ledger)."""
+        forgotten: Generation = {}
+        for generation, acked in zip(self.delivered, self.acked, strict=True):
+            for ledger, bitmap in generation.items():
+                gone = bitmap - acked[ledger] if ledger in acked else bitmap
+                if gone:
+                    have = forgotten.get(ledger)
+                    forgotten[ledger] = gone if have is None else have | gone
         self.delivered = [dict(self.acked[0]), dict(self.acked[1])]
+        return forgotten
 
     def bitmaps(self) -> Iterator[BitMap]:
         for generation in (*self.delivered, *self.acked, *self.settled):
@@ -299,6 +317,10 @@ class ArrivalFilter:
         self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
+        # Non-batched entries in flight or recently handed out for a forward (in `_flights` or `_recent`),
+        # per ledger: an arrival or an ack of an entry in neither this nor `_pending` is a plain one,
+        # decided with two lookups (the per-message path while anything else is tracked).
+        self._watch: dict[tuple[str, int], BitMap] = {}
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
         self._forwards: deque[tuple[float, str, int, EntryIds]] = deque()
         self.lateness = LatenessWindow(lateness_window)
@@ -418,14 +440,22 @@ class ArrivalFilter:
             self._forwards.append((now, topic, ledger_id, entry_ids))  # batch indexes: in the entries
             for entry_id in _ints(entry_ids):
                 key = (topic, ledger_id, entry_id)
-                if bitmap is not None:
-                    bitmap.discard(entry_id)
                 entry = self._entries.get(key)
                 if entry is None and self._is_quiet(topic, ledger_id, entry_id):
                     entry = self._expand(key, batch_mask(batch_indexes.get(entry_id, ())))
                 if entry is None:  # a non-batched message
                     self._flights[key] = _Flight(now, target, self._flights.get(key))
+                    watch = self._watch.get((topic, ledger_id))
+                    if watch is None:
+                        watch = self._watch[(topic, ledger_id)] = BitMap()
+                    watch.add(entry_id)
+                    # no longer pending only now that it is watched: the lock-free first look of
+                    # admit_entry and acked_entry (pending, then watched) sees it in one or the other
+                    if bitmap is not None:
+                        bitmap.discard(entry_id)
                     continue
+                if bitmap is not None:
+                    bitmap.discard(entry_id)
                 indexes = batch_indexes.get(entry_id)
                 if indexes is not None:
                     mask = batch_mask(indexes)
@@ -449,75 +479,166 @@ class ArrivalFilter:
     def admit(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, token: Any) -> Verdict:
         """Classify one arrival. ``batch_size(token)`` is called at most once per batched entry (when it
         is new), outside the lock; then one locked classification. O(1)."""
-        key = (topic, ledger_id, entry_id)
-        again: _Flight | None = None  # a copy of our forward that came early: forward again
-        lock = self._lock
         if batch_index < 0:
+            return self.admit_entry(ledger_id, entry_id, topic)
+        key = (topic, ledger_id, entry_id)
+        lock = self._lock
+        bit = 1 << batch_index
+        size: int | None = None  # the batch size, read from the id only for an entry not followed yet
+        while True:  # twice at most: a new entry's size is read between two turns of the lock
             lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per message)
             try:
-                flight = self._flights.get(key)
-                if flight is not None:
-                    now = self._clock()
-                    verdict, again = self._landed(flight, now)
-                    if verdict is _DELIVER:
-                        del self._flights[key]
-                        self._recent.deliver((topic, ledger_id), entry_id)
-                else:
-                    bitmap = self._pending.get((topic, ledger_id))
-                    if bitmap is not None and entry_id in bitmap:
-                        verdict = _HOLD
+                entry = self._entries.get(key)
+                if entry is None or entry.size is None:
+                    if entry is None:
+                        settled = self._unfollowed(key, batch_index)
+                        if settled is not None:
+                            return settled
+                    if size is None:
+                        entry = None  # no verdict this turn: the size first (a native call), then again
+                    elif entry is None:
+                        entry = self._entries[key] = _Entry(size)
                     else:
-                        verdict = self._recent.verdict((topic, ledger_id), entry_id) or _DELIVER
-                if verdict is not _DELIVER:
-                    self._count(verdict)
+                        entry.size = size
+                if entry is not None:
+                    if not (entry.acked & bit or entry.pending & bit or entry.out & bit or entry.flights):
+                        entry.out |= bit  # a first delivery: the common case
+                        return _DELIVER
+                    verdict, again, now = self._classify(entry, batch_index)
+                    break
             finally:
                 lock.release()
-        else:
-            bit = 1 << batch_index
-            size: int | None = None  # the batch size, read from the id only for an entry not followed yet
-            while True:  # twice at most: a new entry's size is read between two turns of the lock
-                lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per message)
-                try:
-                    entry = self._entries.get(key)
+            size = self._batch_size(token)  # a message's batch size never changes: it is in its id
+        if again is not None:
+            self._reschedule(again.target + (now - again.at), ledger_id, entry_id, batch_index, topic)
+        return verdict
+
+    def admit_batched(self, arrivals: Sequence[tuple[int, int, int, str, Any]]) -> list[tuple[int, Verdict]]:
+        """:meth:`admit` for many batch messages at once (a ``batch_receive``'s), each ``(ledger id, entry
+        id, batch index >= 0, topic, token)``, with the verdicts :meth:`admit` would give them one after
+        the other. Returns ``(position, verdict)`` of those not handed out (in order); every other one is
+        ``DELIVER``. One lock round-trip for the lot (plus one per new entry, whose size is read from its
+        ``token`` outside the lock), and the entry looked up once per run of messages of the same entry.
+        O(messages)."""
+        withheld: list[tuple[int, Verdict]] = []
+        again: list[tuple[_Flight, float, int, int, int, str]] = []  # early copies of our forwards
+        entries = self._entries
+        lock = self._lock
+        count = len(arrivals)
+        position = 0
+        sizes: dict[Key, int] = {}  # batch sizes read in this call (outside the lock)
+        while position < count:
+            token: Any = None  # a message of a new entry, whose size is read before going on
+            lock.acquire()
+            try:
+                key: Key | None = None
+                entry: _Entry | None = None
+                while position < count:
+                    ledger_id, entry_id, batch_index, topic, token = arrivals[position]
+                    if key is None or entry_id != key[2] or ledger_id != key[1] or topic != key[0]:
+                        key = (topic, ledger_id, entry_id)
+                        entry = entries.get(key)
                     if entry is None or entry.size is None:
                         if entry is None:
                             settled = self._unfollowed(key, batch_index)
                             if settled is not None:
-                                return settled
+                                withheld.append((position, settled))
+                                position += 1
+                                continue
+                        size = sizes.get(key)
                         if size is None:
-                            entry = None  # no verdict this turn: the size first (a native call), then again
-                        elif entry is None:
-                            entry = self._entries[key] = _Entry(size)
+                            break  # its size first (a native call), outside the lock
+                        if entry is None:
+                            entry = entries[key] = _Entry(size)
                         else:
                             entry.size = size
-                    if entry is not None:
-                        # acked → in flight → pending → handed out → new: the first that holds decides
-                        if entry.acked & bit:  # a copy of a message the application acked
-                            self._dropped += 1
-                            return _COVERED if entry.covered else _ACKED
-                        flight = entry.flights.get(batch_index) if entry.flights else None
-                        if flight is None:
-                            if entry.pending & bit:
-                                self._held_back += 1
-                                return _HOLD
-                            if entry.out & bit:
-                                self._dropped += 1
-                                return _DUPLICATE
-                            entry.out |= bit
-                            return _DELIVER
-                        now = self._clock()
-                        verdict, again = self._landed(flight, now)
-                        if verdict is _DELIVER:
-                            del entry.flights[batch_index]  # type: ignore[union-attr]
-                            entry.out |= bit
-                        else:
-                            self._count(verdict)
-                        break
-                finally:
-                    lock.release()
-                size = self._batch_size(token)  # a message's batch size never changes: it is in its id
+                    bit = 1 << batch_index
+                    position += 1
+                    if not (entry.acked & bit or entry.pending & bit or entry.out & bit or entry.flights):
+                        entry.out |= bit  # a first delivery: the common case
+                        continue
+                    verdict, early, now = self._classify(entry, batch_index)
+                    if verdict is not _DELIVER:
+                        withheld.append((position - 1, verdict))
+                    if early is not None:
+                        again.append((early, now, ledger_id, entry_id, batch_index, topic))
+                else:
+                    token = None
+            finally:
+                lock.release()
+            if token is not None:
+                ledger_id, entry_id, _, topic, _ = arrivals[position]
+                sizes[(topic, ledger_id, entry_id)] = self._batch_size(token)
+        for early, now, ledger_id, entry_id, batch_index, topic in again:
+            self._reschedule(early.target + (now - early.at), ledger_id, entry_id, batch_index, topic)
+        return withheld
+
+    def _classify(self, entry: _Entry, batch_index: int) -> tuple[Verdict, _Flight | None, float]:
+        """A copy of a message of a followed batched entry of known size (lock held), as :meth:`admit`:
+        acked → in flight → pending → handed out → new, the first that holds decides. Returns the verdict,
+        and the flight to forward again with the time now if it is an early copy of our forward. O(1)."""
+        bit = 1 << batch_index
+        if entry.acked & bit:  # a copy of a message the application acked
+            self._dropped += 1
+            return (_COVERED if entry.covered else _ACKED), None, 0.0
+        flight = entry.flights.get(batch_index) if entry.flights else None
+        if flight is None:
+            if entry.pending & bit:
+                self._held_back += 1
+                return _HOLD, None, 0.0
+            if entry.out & bit:
+                self._dropped += 1
+                return _DUPLICATE, None, 0.0
+            entry.out |= bit
+            return _DELIVER, None, 0.0
+        now = self._clock()
+        verdict, again = self._landed(flight, now)
+        if verdict is _DELIVER:
+            del entry.flights[batch_index]  # type: ignore[union-attr]
+            entry.out |= bit
+        else:
+            self._count(verdict)
+        return verdict, again, now
+
+    def admit_entry(self, ledger_id: int, entry_id: int, topic: str) -> Verdict:
+        """:meth:`admit` for a non-batched message. O(1): two lookups without the lock (the pending and
+        the watched entries of its ledger) decide a first delivery; a message pending, in flight or
+        recently redelivered is then classified under the lock.
+
+        The lock-free first look: every change of those tables is one atomic step under the GIL, and
+        :meth:`forwarded` watches an entry before it stops being pending, so reading pending first, then
+        watched, cannot miss an entry moving from one to the other; an entry that has just left both was
+        neither when it was read (a nack filed meanwhile is filed after this arrival, as with the lock)."""
+        ledger = (topic, ledger_id)
+        bitmap = self._pending.get(ledger)
+        if bitmap is None or entry_id not in bitmap:
+            watch = self._watch.get(ledger)
+            if watch is None or entry_id not in watch:
+                return _DELIVER  # a first delivery (the common case: no lock, no call)
+        lock = self._lock
+        lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per message)
+        try:
+            key = (topic, ledger_id, entry_id)
+            flight = self._flights.get(key)
+            again: _Flight | None = None  # a copy of our forward that came early: forward again
+            if flight is not None:
+                now = self._clock()
+                verdict, again = self._landed(flight, now)
+                if verdict is _DELIVER:
+                    self._recent.deliver(ledger, entry_id)  # (stays watched)
+                    del self._flights[key]
+            else:
+                bitmap = self._pending.get(ledger)
+                if bitmap is not None and entry_id in bitmap:
+                    verdict = _HOLD
+                else:
+                    verdict = self._recent.verdict(ledger, entry_id) or _DELIVER
+            if verdict is not _DELIVER:
+                self._count(verdict)
+        finally:
+            lock.release()
         if again is not None:
-            self._reschedule(again.target + (now - again.at), ledger_id, entry_id, batch_index, topic)
+            self._reschedule(again.target + (now - again.at), ledger_id, entry_id, -1, topic)
         return verdict
 
     def _unfollowed(self, key: Key, batch_index: int) -> Verdict | None:
@@ -547,20 +668,20 @@ class ArrivalFilter:
     def _landed(self, flight: _Flight, now: float) -> tuple[Verdict, _Flight | None]:
         """A copy of an in-flight message (lock held): hand it out, or hold it (and maybe re-forward)."""
         if flight.acked:
-            return Verdict.ACKED, None
+            return _ACKED, None
         asked_by_us = now >= flight.at + NATIVE_MIN_DELAY_MS
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
             self.lateness.add(now - flight.target)
-            return Verdict.DELIVER, None
+            return _DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
             # than assumed): forward again, as much earlier as this copy came.
             self._reforwarded += 1
             again = _Flight(flight.at, flight.target, None)
             flight.at = _NEVER  # waiting for the new forward, which replaces this flight
-            return Verdict.HOLD, again
-        return Verdict.HOLD, None  # asked for by something else (a sibling, a reconnect): ours follows
+            return _HOLD, again
+        return _HOLD, None  # asked for by something else (a sibling, a reconnect): ours follows
 
     def park(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, copy: Any) -> bool:
         """Keep a ``DUPLICATE`` copy until the application acks its own. False if the application has
@@ -583,23 +704,10 @@ class ArrivalFilter:
         the whole entry at the broker: every message of a batch that was forwarded is now acked, but no
         single delivered copy may be (the nacked message was never acked on the first copy, and the rest
         of a redelivered copy may still sit in the receiver queue). O(1)."""
+        if batch_index < 0:
+            return _NONE, self.acked_entry(ledger_id, entry_id, topic), False
         key = (topic, ledger_id, entry_id)  # (the common batched case is :meth:`acked_plain`, called first)
         with self._lock:
-            if batch_index < 0:
-                flight = self._flights.get(key)
-                if flight is not None:
-                    flight.acked = True  # a copy may still come: ack it, don't hand it out
-                if self._recent:
-                    self._recent.ack((topic, ledger_id), entry_id)
-                bitmap = self._pending.get((topic, ledger_id))
-                if bitmap is None or entry_id not in bitmap:
-                    return _NONE, False, False
-                bitmap.discard(entry_id)
-                if not bitmap:
-                    del self._pending[(topic, ledger_id)]
-                if self._remove is not None:  # under the lock: no nack of it is filed in between
-                    self._remove(ledger_id, entry_id, batch_index, topic)
-                return _NONE, True, False
             entry = self._entries.get(key)
             if entry is None:
                 if not self._is_quiet(topic, ledger_id, entry_id):
@@ -622,10 +730,43 @@ class ArrivalFilter:
                 self._make_quiet(key)
             return copies, was_pending, ack_entry
 
+    def acked_entry(self, ledger_id: int, entry_id: int, topic: str) -> bool:
+        """:meth:`acked` for a non-batched message: returns whether a nack of it was pending (removed
+        from the index here, as :meth:`acked` does). O(1): two lookups without the lock, as in
+        :meth:`admit_entry`, unless the message is pending, in flight or was recently redelivered."""
+        ledger = (topic, ledger_id)
+        bitmap = self._pending.get(ledger)
+        if bitmap is None or entry_id not in bitmap:
+            watch = self._watch.get(ledger)
+            if watch is None or entry_id not in watch:
+                return False  # nothing to record: an ack of a message tracked in no way
+        lock = self._lock
+        lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per ack)
+        try:
+            watch = self._watch.get(ledger)
+            if watch is not None and entry_id in watch:
+                flight = self._flights.get((topic, ledger_id, entry_id))
+                if flight is not None:
+                    flight.acked = True  # a copy may still come: ack it, don't hand it out
+                self._recent.ack(ledger, entry_id)
+            bitmap = self._pending.get(ledger)
+            if bitmap is None or entry_id not in bitmap:
+                return False
+            bitmap.discard(entry_id)
+            if not bitmap:
+                del self._pending[ledger]
+            if self._remove is not None:  # under the lock: no nack of it is filed in between
+                self._remove(ledger_id, entry_id, -1, topic)
+            return True
+        finally:
+            lock.release()
+
     def acked_plain(self, key: Key, batch_index: int) -> bool:
-        """The per-message fast path of :meth:`acked`: True (and the ack recorded) if the message is of a
-        followed batched entry nothing of which is pending, in flight, parked or was ever forwarded — then
-        there is nothing else to do; False if :meth:`acked` must decide. O(1), one lock round-trip."""
+        """The per-message fast path of :meth:`acked`: True (and the ack recorded, as :meth:`acked` does)
+        if the message is of a followed batched entry of known size of which nothing is in flight or
+        parked, that was never forwarded, and whose nack of this message is not pending (others may be:
+        PIP-393's case, a few nacks in a batch whose other messages are acked) — then there are no copies
+        to ack along and no entry to ack; False if :meth:`acked` must decide. O(1), one lock round-trip."""
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per ack)
         try:
@@ -633,15 +774,20 @@ class ArrivalFilter:
             if (
                 entry is None
                 or entry.size is None
-                or entry.pending
                 or entry.flights
                 or entry.parked
                 or entry.last_forward != _NEVER_FORWARDED
+                or entry.pending >> batch_index & 1
             ):
                 return False
             acked = entry.acked = entry.acked | 1 << batch_index
-            if acked == (1 << entry.size) - 1:
-                del self._entries[key]  # settled, never forwarded: nothing more can come
+            pending = entry.pending
+            full = (1 << entry.size) - 1
+            if not pending:
+                if acked == full:
+                    del self._entries[key]  # settled, never forwarded: nothing more can come
+            elif acked | pending == full and self._pending_mask is not None:
+                self._make_quiet(key)  # every message acked or pending: one bit
             return True
         finally:
             lock.release()
@@ -685,7 +831,9 @@ class ArrivalFilter:
         horizon = now - self.linger_ms
         again: list[tuple[float, int, int, int, str]] = []
         with self._lock:
-            self._recent.rotate(now, self.linger_ms / 2)
+            dropped = self._recent.rotate(now, self.linger_ms / 2)
+            if dropped:
+                self._unwatch(dropped)
             forwards = self._forwards
             while forwards and forwards[0][0] <= horizon:
                 at, topic, ledger_id, entry_ids = forwards.popleft()
@@ -694,6 +842,8 @@ class ArrivalFilter:
                     flight = self._flights.get(key)
                     if flight is not None and flight.at == at and self._retire(flight, key, -1, again):
                         del self._flights[key]
+                        if not self._recent.verdict((topic, ledger_id), entry_id):
+                            self._unwatch({(topic, ledger_id): BitMap([entry_id])})
                     entry = self._entries.get(key)
                     if entry is None or not entry.flights:
                         continue
@@ -706,6 +856,26 @@ class ArrivalFilter:
                 if not table:
                     table.clear()  # an emptied dict keeps its hash table (2.6 MB after a big forward)
         return again
+
+    def _unwatch(self, entries: Generation) -> None:
+        """Stop watching these non-batched entries, but those still in flight or recently redelivered
+        (lock held). O(entries)."""
+        delivered = self._recent.delivered
+        for ledger, bitmap in entries.items():
+            watch = self._watch.get(ledger)
+            if watch is None:
+                continue
+            gone = bitmap & watch
+            for generation in delivered:
+                kept = generation.get(ledger)
+                if kept is not None:
+                    gone -= kept
+            topic, ledger_id = ledger
+            for entry_id in gone:
+                if (topic, ledger_id, entry_id) not in self._flights:
+                    watch.discard(entry_id)
+            if not watch:
+                del self._watch[ledger]
 
     def _forget(self, key: Key) -> None:
         """A settled entry (lock held): gone, or one bit for ``linger_ms`` if it was forwarded lately
@@ -744,7 +914,7 @@ class ArrivalFilter:
             for entry in self._entries.values():
                 entry.out = entry.acked | entry.pending
                 entry.parked = None
-            self._recent.forget_unacked()
+            self._unwatch(self._recent.forget_unacked())
 
     def clear(self) -> None:
         """Forget everything (seek, close)."""
@@ -754,6 +924,7 @@ class ArrivalFilter:
             self._pending.clear()
             self._forwards.clear()
             self._quiet.clear()
+            self._watch.clear()
             self._recent = _Recent(self._clock())
 
     def counts(self) -> FilterCounts:
@@ -771,11 +942,11 @@ class ArrivalFilter:
         """Bytes the filter holds: its containers and bitmaps measured, its per-entry and per-flight
         objects from a sample of up to ``sample`` of each. O(ledgers with pending non-batched nacks)."""
         with self._lock:
-            total = sum(
-                python_bytes(c)
-                for c in (self._entries, self._flights, self._pending, self._forwards, self._quiet)
+            tables = (self._entries, self._flights, self._pending, self._forwards, self._quiet, self._watch)
+            total = sum(python_bytes(t) for t in tables)
+            bitmaps = itertools.chain(
+                self._pending.values(), self._quiet.values(), self._watch.values(), self._recent.bitmaps()
             )
-            bitmaps = itertools.chain(self._pending.values(), self._quiet.values(), self._recent.bitmaps())
             for bitmap in bitmaps:
                 total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
             for record in self._forwards:  # (at, topic, ledger, ids): the ids dominate

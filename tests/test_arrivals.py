@@ -8,10 +8,12 @@ import sys
 import threading
 import time
 import weakref
+from typing import Any
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import TimeBucketIndex
@@ -364,3 +366,187 @@ def test_concurrent_first_arrivals_of_one_batch_are_each_handed_out_once() -> No
         sorted(v, key=lambda x: x.value) == [Verdict.DELIVER, Verdict.DUPLICATE] for v in verdicts.values()
     )
     assert arrivals.counts().open_entries == entries
+
+
+class _Model:
+    """A filter wired to an index as the tracker wires them (nacks filed, due ids popped and forwarded),
+    recording the forwards it asks to repeat."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.index = TimeBucketIndex(4, "floor")
+        self.refiled: list[tuple[float, int, int, int, str]] = []
+        self.arrivals = ArrivalFilter(
+            lambda *ids: self.refiled.append(ids),
+            clock=clock,
+            linger_ms=1_000,
+            pending_mask=self.index.pending_mask,
+            add=self.index.add,
+            remove=self.index.remove,
+        )
+
+    def nack(self, entry: int, index: int, delay: int) -> None:
+        self.arrivals.file(int(self.clock.now) + delay, 7, entry, index, "t")
+
+    def flush(self) -> None:
+        now = self.clock.now
+        for ids in self.index.pop_due(int(now)):
+            self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, int(now))
+
+
+_SIZES = {1: 3, 2: 5, 3: 1}  # entry → batch size
+_MESSAGE = st.sampled_from([(entry, index) for entry, size in _SIZES.items() for index in range(size)])
+_ARRIVE = st.tuples(st.just("arrive"), st.lists(_MESSAGE, min_size=1, max_size=12))
+_NACK = st.tuples(st.just("nack"), _MESSAGE, st.integers(0, 40))
+_ACK = st.tuples(st.just("ack"), _MESSAGE)
+_STEP = st.one_of(  # acks, nacks and arrivals three times as often as the rest
+    *[_ARRIVE, _NACK, _ACK] * 3,
+    st.tuples(st.just("flush"), st.integers(0, 150)),
+    st.tuples(st.just("sweep"), st.integers(0, 700)),
+    st.tuples(st.just("forget")),  # redeliver_unacknowledged_messages
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_STEP, min_size=1, max_size=40), st.booleans())
+def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
+    steps: list[tuple[Any, ...]], fast_acks: bool
+) -> None:
+    """A batch_receive's messages classified together (one lock, each entry looked up once per run)
+    get exactly the verdicts, counters, repeated forwards and acks of admitting them one after the
+    other — whatever was nacked, forwarded, acked, swept or forgotten before, and with repeats in the
+    list. With ``fast_acks`` the second filter takes acks as the consumer does, ``acked_plain`` first
+    (other messages of the entry may be pending), and must still end in the same state."""
+    clock_one, clock_all = Clock(), Clock()
+    one, together = _Model(clock_one), _Model(clock_all)
+    for step in steps:
+        for model in (one, together):
+            kind = step[0]
+            if kind == "nack":
+                (entry, index), delay = step[1], step[2]
+                model.nack(entry, index, delay)
+            elif kind == "ack":
+                entry, index = step[1]
+                plain = fast_acks and model is together and model.arrivals.acked_plain(("t", 7, entry), index)
+                if not plain:
+                    model.arrivals.acked(7, entry, index, "t")
+            elif kind == "flush":
+                model.clock.now += step[1]
+                model.flush()
+            elif kind == "sweep":
+                model.clock.now += step[1]
+                for again in model.arrivals.sweep():
+                    model.refiled.append(again)
+            elif kind == "forget":
+                model.arrivals.forget_holdings()
+        if step[0] != "arrive":
+            continue
+        messages: list[tuple[int, int]] = step[1]
+        expected = [one.arrivals.admit(7, e, i, "t", _SIZES[e]) for e, i in messages]
+        withheld = together.arrivals.admit_batched([(7, e, i, "t", _SIZES[e]) for e, i in messages])
+        got = [Verdict.DELIVER] * len(messages)
+        for position, verdict in withheld:
+            assert verdict is not Verdict.DELIVER
+            got[position] = verdict
+        assert got == expected, messages
+        assert [p for p, _ in withheld] == sorted(p for p, _ in withheld), "in order"
+    assert together.arrivals.counts() == one.arrivals.counts()
+    assert together.refiled == one.refiled
+    assert len(together.index) == len(one.index)
+    assert together.arrivals._quiet == one.arrivals._quiet
+    for key, entry in one.arrivals._entries.items():
+        other = together.arrivals._entries[key]
+        assert (other.acked, other.pending, other.out) == (entry.acked, entry.pending, entry.out), key
+
+
+def test_admit_batched_reads_each_new_entrys_size_once_outside_the_lock() -> None:
+    """The batch size of an entry new to the filter is read once per call, without the filter's lock,
+    however many of its messages the list holds; a known entry's never."""
+    calls: list[tuple[int, bool]] = []
+
+    def batch_size(token: tuple[int, int]) -> int:
+        calls.append((token[0], arrivals._lock.locked()))
+        return token[1]
+
+    arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
+    first = [(7, entry, index, "t", (entry, 4)) for entry in (1, 2) for index in range(4)]
+    assert arrivals.admit_batched(first) == []
+    assert calls == [(1, False), (2, False)]
+    again = arrivals.admit_batched(first[:3])
+    assert again == [(0, Verdict.DUPLICATE), (1, Verdict.DUPLICATE), (2, Verdict.DUPLICATE)]
+    assert calls == [(1, False), (2, False)], "known entries: no size read"
+
+
+class _WatchingBitMap(BitMap):
+    """A pending bitmap that records, at each removal, whether the entry was watched by then."""
+
+    arrivals: ArrivalFilter
+    seen: list[bool]
+
+    def discard(self, value: int) -> None:
+        watch = self.arrivals._watch.get(("t", 7))
+        self.seen.append(watch is not None and value in watch)
+        super().discard(value)
+
+
+def test_a_forwarded_entry_is_watched_before_it_stops_being_pending() -> None:
+    """The lock-free first look of admit_entry and acked_entry reads pending, then watched: forwarded()
+    must watch a non-batched entry before it leaves pending, or a copy arriving in between (another
+    thread) would be handed out as new, and an ack in between would not mark the flight acked."""
+    arrivals, clock, _ = make()
+    for entry in range(3):
+        assert arrivals.pending(7, entry, -1, "t") is True
+    spy = _WatchingBitMap(arrivals._pending[("t", 7)])
+    spy.arrivals, spy.seen = arrivals, []
+    arrivals._pending[("t", 7)] = spy
+    forward(arrivals, clock, 0, None, target=clock.now)
+    arrivals.forwarded("t", 7, [1, 2], {}, clock.now, int(clock.now))
+    assert spy.seen == [True, True, True], "watched when it stopped being pending"
+    assert admit(arrivals, 1) is Verdict.HOLD, "a copy right after the forward: asked for by someone else"
+
+
+def test_watched_entries_are_forgotten_once_neither_in_flight_nor_recent() -> None:
+    """The watch over non-batched entries (in flight, or redelivered within linger_ms) shrinks back:
+    after linger_ms nothing is watched, the filter is idle again, and a first delivery of a new message
+    takes the lock-free path; within linger_ms a late copy of a redelivered message is still caught."""
+    arrivals, clock, _ = make()
+    for entry in range(50):
+        arrivals.pending(7, entry, -1, "t")
+    arrivals.forwarded("t", 7, list(range(50)), {}, clock.now, int(clock.now))
+    clock.now += NATIVE_MIN_DELAY_MS
+    assert all(admit(arrivals, entry) is Verdict.DELIVER for entry in range(25)), "the copies asked for"
+    arrivals.acked(7, 0, -1, "t")
+    assert admit(arrivals, 0) is Verdict.ACKED and admit(arrivals, 1) is Verdict.DUPLICATE, "late copies"
+    assert admit(arrivals, 99) is Verdict.DELIVER, "never nacked: a first delivery"
+    assert len(arrivals._watch[("t", 7)]) == 50
+    clock.now += 600  # over half of linger_ms: the recent generation rotates
+    assert arrivals.sweep() == []
+    assert admit(arrivals, 1) is Verdict.DUPLICATE, "still within linger_ms"
+    clock.now += 600  # the forward retires (its 25 uncollected copies go again), the deliveries age out
+    again = arrivals.sweep()
+    assert sorted(e for _, _, e, _, _ in again) == list(range(25, 50)), "copies that never came"
+    assert sorted(arrivals._watch[("t", 7)]) == list(range(25, 50)), "only those still in flight"
+    assert admit(arrivals, 1) is Verdict.DELIVER, "beyond linger_ms: not known any more"
+    arrivals.clear()
+    assert not arrivals._watch and arrivals.idle
+
+
+def test_acked_plain_records_acks_beside_pending_nacks() -> None:
+    """PIP-393's case on the ack fast path: a batch with one message nacked; acks of its other messages
+    take acked_plain (one lock round-trip), the nacked one does not; the last ack turns the entry into
+    one bit, and copies of it are still classified."""
+    index = TimeBucketIndex(8, "floor")
+    clock = Clock()
+    arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, pending_mask=index.pending_mask)
+    for batch_index in range(3):
+        assert admit(arrivals, 1, batch_index, size=3) is Verdict.DELIVER
+    fresh = arrivals.pending(7, 1, 1, "t")
+    assert fresh is not None
+    index.add(int(clock.now) + 60_000, 7, 1, 1, "t", fresh=fresh)
+    assert arrivals.acked_plain(("t", 7, 1), 0) is True
+    assert arrivals.acked_plain(("t", 7, 1), 1) is False, "its nack is pending: acked() removes it"
+    assert ("t", 7, 1) in arrivals._entries
+    assert arrivals.acked_plain(("t", 7, 1), 2) is True
+    assert not arrivals._entries and arrivals.counts().open_entries == 1, "one bit, not a record"
+    verdicts = [admit(arrivals, 1, batch_index, size=3) for batch_index in range(3)]
+    assert verdicts == [Verdict.ACKED, Verdict.HOLD, Verdict.ACKED]
