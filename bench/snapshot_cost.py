@@ -19,9 +19,14 @@ snapshots at 10,000 nacks/s).
   disk per id. ``python bench/snapshot_cost.py --restore`` re-measures only this part.
 * **A consumer at 10,000 nacks/s** (pulsar-lite, fresh process per run, alternating): 150,000 messages
   pre-produced; the consumer nacks 100 first deliveries every 10 ms with a 5 s delay (one delay: the
-  redeliveries come in entry order — pulsar-lite stalls random-order redeliveries, see
-  tests/test_snapshot_restart.py) and acks every redelivered copy; CPU of the consumer process (its C++
+  redeliveries come in entry order) and acks every redelivered copy; CPU of the consumer process (its C++
   client threads included) over the 15 s of nacking.
+* **The same at random delays** (the costly case: every sealed group sparse): each nack's delay uniform
+  over 2-20 s, on Apache Pulsar standalone (``RANDOM_BROKER``) with no cap of unacked messages per
+  consumer (~100,000 are outstanding after 15 s): pulsar-lite 0.2.0 stops dispatching to the
+  subscription 4-5 s in, once ~40,000 redeliveries requested in random entry order are outstanding
+  (tests/test_snapshot_restart.py). What comes back is acked, as above, and counted.
+  ``python bench/snapshot_cost.py --consumer-random`` measures only this row, into the saved result.
 
     python bench/snapshot_cost.py            # measure (about 8 minutes)
     python bench/snapshot_cost.py --render   # rewrite the section from the saved result
@@ -52,7 +57,14 @@ RESTORE_IDS = 10_000_000
 RESTORE_PER_LEDGER = 50_000
 RESTORE_NOW = 1_790_000_000_000
 CONSUMER_DELAY_MS = 5_000
+RANDOM_DELAY_MS = (2_000, 20_000)
+# pulsar-lite 0.2.0 stops dispatching to the subscription once ~40,000 redeliveries requested in random
+# entry order are outstanding (measured: stalled 4.4 s in, 44,359 nacked, 3,289 back): Apache Pulsar,
+# without its cap of unacked messages per consumer (50,000 by default; ~100,000 are outstanding at 15 s)
+RANDOM_BROKER = "apache"
+APACHE_SETTINGS = {"maxUnackedMessagesPerConsumer": 0, "maxUnackedMessagesPerSubscription": 0}
 TOPIC = "persistent://public/default/bench"
+BROKER_NAMES = {"lite": "pulsar-lite", "apache": "Apache Pulsar standalone"}
 
 
 def _tracker(snapshots: bool, directory: str) -> Any:
@@ -238,14 +250,16 @@ def _probe(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
     return result
 
 
-def consumer_probe(service_url: str, topic: str, snapshots: bool) -> dict[str, Any]:
-    """A real consumer at RATE nacks/s for CONSUMER_SECONDS (fresh process): its CPU, what came back."""
+def consumer_probe(service_url: str, topic: str, snapshots: bool, spread: str = "one") -> dict[str, Any]:
+    """A real consumer at RATE nacks/s for CONSUMER_SECONDS (fresh process): its CPU, what came back.
+    ``spread``: ``one`` (every nack CONSUMER_DELAY_MS) or ``random`` (RANDOM_DELAY_MS, uniform)."""
     import pulsar
 
     import pulsar_nack
 
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     client = pulsar_nack.Client(service_url, logger=logger)
+    rng = random.Random(3)
     with tempfile.TemporaryDirectory() as directory:
         consumer = client.subscribe(
             topic,
@@ -255,43 +269,58 @@ def consumer_probe(service_url: str, topic: str, snapshots: bool) -> dict[str, A
             **({"snapshot_dir": directory} if snapshots else {}),
         )
         per_tick, ticks = RATE // 100, int(CONSUMER_SECONDS * 100)
+        low, high = RANDOM_DELAY_MS if spread == "random" else (CONSUMER_DELAY_MS, CONSUMER_DELAY_MS)
         seen: set[bytes] = set()
         redelivered = 0
         cpu_started = time.process_time()
         next_tick = time.monotonic()
-        for _ in range(ticks):
+        for tick in range(ticks):
             nacked = 0
             while nacked < per_tick:
-                message = consumer.receive(5_000)
+                try:
+                    message = consumer.receive(5_000)
+                except pulsar.Timeout:
+                    raise SystemExit(
+                        f"stalled at tick {tick}: {len(seen)} nacked, {redelivered} redelivered, "
+                        f"{consumer.nack_stats().pending} pending"
+                    ) from None
                 if message.data() in seen:
                     consumer.acknowledge(message)
                     redelivered += 1
                     continue
                 seen.add(message.data())
-                consumer.negative_acknowledge(message, delay_ms=CONSUMER_DELAY_MS)
+                consumer.negative_acknowledge(message, delay_ms=rng.uniform(low, high))
                 nacked += 1
             next_tick += 0.01
             pause = next_tick - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
         cpu = time.process_time() - cpu_started
-        stats = consumer.nack_stats()
+        pending = consumer.nack_stats().pending
         consumer.close()
     client.close()
-    return {"cpu_s": cpu, "nacks": len(seen), "redelivered": redelivered, "pending": stats.pending}
+    return {"cpu_s": cpu, "nacks": len(seen), "redelivered": redelivered, "pending": pending}
 
 
-def consumer_runs(rounds: int) -> dict[str, list[dict[str, Any]]]:
-    """Alternating fresh consumer processes on one pulsar-lite, a fresh topic each."""
+def consumer_runs(rounds: int, spread: str = "one", kind: str = "lite") -> dict[str, list[dict[str, Any]]]:
+    """Alternating fresh consumer processes on one broker (``kind``: ``lite`` or ``apache``), a fresh
+    topic each (``spread``: see :func:`consumer_probe`)."""
     import uuid
 
     import pulsar
 
-    from pulsar_nack.testing import PulsarLite
+    from pulsar_nack.testing import Broker, PulsarLite
 
     runs: dict[str, list[dict[str, Any]]] = {"bare": [], "snapshots": []}
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-    with PulsarLite() as broker:
+    started: Broker
+    if kind == "apache":
+        from harness.standalone import PulsarStandalone
+
+        started = PulsarStandalone(settings=APACHE_SETTINGS)
+    else:
+        started = PulsarLite()
+    with started as broker:
         for _ in range(rounds):
             for mode in ("bare", "snapshots"):
                 topic = f"persistent://public/default/snapcost-{uuid.uuid4().hex[:8]}"
@@ -301,17 +330,18 @@ def consumer_runs(rounds: int) -> dict[str, list[dict[str, Any]]]:
                     producer.send_async(f"m{i}".encode(), None)
                 producer.flush()
                 client.close()
-                spec = {"consumer": [broker.service_url, topic, mode == "snapshots"]}
+                spec = {"consumer": [broker.service_url, topic, mode == "snapshots", spread]}
                 out = subprocess.run(
                     [sys.executable, __file__, "--probe", json.dumps(spec)],
                     capture_output=True,
                     text=True,
                     timeout=CONSUMER_SECONDS * 10,
-                    check=True,
                 )
+                if out.returncode:
+                    raise RuntimeError(f"consumer probe {spec} failed: {out.stderr[-2000:]}")
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 runs[mode].append(row)
-                print("consumer", mode, row)
+                print("consumer", spread, mode, row)
     return runs
 
 
@@ -323,6 +353,16 @@ def main() -> None:
         saved = json.loads((report.RESULTS / "snapshot_cost.json").read_text())
         saved["restore"] = restore_runs()
         saved["restore_machine"] = report.machine()
+        report.save_json("snapshot_cost", saved)
+        render(saved)
+        return
+    if sys.argv[1:] == ["--consumer-random"]:  # (re-)measure the random-delay consumer row only
+        saved = json.loads((report.RESULTS / "snapshot_cost.json").read_text())
+        load_before = os.getloadavg()[0]
+        saved["consumer_random_runs"] = consumer_runs(3, "random", RANDOM_BROKER)
+        saved["consumer_random_broker"] = RANDOM_BROKER
+        saved["consumer_random_load"] = [load_before, os.getloadavg()[0]]  # 1-minute load, before / after
+        saved["consumer_random_machine"] = report.machine()
         report.save_json("snapshot_cost", saved)
         render(saved)
         return
@@ -362,6 +402,7 @@ def main() -> None:
         f"consumer CPU: {consumer_cpu['bare']:.2f} s bare, {consumer_cpu['snapshots']:.2f} s with snapshots "
         f"({consumer_overhead:+.1%})"
     )
+    random_consumers = consumer_runs(3, "random", RANDOM_BROKER)
     print(
         f"CPU at {RATE} nacks/s: {cpu['bare']:.2f} s bare, {cpu['snapshots']:.2f} s with snapshots "
         f"({overhead:+.1%}) over {SECONDS:.0f} s"
@@ -373,6 +414,8 @@ def main() -> None:
         "cpu_s": cpu,
         "consumer_runs": consumers,
         "consumer_cpu_s": consumer_cpu,
+        "consumer_random_runs": random_consumers,
+        "consumer_random_broker": RANDOM_BROKER,
         "restore": restore_runs(),
     }
     report.save_json("snapshot_cost", payload)
@@ -409,6 +452,22 @@ def render(payload: dict[str, Any]) -> None:
             f"{consumer_overhead:+.1%}",
         ],
     ]
+    random_runs = payload.get("consumer_random_runs")
+    if random_runs:
+        random_cpu = {mode: statistics.median(r["cpu_s"] for r in rows) for mode, rows in random_runs.items()}
+        back = {mode: statistics.median(r["redelivered"] for r in rows) for mode, rows in random_runs.items()}
+        rows.append(
+            [
+                f"consumer process on {BROKER_NAMES[payload.get('consumer_random_broker', 'lite')]}, "
+                f"{CONSUMER_SECONDS:.0f} s at {RATE:,} nacks/s due "
+                f"{RANDOM_DELAY_MS[0] // 1000}-{RANDOM_DELAY_MS[1] // 1000} s at random, "
+                f"redeliveries acked: CPU (s, median of {len(random_runs['bare'])}; "
+                f"redeliveries acked {back['bare']:,.0f} / {back['snapshots']:,.0f})",
+                f"{random_cpu['bare']:.2f}",
+                f"{random_cpu['snapshots']:.2f}",
+                f"{random_cpu['snapshots'] / random_cpu['bare'] - 1:+.1%}",
+            ]
+        )
     restore = [r for r in payload.get("restore", []) if "store" in r]  # the 10M-id format
 
     def mb(value: int | None) -> str:
@@ -463,10 +522,23 @@ def render(payload: dict[str, Any]) -> None:
             "",
             report.table(["", "no snapshots", "snapshots", "difference"], rows),
             "",
-            "Goal (issue 12): ≤ 5 % CPU over no snapshots at 10,000 nacks/s. The consumer row is that "
-            "case with one delay (sealed groups are runs of entries); the tracker row is the costly case — "
-            "due times spread at random, every sealed group sparse, read back into the loaded index id by "
-            "id — without a consumer's receive and ack work to dilute it. At the end of a tracker run with "
+            "Goal (issue 12): ≤ 5 % CPU over no snapshots at 10,000 nacks/s. The first consumer row is "
+            "that case with one delay (sealed groups are runs of entries); the tracker row and the last "
+            "consumer row are the costly case — due times spread at random, every sealed group sparse, "
+            "read back into the loaded index id by id — the tracker row without a consumer's receive and "
+            "ack work to dilute it"
+            + (
+                f" (random-delay consumer row: {report.machine_line(payload['consumer_random_machine'])}"
+                + (
+                    " load {:.2f} before, {:.2f} after".format(*payload["consumer_random_load"])
+                    if "consumer_random_load" in payload
+                    else ""
+                )
+                + ")"
+                if "consumer_random_machine" in payload
+                else ""
+            )
+            + ". At the end of a tracker run with "
             f"snapshots: {snap['pending']:,} pending ids in {snap['segments']} segments, {snap['bytes']:,} "
             f"bytes on disk ({snap['bytes'] / max(snap['pending'], 1):.2f} B per pending id); "
             f"{snap['creates']} segments written ({snap['create_ms']:.0f} ms), {snap['merges']} rewritten "

@@ -9,7 +9,8 @@ messages on each and nacks every one — the wrapper with its own delay, the off
 delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
 ``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
 ``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription ``wrapped``);
-``official: false`` skips the official consumer.
+``official: false`` skips the official consumer; ``alive_client`` / ``probe_client``: give the topic
+storage those clients (``TopicSnapshotStorage``).
 With ``stall``: then acks the
 first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
 through its temp file, printing ``writing`` — where the test kills it. Then it sleeps.
@@ -80,7 +81,10 @@ def main(config: dict[str, Any]) -> None:
     storage: SnapshotStorage
     if config.get("snapshot_topic"):  # on the broker: B needs no disk of A's
         alive = pulsar.Client(config["service_url"], logger=logger) if config.get("alive_client") else None
-        storage = TopicSnapshotStorage(client, config["snapshot_topic"], alive_client=alive)
+        probe = pulsar.Client(config["service_url"], logger=logger) if config.get("probe_client") else None
+        storage = TopicSnapshotStorage(
+            client, config["snapshot_topic"], alive_client=alive, probe_client=probe
+        )
     else:
         storage = StallingStorage(config["snapshot_dir"])
     consumer = client.subscribe(

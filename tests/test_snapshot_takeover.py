@@ -58,7 +58,7 @@ class Recorder:
     def list(self) -> list[str]:
         return self.inner.list()
 
-    def lock_member(self, key: str) -> bool:
+    def lock_member(self, key: str, *, probe: bool = False) -> bool:
         return self.inner.lock_member(key)
 
     def unlock_member(self, key: str, *, forget: bool = False) -> None:

@@ -156,3 +156,40 @@ def test_a_consumer_waits_for_the_broker_to_drop_its_dead_predecessors_lock(
         client.close()
         with contextlib.suppress(pulsar.PulsarException):
             holder_client.close()
+
+
+def test_asking_whether_another_member_lives_leaves_the_askers_connection_alone(
+    pulsar_lite: Any, topic: str
+) -> None:
+    """pulsar-lite 0.2.0 refuses an Exclusive subscribe to a held lock by closing the asker's connection —
+    with every consumer on it: a running member's data consumer got its unacked messages handed out again
+    (the duplicates of tests/test_snapshot_running_takeover.py). The probe goes through ``probe_client``,
+    a connection of its own: the data consumer on ``client`` gets nothing again."""
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    holder_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    probe_client = pulsar.Client(pulsar_lite.service_url, logger=logger)
+    try:
+        holder = TopicSnapshotStorage(holder_client, topic, lock_timeout_ms=1_000)
+        assert holder.lock_member("k-1")
+        # pulsar-lite never answers a subscribe whose consumer id a consumer of the subscription on another
+        # connection has (ids count from 0 per client): the probe's must differ from the holder's.
+        for i in range(3):
+            pulsar.Client.subscribe(probe_client, f"{topic}-spacer", f"spacer-{i}").close()
+        data_topic = f"{topic}-data"
+        consumer = client.subscribe(data_topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+        producer = client.create_producer(data_topic, batching_enabled=False)
+        producer.send(b"unacked")
+        message = consumer.receive(10_000)  # not acked: the broker hands it out again if `client` drops
+        asker = TopicSnapshotStorage(client, topic, lock_timeout_ms=1_000, probe_client=probe_client)
+        assert not asker.lock_member("k-1", probe=True), "held by a live member"
+        with pytest.raises(pulsar.Timeout):
+            again = consumer.receive(3_000)
+            pytest.fail(f"handed out again: {again.data()!r} (the asker's connection was closed)")
+        consumer.acknowledge(message)
+        with pytest.raises(TypeError, match="probe_client"):
+            TopicSnapshotStorage(client, topic, probe_client="pulsar://127.0.0.1:6650")
+    finally:
+        for each in (probe_client, client, holder_client):
+            with contextlib.suppress(pulsar.PulsarException):
+                each.close()

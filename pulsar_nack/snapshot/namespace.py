@@ -238,7 +238,7 @@ class SubscriptionStorage:
             return True
         if not isinstance(self.base, MemberLocks):
             return False
-        self._locked = self.base.lock_member(self.key)
+        self._locked = self.base.lock_member(self.key, probe=True)
         return self._locked
 
     def unlock(self, *, forget: bool = False) -> None:

@@ -74,9 +74,10 @@ class MemberLocks(Protocol):
     subscription knows that a member's snapshot is a dead member's, to take over
     (:mod:`~pulsar_nack.snapshot.takeover`)."""
 
-    def lock_member(self, key: str) -> bool:
+    def lock_member(self, key: str, *, probe: bool = False) -> bool:
         """Take ``key``'s lock: True if taken (no live holder), False if a live consumer holds it. May
-        raise :class:`SnapshotStorageError` (the storage cannot be reached)."""
+        raise :class:`SnapshotStorageError` (the storage cannot be reached). ``probe``: ``key`` is
+        another member's (is it alive?), not the caller's own — a storage may ask on another path."""
         ...
 
     def unlock_member(self, key: str, *, forget: bool = False) -> None:
@@ -138,12 +139,12 @@ class LocalDirectoryStorage:
         self._announced: dict[str, int] = {}  # key → its lock file, open for writing (announce_member)
         self._watch = CloseWatch()  # its thread runs only while a member is watched
 
-    def lock_member(self, key: str) -> bool:
+    def lock_member(self, key: str, *, probe: bool = False) -> bool:
         """An exclusive ``flock`` on ``<key>.lock`` (created 0600, opened read-only: see
         :mod:`~pulsar_nack.snapshot.deaths`), held until :meth:`unlock_member` or the process ends (the
         kernel drops it, also at ``kill -9``). True if taken; False if held — by another process, another
-        storage in this one, or this storage (a live consumer of this process sharing it). Raises
-        :class:`SnapshotStorageError` for a file that cannot be opened. O(1)."""
+        storage in this one, or this storage (a live consumer of this process sharing it); the same for a
+        ``probe``. Raises :class:`SnapshotStorageError` for a file that cannot be opened. O(1)."""
         if key in self._locks:
             return False
         path = self._file(key + ".lock")

@@ -72,7 +72,15 @@ class TopicSnapshotStorage:
     ``alive_client``: another ``pulsar.Client`` for the alive marker (:meth:`announce_member`), so that
     it has a connection of its own, opened after ``client``'s: a dying process's connections are closed
     last-opened-first, so the broker sees the marker's go first and hands it to a watcher before it
-    hands out the member's messages (pulsar-lite otherwise may hand the messages out first).
+    hands out the member's messages — Apache Pulsar does; pulsar-lite 0.2.0 handles two connections
+    that close at once in either order, so it may still hand a few messages out first (docs/snapshots.md,
+    "The race that is left").
+    ``probe_client``: another ``pulsar.Client`` for asking whether *other* members are alive
+    (:meth:`lock_member` with ``probe=True``), so that the question has a connection of its own:
+    pulsar-lite 0.2.0 answers an Exclusive subscribe that it refuses by closing the connection — with
+    it every consumer and producer on it, and a consumer's unacked messages go back to the broker
+    (handed out again: duplicates; its own member lock dropped until it reconnects). Apache Pulsar
+    answers ``ConsumerBusy`` and keeps the connection. Without it, ``client`` asks.
     Thread-safe: one lock orders the writes, reads and refreshes of the in-memory copy.
 
     Raises :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` if the topic cannot be read at
@@ -89,6 +97,7 @@ class TopicSnapshotStorage:
         lock_timeout_ms: int = _LOCK_TIMEOUT_MS,
         lock_wait_ms: int = _LOCK_WAIT_MS,
         alive_client: Any = None,
+        probe_client: Any = None,
     ) -> None:
         if not isinstance(client, pulsar.Client):
             raise TypeError(f"client must be a pulsar.Client, got {type(client).__name__}")
@@ -108,6 +117,9 @@ class TopicSnapshotStorage:
         if alive_client is not None and not isinstance(alive_client, pulsar.Client):
             raise TypeError(f"alive_client must be a pulsar.Client, got {type(alive_client).__name__}")
         self._alive_client = alive_client if alive_client is not None else client
+        if probe_client is not None and not isinstance(probe_client, pulsar.Client):
+            raise TypeError(f"probe_client must be a pulsar.Client, got {type(probe_client).__name__}")
+        self._probe_client = probe_client if probe_client is not None else client
         self._blobs: dict[str, bytes] = {}
         self._lock = threading.RLock()
         self._members: dict[str, Any] = {}  # key → the _pulsar.Consumer holding its Exclusive subscription
@@ -185,11 +197,13 @@ class TopicSnapshotStorage:
         with self._lock:
             return sorted(self._blobs)
 
-    def lock_member(self, key: str) -> bool:
+    def lock_member(self, key: str, *, probe: bool = False) -> bool:
         """Subscribe to ``<topic>-members`` as the one Exclusive consumer of the subscription ``key``:
         True if taken; False if held by this storage (a live consumer of this process), if the broker
         refuses (``ConsumerBusy``: a live consumer holds it) or does not answer within
-        ``lock_timeout_ms``. A subscription that succeeds after that wait is closed at once. Raises
+        ``lock_timeout_ms``. A subscription that succeeds after that wait is closed at once. ``probe``:
+        another member's key — asked through ``probe_client`` (see the class docstring; a dead
+        member's lock taken is then held there while its snapshot is adopted). Raises
         :class:`~pulsar_nack.snapshot.storage.SnapshotStorageError` for another failure. One round
         trip."""
         check_name(key)
@@ -212,7 +226,8 @@ class TopicSnapshotStorage:
                 consumer.close_async(lambda _result: None)
             answered.set()
 
-        self._client._client.subscribe_async(self.members_topic, key, conf, settled)
+        client = self._probe_client if probe else self._client
+        client._client.subscribe_async(self.members_topic, key, conf, settled)
         answered.wait(self.lock_timeout_ms / 1000)
         with guard:
             if "result" not in outcome:
