@@ -104,6 +104,8 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
             if nacks.held and (held := await self._due_held()) is not None:
                 return held
             message = await self._receive_native()
+            if message is not None and nacks.check_deaths is not None:
+                nacks.check_deaths()  # (as NackBridge.admit does, before it reads `adopting`)
             if message is not None and (adopting := nacks.adopting) is not None:
                 await asyncio.to_thread(adopting.wait)  # a dead member's nacks first (not on the loop)
             if message is not None and nacks.admit(message):

@@ -321,9 +321,11 @@ class NackBridge:
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
         # A dead member's snapshot being adopted (pulsar_nack.snapshot.takeover): arrivals wait for it.
         self.adopting: Adoption | None = None
+        self.check_deaths: Callable[[], None] | None = None  # the takeover's, called before admitting
         if snapshots is not None:
             self.tracker.restore()
-            start_takeover(self.tracker, snapshots, self._hold_arrivals)  # dead members' nacks
+            takeover = start_takeover(self.tracker, snapshots, self._hold_arrivals)  # dead members' nacks
+            self.check_deaths = takeover.check_deaths if takeover is not None else None
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).
@@ -427,6 +429,9 @@ class NackBridge:
         non-batched message while nothing is pending or in flight, four for a batched one (five on a
         multi-topic or partitioned consumer).
         """
+        check_deaths = self.check_deaths  # (None without snapshots)
+        if check_deaths is not None:
+            check_deaths()  # a peer that died: hold(adoption) now, before this copy of its message goes
         adopting = self.adopting  # the one read on this path while no takeover is in progress
         if adopting is not None:
             adopting.wait()
@@ -481,6 +486,8 @@ class NackBridge:
         <pulsar_nack.arrivals.ArrivalFilter.admit_batched>`: one lock round-trip, each entry looked up once
         per run of its messages). O(messages)."""
         topic = self._fixed_topic
+        if self.check_deaths is not None:
+            self.check_deaths()  # (as admit does)
         if topic is None or self.held or self.adopting is not None:
             admit = self.admit  # the general path, message by message
             return [m for m in messages if admit(m)]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
+from pulsar_nack.snapshot.deaths import CloseWatch
 from pulsar_nack.snapshot.namespace import SubscriptionStorage, snapshot_key
 from pulsar_nack.snapshot.takeover import Adoption, Takeover
 
@@ -89,6 +90,70 @@ def test_a_killed_members_death_is_reported_once_and_the_watch_thread_ends(
     assert not thread.is_alive(), "the watch thread outlived its last watch"
     assert calls == [key] and storage.watched_members() == []
     assert SubscriptionStorage(storage, key).try_lock(), "the dead member's lock is free"
+
+
+def test_a_receiver_that_polls_learns_of_a_death_before_the_watch_thread_wakes(
+    tmp_path: Path, members: list[subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch thread may wake after a receiver thread admitted the dead member's first copy (both
+    wait for the GIL): ``poll_deaths`` reports the death the kernel queued on the caller's thread, once.
+    Here the watch thread is held back until the poll is done."""
+    members.append(live_member(tmp_path, "a"))
+    late = threading.Event()
+    run = CloseWatch._run
+
+    def late_run(self: CloseWatch, fd: int) -> None:
+        late.wait(WAIT_S)
+        run(self, fd)
+
+    monkeypatch.setattr(CloseWatch, "_run", late_run)
+    storage = LocalDirectoryStorage(tmp_path, fsync=False)
+    key = snapshot_key(TOPIC, SUBSCRIPTION, "a")
+    threads: list[str] = []
+    assert storage.watch_member(key, lambda: threads.append(threading.current_thread().name))
+    thread = storage.watch_thread
+    assert thread is not None
+    storage.poll_deaths()
+    assert threads == [], "reported dead while it lives"
+    members[0].send_signal(signal.SIGKILL)
+    members[0].wait(30)
+    storage.poll_deaths()
+    storage.poll_deaths()
+    assert threads == [threading.current_thread().name], "the poll did not report the death, once, here"
+    assert storage.watched_members() == []
+    late.set()
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "the watch thread outlived its last watch"
+    assert threads == [threading.current_thread().name], "reported twice"
+
+
+def test_a_poll_waits_for_a_death_the_watch_thread_is_reporting(
+    tmp_path: Path, members: list[subprocess.Popen[str]]
+) -> None:
+    """The watch thread read the close (the watch is gone) but has not finished its callback: a
+    receiver's poll returns only after it finished (else the receiver admits the dead member's copy
+    before the hold is set: CI saw all 200 copies of a takeover handed out early this way)."""
+    members.append(live_member(tmp_path, "a"))
+    storage = LocalDirectoryStorage(tmp_path, fsync=False)
+    key = snapshot_key(TOPIC, SUBSCRIPTION, "a")
+    reporting, reported = threading.Event(), threading.Event()
+
+    def slow_on_death() -> None:  # the watch thread: a slow report
+        reporting.set()
+        time.sleep(0.5)
+        reported.set()
+
+    assert storage.watch_member(key, slow_on_death)
+    thread = storage.watch_thread
+    assert thread is not None
+    members[0].send_signal(signal.SIGKILL)
+    members[0].wait(30)
+    wait_for(reporting, "the death was never reported")
+    assert storage.watched_members() == []
+    storage.poll_deaths()
+    assert reported.is_set(), "the poll returned while the death was half reported"
+    thread.join(WAIT_S)
+    assert not thread.is_alive(), "the watch thread outlived its last watch"
 
 
 def test_taking_or_trying_a_lock_is_no_death_and_unwatching_ends_the_thread(

@@ -29,9 +29,10 @@ How a member finds them (:class:`Takeover`):
   none is in progress); arrivals wait on it — at most ``hold_ms`` — until the adoption is done and the
   arrival filter knows the dead member's pending nacks, then are classified (held if pending and not
   due); ``hold(None)`` when done. The broker re-dispatches the dead member's messages as soon as it sees
-  its connection close, the same moment, so an arrival that was admitted before the watch's thread
-  woke up goes out at once: the race left is that wake-up (microseconds to a few ms; on a topic, one
-  broker dispatch to the watcher).
+  its connection close, about the same moment, and a receiver may win the GIL before the watch's
+  thread wakes up: so before admitting a message the receiver calls :attr:`Takeover.check_deaths`,
+  which reports on its own thread a death the kernel has already queued (a local directory). On a
+  topic the race left is one broker dispatch to the watcher.
 * **How**: holding the dead member's lock, the member adds its pending nacks to its own (at their due
   times; earliest wins), writes them into its own snapshot, deletes the dead member's snapshot, then
   releases the lock (a topic's lock subscription is deleted). A crash in between leaves both snapshots:
@@ -127,6 +128,11 @@ class Takeover:
         self.adopted_ids = 0
         self.deaths_seen = 0
         self.last_death_ms: float | None = None  #: epoch ms a watch last reported a death (diagnostics)
+        #: the arrival path calls it before admitting a message: the deaths the storage can already see,
+        #: reported on the receiver's thread (:meth:`MemberWatch.poll_deaths`); None without member watches
+        self.check_deaths: Callable[[], None] | None = (
+            view.base.poll_deaths if isinstance(view.base, MemberWatch) else None
+        )
 
     @property
     def watched(self) -> list[str]:

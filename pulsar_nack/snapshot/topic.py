@@ -368,6 +368,10 @@ class TopicSnapshotStorage:
                 else:
                     consumer.close()
 
+    def poll_deaths(self) -> None:
+        """Nothing: a death is seen only when the broker hands the dead member's marker over, on the
+        client's thread (the marker may come a moment after the member's data: docs/snapshots.md)."""
+
     def watched_members(self) -> builtins.list[str]:
         """The keys watched now, sorted."""
         with self._lock:
