@@ -52,7 +52,10 @@ CALLS = 100_000
 ROUNDS = 5
 RATE = 10_000  # nacks per second
 SECONDS = 20.0
-CONSUMER_SECONDS = 15.0
+CONSUMER_SECONDS = 15.0  # of nacking: CONSUMER_MESSAGES at RATE
+CONSUMER_MESSAGES = int(RATE * CONSUMER_SECONDS)
+# a consumer run not done by then (nacks 15 s, the last due <= 20 s later) fails
+CONSUMER_DEADLINE_S = 120.0
 RESTORE_IDS = 10_000_000
 RESTORE_PER_LEDGER = 50_000
 RESTORE_NOW = 1_790_000_000_000
@@ -250,16 +253,41 @@ def _probe(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str,
     return result
 
 
+def message_delays(count: int, spread: str) -> list[float]:
+    """The delay (ms) of message ``m{i}``'s nack, for every i < count: CONSUMER_DELAY_MS (``one``) or
+    uniform over RANDOM_DELAY_MS drawn from a fixed seed (``random``) — the same list in every run and
+    mode, whatever order the broker delivers in. O(count)."""
+    if spread == "one":
+        return [float(CONSUMER_DELAY_MS)] * count
+    if spread != "random":
+        raise ValueError(f"spread must be 'one' or 'random', got {spread!r}")
+    rng = random.Random(3)
+    low, high = RANDOM_DELAY_MS
+    return [rng.uniform(low, high) for _ in range(count)]
+
+
 def consumer_probe(service_url: str, topic: str, snapshots: bool, spread: str = "one") -> dict[str, Any]:
-    """A real consumer at RATE nacks/s for CONSUMER_SECONDS (fresh process): its CPU, what came back.
-    ``spread``: ``one`` (every nack CONSUMER_DELAY_MS) or ``random`` (RANDOM_DELAY_MS, uniform)."""
+    """A real consumer (fresh process) doing a fixed amount of work: CONSUMER_MESSAGES messages on
+    ``topic`` (payload ``m{i}``), each first delivery nacked once — RATE nacks/s, 100 every 10 ms — with
+    :func:`message_delays`' delay for that message, and every redelivered copy acked; the run ends when
+    a redelivered copy of every message has been acked, or fails after CONSUMER_DEADLINE_S. CPU = the
+    process's user + system time (every thread, the C++ client's included) from before the client is
+    made to after it is closed. Returns the CPU, the wall time, what was nacked and acked, and
+    ``finished`` (False with ``failure`` saying why)."""
     import pulsar
 
     import pulsar_nack
 
+    count = CONSUMER_MESSAGES
+    delays = message_delays(count, spread)
+    nacked, acked = bytearray(count), bytearray(count)
+    nacks = redelivered = extra = 0
+    failure = ""
+    cpu_started = time.process_time()
+    wall_started = time.monotonic()
+    deadline = wall_started + CONSUMER_DEADLINE_S
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     client = pulsar_nack.Client(service_url, logger=logger)
-    rng = random.Random(3)
     with tempfile.TemporaryDirectory() as directory:
         consumer = client.subscribe(
             topic,
@@ -268,43 +296,60 @@ def consumer_probe(service_url: str, topic: str, snapshots: bool, spread: str = 
             initial_position=pulsar.InitialPosition.Earliest,
             **({"snapshot_dir": directory} if snapshots else {}),
         )
-        per_tick, ticks = RATE // 100, int(CONSUMER_SECONDS * 100)
-        low, high = RANDOM_DELAY_MS if spread == "random" else (CONSUMER_DELAY_MS, CONSUMER_DELAY_MS)
-        seen: set[bytes] = set()
-        redelivered = 0
-        cpu_started = time.process_time()
+        per_tick = RATE // 100
         next_tick = time.monotonic()
-        for tick in range(ticks):
-            nacked = 0
-            while nacked < per_tick:
-                try:
-                    message = consumer.receive(5_000)
-                except pulsar.Timeout:
-                    raise SystemExit(
-                        f"stalled at tick {tick}: {len(seen)} nacked, {redelivered} redelivered, "
-                        f"{consumer.nack_stats().pending} pending"
-                    ) from None
-                if message.data() in seen:
-                    consumer.acknowledge(message)
-                    redelivered += 1
-                    continue
-                seen.add(message.data())
-                consumer.negative_acknowledge(message, delay_ms=rng.uniform(low, high))
-                nacked += 1
-            next_tick += 0.01
-            pause = next_tick - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-        cpu = time.process_time() - cpu_started
+        tick_nacks = 0
+        while redelivered < count:
+            now = time.monotonic()
+            if now > deadline:
+                failure = f"deadline: {nacks} nacked, {redelivered} acked after {now - wall_started:.0f} s"
+                break
+            if nacks < count and tick_nacks >= per_tick:  # pace the nacks: 100 per 10 ms
+                next_tick += 0.01
+                tick_nacks = 0
+                pause = next_tick - now
+                if pause > 0:
+                    time.sleep(pause)
+            try:
+                message = consumer.receive(1_000)
+            except pulsar.Timeout:
+                continue
+            i = int(message.data()[1:])
+            if not nacked[i]:
+                nacked[i] = 1
+                consumer.negative_acknowledge(message, delay_ms=delays[i])
+                nacks += 1
+                tick_nacks += 1
+                continue
+            consumer.acknowledge(message)
+            if acked[i]:
+                extra += 1  # a copy of a message acked already
+            else:
+                acked[i] = 1
+                redelivered += 1
+        wall = time.monotonic() - wall_started
         pending = consumer.nack_stats().pending
         consumer.close()
     client.close()
-    return {"cpu_s": cpu, "nacks": len(seen), "redelivered": redelivered, "pending": pending}
+    cpu = time.process_time() - cpu_started
+    if not failure and nacks != redelivered:
+        failure = f"{nacks} nacked but {redelivered} redeliveries acked"
+    return {
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "nacks": nacks,
+        "redelivered": redelivered,
+        "extra_copies": extra,
+        "pending": pending,
+        "finished": not failure,
+        "failure": failure,
+    }
 
 
 def consumer_runs(rounds: int, spread: str = "one", kind: str = "lite") -> dict[str, list[dict[str, Any]]]:
     """Alternating fresh consumer processes on one broker (``kind``: ``lite`` or ``apache``), a fresh
-    topic each (``spread``: see :func:`consumer_probe`)."""
+    topic of CONSUMER_MESSAGES messages each (``spread``: see :func:`message_delays`). A run that does
+    not finish is kept, marked ``finished: false``, and left out of the medians (:func:`consumer_cpu`)."""
     import uuid
 
     import pulsar
@@ -326,7 +371,7 @@ def consumer_runs(rounds: int, spread: str = "one", kind: str = "lite") -> dict[
                 topic = f"persistent://public/default/snapcost-{uuid.uuid4().hex[:8]}"
                 client = pulsar.Client(broker.service_url, logger=logger)
                 producer = client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
-                for i in range(int(RATE * CONSUMER_SECONDS * 1.05)):
+                for i in range(CONSUMER_MESSAGES):
                     producer.send_async(f"m{i}".encode(), None)
                 producer.flush()
                 client.close()
@@ -335,14 +380,29 @@ def consumer_runs(rounds: int, spread: str = "one", kind: str = "lite") -> dict[
                     [sys.executable, __file__, "--probe", json.dumps(spec)],
                     capture_output=True,
                     text=True,
-                    timeout=CONSUMER_SECONDS * 10,
+                    timeout=CONSUMER_DEADLINE_S + 120,
                 )
                 if out.returncode:
                     raise RuntimeError(f"consumer probe {spec} failed: {out.stderr[-2000:]}")
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 runs[mode].append(row)
-                print("consumer", spread, mode, row)
+                print(
+                    f"consumer {spread} {mode}: CPU {row['cpu_s']:.2f} s, {row['nacks']:,} nacked, "
+                    f"{row['redelivered']:,} redeliveries acked, wall {row['wall_s']:.1f} s"
+                    + ("" if row["finished"] else f" - FAILED ({row['failure']})"),
+                    flush=True,
+                )
     return runs
+
+
+def consumer_cpu(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float | None]:
+    """Median CPU per mode over the runs that finished (None if fewer than 3 did: no figure). Runs of
+    the old 15-s window shape (no ``finished`` key) count as they are."""
+    medians: dict[str, float | None] = {}
+    for mode, rows in runs.items():
+        done = [r["cpu_s"] for r in rows if r.get("finished", True)]
+        medians[mode] = statistics.median(done) if len(done) >= 3 else None
+    return medians
 
 
 def main() -> None:
@@ -396,12 +456,8 @@ def main() -> None:
     cpu = {mode: statistics.median(r["cpu_s"] for r in rows) for mode, rows in runs.items()}
     overhead = cpu["snapshots"] / cpu["bare"] - 1
     consumers = consumer_runs(3)
-    consumer_cpu = {mode: statistics.median(r["cpu_s"] for r in rows) for mode, rows in consumers.items()}
-    consumer_overhead = consumer_cpu["snapshots"] / consumer_cpu["bare"] - 1
-    print(
-        f"consumer CPU: {consumer_cpu['bare']:.2f} s bare, {consumer_cpu['snapshots']:.2f} s with snapshots "
-        f"({consumer_overhead:+.1%})"
-    )
+    one_cpu = consumer_cpu(consumers)
+    print(f"consumer CPU (one delay), s: {one_cpu}")
     random_consumers = consumer_runs(3, "random", RANDOM_BROKER)
     print(
         f"CPU at {RATE} nacks/s: {cpu['bare']:.2f} s bare, {cpu['snapshots']:.2f} s with snapshots "
@@ -413,7 +469,7 @@ def main() -> None:
         "runs": runs,
         "cpu_s": cpu,
         "consumer_runs": consumers,
-        "consumer_cpu_s": consumer_cpu,
+        "consumer_cpu_s": one_cpu,
         "consumer_random_runs": random_consumers,
         "consumer_random_broker": RANDOM_BROKER,
         "restore": restore_runs(),
@@ -422,13 +478,43 @@ def main() -> None:
     render(payload)
 
 
+def _consumer_row(kind: str, due: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """A consumer row of the table: its medians (:func:`consumer_cpu`) and what the runs did. Runs of the
+    count-bound shape (``finished`` in them) say how many finished; the old 15-s window shape is labelled
+    as such."""
+    medians = consumer_cpu(runs)
+    counted = {m: [r for r in rows if r.get("finished", True)] for m, rows in runs.items()}
+    if all("finished" in r for rows in runs.values() for r in rows):
+        back = {m: sorted({r["redelivered"] for r in rows}) for m, rows in counted.items()}
+        shape = (
+            f"{CONSUMER_MESSAGES:,} messages, each first delivery nacked once at {RATE:,} nacks/s {due}, "
+            f"until every redelivered copy is acked: CPU of the whole run (s, median of "
+            f"{len(counted['bare'])} / {len(counted['snapshots'])} finished of "
+            f"{len(runs['bare'])} / {len(runs['snapshots'])}; redeliveries acked per run "
+            f"{', '.join(f'{b:,}' for b in back['bare'])} / {', '.join(f'{b:,}' for b in back['snapshots'])})"
+        )
+    else:
+        back_median = {m: statistics.median(r["redelivered"] for r in rows) for m, rows in runs.items()}
+        shape = (
+            f"{CONSUMER_SECONDS:.0f} s at {RATE:,} nacks/s {due}, redeliveries acked: CPU (s, median of "
+            f"{len(runs['bare'])}; redeliveries acked {back_median['bare']:,.0f} / "
+            f"{back_median['snapshots']:,.0f})"
+        )
+    bare, snaps = medians["bare"], medians["snapshots"]
+    return [
+        f"consumer process on {BROKER_NAMES[kind]}, {shape}",
+        "n/a" if bare is None else f"{bare:.2f}",
+        "n/a" if snaps is None else f"{snaps:.2f}",
+        "inconclusive: < 3 runs finished" if bare is None or snaps is None else f"{snaps / bare - 1:+.1%}",
+    ]
+
+
 def render(payload: dict[str, Any]) -> None:
     """Write the ``snapshot-cost`` section of docs/performance.md from a result (``--render``: from
     bench/results/snapshot_cost.json, the figures as measured)."""
-    calls, cpu, consumer_cpu = payload["calls_us"], payload["cpu_s"], payload["consumer_cpu_s"]
+    calls, cpu = payload["calls_us"], payload["cpu_s"]
     snap = payload["runs"]["snapshots"][-1]
     overhead = cpu["snapshots"] / cpu["bare"] - 1
-    consumer_overhead = consumer_cpu["snapshots"] / consumer_cpu["bare"] - 1
     rows = [
         [
             "`NackTracker.schedule` call (µs, best of 5)",
@@ -443,31 +529,26 @@ def render(payload: dict[str, Any]) -> None:
             f"{cpu['snapshots']:.2f}",
             f"{overhead:+.1%} ({(cpu['snapshots'] - cpu['bare']) / SECONDS:+.1%} of a core)",
         ],
-        [
-            f"consumer process on pulsar-lite, {CONSUMER_SECONDS:.0f} s at {RATE:,} nacks/s due in "
-            f"{CONSUMER_DELAY_MS / 1000:.0f} s, redeliveries acked: CPU (s, median of "
-            f"{len(payload['consumer_runs']['bare'])})",
-            f"{consumer_cpu['bare']:.2f}",
-            f"{consumer_cpu['snapshots']:.2f}",
-            f"{consumer_overhead:+.1%}",
-        ],
+        _consumer_row("lite", f"due in {CONSUMER_DELAY_MS / 1000:.0f} s", payload["consumer_runs"]),
     ]
+    per_run: list[list[str]] = []
     random_runs = payload.get("consumer_random_runs")
     if random_runs:
-        random_cpu = {mode: statistics.median(r["cpu_s"] for r in rows) for mode, rows in random_runs.items()}
-        back = {mode: statistics.median(r["redelivered"] for r in rows) for mode, rows in random_runs.items()}
-        rows.append(
+        due = f"due {RANDOM_DELAY_MS[0] // 1000}-{RANDOM_DELAY_MS[1] // 1000} s at random"
+        rows.append(_consumer_row(payload.get("consumer_random_broker", "lite"), due, random_runs))
+        per_run = [
             [
-                f"consumer process on {BROKER_NAMES[payload.get('consumer_random_broker', 'lite')]}, "
-                f"{CONSUMER_SECONDS:.0f} s at {RATE:,} nacks/s due "
-                f"{RANDOM_DELAY_MS[0] // 1000}-{RANDOM_DELAY_MS[1] // 1000} s at random, "
-                f"redeliveries acked: CPU (s, median of {len(random_runs['bare'])}; "
-                f"redeliveries acked {back['bare']:,.0f} / {back['snapshots']:,.0f})",
-                f"{random_cpu['bare']:.2f}",
-                f"{random_cpu['snapshots']:.2f}",
-                f"{random_cpu['snapshots'] / random_cpu['bare'] - 1:+.1%}",
+                mode,
+                str(n),
+                f"{r['cpu_s']:.2f}",
+                f"{r['nacks']:,}",
+                f"{r['redelivered']:,}",
+                f"{r['wall_s']:.1f}" if "wall_s" in r else "n/a",
+                "yes" if r.get("finished", True) else f"**no**: {r['failure']}",
             ]
-        )
+            for mode, mode_rows in random_runs.items()
+            for n, r in enumerate(mode_rows, 1)
+        ]
     restore = [r for r in payload.get("restore", []) if "store" in r]  # the 10M-id format
 
     def mb(value: int | None) -> str:
@@ -521,6 +602,20 @@ def render(payload: dict[str, Any]) -> None:
             report.machine_line(payload["machine"]),
             "",
             report.table(["", "no snapshots", "snapshots", "difference"], rows),
+            *(
+                [
+                    "",
+                    "The random-delay consumer row, run by run (modes alternating; a run that does not "
+                    "finish is left out of the median):",
+                    "",
+                    report.table(
+                        ["mode", "run", "CPU, s", "nacked", "redeliveries acked", "wall, s", "finished"],
+                        per_run,
+                    ),
+                ]
+                if per_run
+                else []
+            ),
             "",
             "Goal (issue 12): ≤ 5 % CPU over no snapshots at 10,000 nacks/s. The first consumer row is "
             "that case with one delay (sealed groups are runs of entries); the tracker row and the last "
