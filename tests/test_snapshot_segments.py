@@ -566,3 +566,67 @@ def test_acks_and_re_nacks_never_wait_for_a_storage_write() -> None:
     assert bucket(30_000) <= when < bucket(30_000) + STEP, "the re-nack kept its earlier due time"
     assert ("", 1, 4) not in popped, "the acked id never came out"
     assert len(popped) == 19 and all(len(v) == 1 for v in popped.values())
+
+
+def test_a_seal_loaded_at_once_files_every_id_at_its_own_bucket(storage: SnapshotStorage) -> None:
+    """The fill's fast path (whole entries, nothing removed, no second copy): a seal whose segments are
+    loaded at once puts each id into the loaded index at its own bucket, across ledgers and topics, and
+    each comes out exactly once, at its bucket."""
+    config = SegmentConfig(min_ids_per_segment=50, load_ahead_ms=60_000)
+    store = SegmentStore(storage, config, precision_bits=K)
+    rng = random.Random(5)
+    due = {
+        (topic, ledger, entry): 1_000 + rng.randrange(0, 5_000)
+        for topic in ("a", "b")
+        for ledger in (1, 2, 3)
+        for entry in range(0, 400, 3)
+    }
+    for (topic, ledger, entry), at in due.items():
+        store.add(at, ledger, entry, topic=topic, fresh=True)
+    store.checkpoint(0)
+    stats = store.stats()
+    assert stats.segments_total > 1 and stats.segments_loaded == stats.segments_total
+    assert stats.ids_unsealed == 0 and stats.ids_in_memory == len(due)
+    for (topic, ledger, entry), at in due.items():
+        assert store.due_of(ledger, entry, topic=topic) == bucket(at)
+    popped: dict[tuple[str, int, int], list[int]] = {}
+    drain(store, 0, 7_000, popped)
+    assert popped == {key: [bucket(at)] for key, at in due.items()}
+
+
+def test_ids_removed_before_a_load_stay_removed(storage: SnapshotStorage) -> None:
+    """An id acked while its segment is on storage, and not yet trimmed from its file (no checkpoint in
+    between), is not filed when the segment is loaded — the fill's slow path, not its fast one — nor is a
+    removed message of a batch entry."""
+    config = SegmentConfig(min_ids_per_segment=1_000, max_loaded_ids=0, load_ahead_ms=0)
+    store = SegmentStore(storage, config, precision_bits=K)
+    for entry in range(100):
+        store.add(5_000 + entry, 1, entry, topic="t", fresh=True)
+    store.add(5_000, 2, 7, 3, topic="t")  # a batch entry: messages 3 and 4 of entry 7 of ledger 2
+    store.add(5_000, 2, 7, 4, topic="t")
+    store.checkpoint(0)
+    assert store.stats().segments_loaded == 0
+    assert store.remove(1, 42, topic="t") and store.remove(2, 7, 4, topic="t")
+    due = store.pop_due(6_000)  # loads the segment (due) with its deletions, pops all
+    assert store.stats().load.succeeded == 1
+    popped = {(d.ledger_id, e) for d in due for e in d.entry_ids.tolist()}
+    assert popped == {(1, e) for e in range(100) if e != 42} | {(2, 7)}
+    assert [dict(d.batch_indexes) for d in due if d.ledger_id == 2] == [{7: (3,)}]
+    assert len(store) == 0
+
+
+def test_a_load_keeps_the_earlier_of_two_copies_once(storage: SnapshotStorage) -> None:
+    """A segment loaded while a later re-nack of one of its ids waits in the mutable index (a second
+    copy: the fill's slow path, not its fast one): the earlier copy is the one filed, and the id comes out
+    once, at it."""
+    config = SegmentConfig(min_ids_per_segment=1_000, max_loaded_ids=0, load_ahead_ms=0)
+    store = SegmentStore(storage, config, precision_bits=K)
+    for entry in range(100):
+        store.add(5_000 + entry * 40, 1, entry, fresh=True)  # 5,000-8,960 ms
+    store.checkpoint(0)
+    store.add(6_000, 1, 0)  # later than the sealed copy (5,000), inside the segment's time range
+    assert store.due_of(1, 0) == bucket(5_000)
+    first = store.pop_due(5_000)  # the segment is due: loaded, its copy of entry 0 popped
+    assert [(d.ledger_id, d.entry_ids.tolist()) for d in first] == [(1, [0])]
+    later = [e for d in store.pop_due(20_000) for e in d.entry_ids.tolist()]
+    assert sorted(later) == list(range(1, 100)) and len(store) == 0

@@ -946,6 +946,20 @@ class SegmentStore:
             if rec.popped_through is not None and g.bucket_ms <= rec.popped_through:
                 continue  # popped before a restart (the watermark): spent
             key = (g.topic, g.ledger_id)
+            if not (
+                g.members
+                or g.wide
+                or key in rec.deleted
+                or key in rec.deleted_members
+                or self._dupes.get(key)
+            ):
+                # The common group (a fresh seal's): whole entries, nothing removed, no second copy to
+                # resolve — filed as they are, without copying the bitmap (``filled`` is consulted only
+                # for keys with second copies).
+                if g.entries:
+                    array = np.frombuffer(g.entries.to_array(), dtype=np.uint32)
+                    wholes.setdefault(g.topic, []).append((g.bucket_ms, g.ledger_id, array))
+                continue
             entries = g.entries - rec.deleted.get(key, _EMPTY)
             masks = g.batch_masks()
             for entry, index in rec.deleted_members.get(key, ()):
