@@ -17,16 +17,19 @@ snapshots at 10,000 nacks/s).
   store's restore alone, and the tracker's (the store's plus teaching the arrival filter every id, which a
   consumer does at subscribe); their peak memory (RSS high-water mark) against what they retain; bytes on
   disk per id. ``python bench/snapshot_cost.py --restore`` re-measures only this part.
-* **A consumer at 10,000 nacks/s** (pulsar-lite, fresh process per run, alternating): 150,000 messages
-  pre-produced; the consumer nacks 100 first deliveries every 10 ms with a 5 s delay (one delay: the
-  redeliveries come in entry order) and acks every redelivered copy; CPU of the consumer process (its C++
-  client threads included) over the 15 s of nacking.
-* **The same at random delays** (the costly case: every sealed group sparse): each nack's delay uniform
-  over 2-20 s, on Apache Pulsar standalone (``RANDOM_BROKER``) with no cap of unacked messages per
-  consumer (~100,000 are outstanding after 15 s): pulsar-lite 0.2.0 stops dispatching to the
-  subscription 4-5 s in, once ~40,000 redeliveries requested in random entry order are outstanding
-  (tests/test_snapshot_restart.py). What comes back is acked, as above, and counted.
-  ``python bench/snapshot_cost.py --consumer-random`` measures only this row, into the saved result.
+* **A consumer at 10,000 nacks/s** (pulsar-lite, fresh process per run, modes alternating, median of 3):
+  the same work in both modes — 150,000 messages pre-produced on a fresh topic, each first delivery
+  nacked once (100 every 10 ms) with a 5 s delay, every redelivered copy acked; the run ends when a copy
+  of every message has come back and been acked (a run not done within ``CONSUMER_DEADLINE_S`` is
+  reported as failed and left out of the median). CPU of the consumer process (its C++ client threads
+  included) over the whole run; per run the redeliveries acked (= the nacks) and the wall time.
+* **The same at random delays** (the costly case: every sealed group sparse): message ``m{i}``'s delay
+  uniform over 2-20 s from a fixed seed (:func:`message_delays`: the same delays in every run and mode),
+  on Apache Pulsar standalone (``RANDOM_BROKER``) with no cap of unacked messages per consumer (~100,000
+  are outstanding at once): pulsar-lite 0.2.0 stops dispatching to the subscription 4-5 s in, once
+  ~40,000 redeliveries requested in random entry order are outstanding (tests/test_snapshot_restart.py).
+  ``python bench/snapshot_cost.py --consumer-random`` measures only this row, into the saved result
+  (``--consumer-one``: only the one-delay row).
 
     python bench/snapshot_cost.py            # measure (about 8 minutes)
     python bench/snapshot_cost.py --render   # rewrite the section from the saved result
@@ -426,6 +429,14 @@ def main() -> None:
         report.save_json("snapshot_cost", saved)
         render(saved)
         return
+    if sys.argv[1:] == ["--consumer-one"]:  # (re-)measure the one-delay consumer row only (pulsar-lite)
+        saved = json.loads((report.RESULTS / "snapshot_cost.json").read_text())
+        saved["consumer_runs"] = consumer_runs(3)
+        saved["consumer_cpu_s"] = consumer_cpu(saved["consumer_runs"])
+        saved["consumer_machine"] = report.machine()
+        report.save_json("snapshot_cost", saved)
+        render(saved)
+        return
     if len(sys.argv) > 2 and sys.argv[1] == "--probe":
         spec = json.loads(sys.argv[2])
         if "consumer" in spec:
@@ -622,6 +633,11 @@ def render(payload: dict[str, Any]) -> None:
             "consumer row are the costly case — due times spread at random, every sealed group sparse, "
             "read back into the loaded index id by id — the tracker row without a consumer's receive and "
             "ack work to dilute it"
+            + (
+                f" (one-delay consumer row: {report.machine_line(payload['consumer_machine'])})"
+                if "consumer_machine" in payload
+                else ""
+            )
             + (
                 f" (random-delay consumer row: {report.machine_line(payload['consumer_random_machine'])}"
                 + (
