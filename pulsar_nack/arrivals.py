@@ -26,8 +26,9 @@ All methods are O(1) in the number of pending nacks and buckets (dict and Roarin
 thread-safe (one lock; no calls into the native client while it is held). The per-message paths are
 cut to the bone, since every message the broker delivers takes them: a non-batched message that is not
 pending, in flight or recently redelivered is told apart without the lock (:meth:`ArrivalFilter.admit_entry`,
-:meth:`ArrivalFilter.acked_entry`), and a ``batch_receive``'s batch messages are classified together
-(:meth:`ArrivalFilter.admit_batched`).
+:meth:`ArrivalFilter.acked_entry`), a batch message received alone is classified in one frame and one
+lock round-trip (:meth:`ArrivalFilter.admit_message`), and a ``batch_receive``'s batch messages are
+classified together (:meth:`ArrivalFilter.admit_batched`).
 """
 
 from __future__ import annotations
