@@ -141,23 +141,48 @@ def forward(consumer: Any, due: Sequence[DueIds], chunk_firsts: ChunkFirsts | No
     """Ask the native ``consumer`` (a ``_pulsar.Consumer``) to redeliver every due entry, one native nack
     per entry; returns how many. A chunked message (its last chunk's entry in ``chunk_firsts``) is asked
     for by a nack of every entry from its first chunk to its last: the broker then re-sends all its chunks
-    and the consumer reassembles it. O(due entries + chunks)."""
+    and the consumer reassembles it. O(due entries + chunks): the topic's partition is read once per
+    ledger, and each id costs its construction and its topic (two native calls)."""
     nack = consumer.negative_acknowledge
+    make = _pulsar.MessageId
     count = 0
     for ids in due:
+        topic, ledger_id = ids.topic, ids.ledger_id
+        partition = _partition(topic)
         for entry_id in ids.entry_ids.tolist():
-            first = chunk_firsts.get((ids.topic, ids.ledger_id, entry_id)) if chunk_firsts else None
+            first = chunk_firsts.get((topic, ledger_id, entry_id)) if chunk_firsts else None
             for chunk_entry in range(entry_id if first is None else first, entry_id + 1):
-                nack(entry_message_id(ids.topic, ids.ledger_id, chunk_entry))
+                message_id = make(partition, ledger_id, chunk_entry, -1)
+                if topic:
+                    message_id.topic_name(topic)
+                nack(message_id)
             count += 1
     return count
 
 
+#: Topic name → its partition index (-1: not a partition), for :func:`entry_message_id`: a regex search
+#: and an int conversion cost ~0.35 µs an id, a dict lookup 0.03. Bounded: cleared when full (a consumer
+#: sees few topics; a regex consumer with more than this many just parses again).
+_PARTITIONS: dict[str, int] = {}
+_MAX_PARTITIONS = 4096
+
+
+def _partition(topic: str) -> int:
+    """The partition index in a topic's name (``...-partition-N``), -1 if none. O(1) amortized."""
+    partition = _PARTITIONS.get(topic)
+    if partition is None:
+        match = _PARTITION_SUFFIX.search(topic)
+        partition = int(match.group(1)) if match else -1
+        if len(_PARTITIONS) >= _MAX_PARTITIONS:
+            _PARTITIONS.clear()
+        _PARTITIONS[topic] = partition
+    return partition
+
+
 def entry_message_id(topic: str, ledger_id: int, entry_id: int) -> Any:
     """A ``_pulsar.MessageId`` of a whole entry (no batch index), with its topic. A native nack of it
-    redelivers the entry; a native ack of it acks every message of the entry at the broker."""
-    match = _PARTITION_SUFFIX.search(topic)
-    message_id = _pulsar.MessageId(int(match.group(1)) if match else -1, ledger_id, entry_id, -1)
+    redelivers the entry; a native ack of it acks every message of the entry at the broker. O(1)."""
+    message_id = _pulsar.MessageId(_partition(topic), ledger_id, entry_id, -1)
     if topic:
         message_id.topic_name(topic)
     return message_id

@@ -388,10 +388,13 @@ class _Model:
     def nack(self, entry: int, index: int, delay: int) -> None:
         self.arrivals.file(int(self.clock.now) + delay, 7, entry, index, "t")
 
-    def flush(self) -> None:
+    def flush(self, late: int = 0) -> None:
+        """Forward what is due, for a bucket time ``late`` ms from now (a native delay longer than the
+        tracker assumed: copies that come sooner are early ones of our own forward)."""
         now = self.clock.now
         for ids in self.index.pop_due(int(now)):
-            self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, int(now))
+            target = int(now) + late
+            self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, target)
 
 
 _SIZES = {1: 3, 2: 5, 3: 1}  # entry → batch size
@@ -401,7 +404,8 @@ _NACK = st.tuples(st.just("nack"), _MESSAGE, st.integers(0, 40))
 _ACK = st.tuples(st.just("ack"), _MESSAGE)
 _STEP = st.one_of(  # acks, nacks and arrivals three times as often as the rest
     *[_ARRIVE, _NACK, _ACK] * 3,
-    st.tuples(st.just("flush"), st.integers(0, 150)),
+    st.tuples(st.just("flush"), st.integers(0, 150), st.sampled_from([0, 0, 300])),
+    *[st.tuples(st.just("wait"), st.integers(0, 400))] * 2,  # time passes: copies may come early or late
     st.tuples(st.just("sweep"), st.integers(0, 700)),
     st.tuples(st.just("forget")),  # redeliver_unacknowledged_messages
 )
@@ -416,23 +420,27 @@ def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
     get exactly the verdicts, counters, repeated forwards and acks of admitting them one after the
     other — whatever was nacked, forwarded, acked, swept or forgotten before, and with repeats in the
     list. With ``fast_acks`` the second filter takes acks as the consumer does, ``acked_plain`` first
-    (other messages of the entry may be pending), and must still end in the same state."""
-    clock_one, clock_all = Clock(), Clock()
-    one, together = _Model(clock_one), _Model(clock_all)
+    (other messages of the entry may be pending), and must still end in the same state. A third filter
+    admits each message with ``admit_message`` (the consumer's per-message path) and takes acks as the
+    second: same verdicts, same end state."""
+    clock_one, clock_all, clock_each = Clock(), Clock(), Clock()
+    one, together, each = _Model(clock_one), _Model(clock_all), _Model(clock_each)
     for step in steps:
-        for model in (one, together):
+        for model in (one, together, each):
             kind = step[0]
             if kind == "nack":
                 (entry, index), delay = step[1], step[2]
                 model.nack(entry, index, delay)
             elif kind == "ack":
                 entry, index = step[1]
-                plain = fast_acks and model is together and model.arrivals.acked_plain(("t", 7, entry), index)
+                plain = fast_acks and model is not one and model.arrivals.acked_plain(("t", 7, entry), index)
                 if not plain:
                     model.arrivals.acked(7, entry, index, "t")
             elif kind == "flush":
                 model.clock.now += step[1]
-                model.flush()
+                model.flush(step[2])
+            elif kind == "wait":
+                model.clock.now += step[1]
             elif kind == "sweep":
                 model.clock.now += step[1]
                 for again in model.arrivals.sweep():
@@ -450,13 +458,16 @@ def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
             got[position] = verdict
         assert got == expected, messages
         assert [p for p, _ in withheld] == sorted(p for p, _ in withheld), "in order"
-    assert together.arrivals.counts() == one.arrivals.counts()
-    assert together.refiled == one.refiled
-    assert len(together.index) == len(one.index)
-    assert together.arrivals._quiet == one.arrivals._quiet
-    for key, entry in one.arrivals._entries.items():
-        other = together.arrivals._entries[key]
-        assert (other.acked, other.pending, other.out) == (entry.acked, entry.pending, entry.out), key
+        singly = [each.arrivals.admit_message(("t", 7, e), i, _SIZES[e]) for e, i in messages]
+        assert singly == expected, messages
+    for model in (together, each):
+        assert model.arrivals.counts() == one.arrivals.counts()
+        assert model.refiled == one.refiled
+        assert len(model.index) == len(one.index)
+        assert model.arrivals._quiet == one.arrivals._quiet
+        for key, entry in one.arrivals._entries.items():
+            other = model.arrivals._entries[key]
+            assert (other.acked, other.pending, other.out) == (entry.acked, entry.pending, entry.out), key
 
 
 def test_admit_batched_reads_each_new_entrys_size_once_outside_the_lock() -> None:

@@ -520,3 +520,39 @@ def test_a_nack_is_due_on_the_trackers_own_clock(
         due = tracker.index.next_due_ms()
         assert due is not None and before + 60_000 - 256 <= due <= after + 60_000, (before, due, after)
     consumer.close()
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
+def test_receive_without_a_timeout_hands_out_what_receive_with_one_does(
+    nack_client: Client, unique_topic: str, batching: bool
+) -> None:
+    """``receive()`` without a timeout (its own inlined path): a nacked message comes back once, its
+    batch siblings' copies are not handed out, and the ack of a message nacked for later drops its
+    pending nack. A watchdog closes the consumer after 60 s, so a
+    blocked receive() cannot hang the suite (it raises then)."""
+    consumer = subscribe(nack_client, unique_topic, negative_ack_redelivery_delay_ms=60_000)
+    watchdog = threading.Timer(60, consumer.close)
+    watchdog.start()
+    try:
+        produce(nack_client, unique_topic, 10, batching=batching)
+        got = []
+        for _ in range(10):  # all ten are there: receive() returns each at once
+            message = consumer.receive()
+            got.append(message.data())
+            if message.data() == b"m3":
+                consumer.negative_acknowledge(message, delay_ms=0)
+            elif message.data() == b"m7":
+                consumer.negative_acknowledge(message, delay_ms=60_000)
+                consumer.acknowledge(message)  # before it is due: its nack is dropped
+            else:
+                consumer.acknowledge(message)
+        assert got == [f"m{i}".encode() for i in range(10)]
+        again = consumer.receive()  # m3, once (its siblings' copies are held back or dropped)
+        assert again.data() == b"m3"
+        consumer.acknowledge(again)
+        stats = consumer.nack_stats()
+        assert (stats.pending, stats.nacked, stats.redelivered) == (0, 2, 1)  # m7's nack is gone
+        nothing_more(consumer, 1500)
+    finally:
+        watchdog.cancel()
+    consumer.close()
