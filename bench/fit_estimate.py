@@ -9,7 +9,8 @@
   k, nack share, ids and entries per ledger; target = retained heap as built (no runOptimize: the Java
   client does not run it).
 * **native** — the native client's bytes per pending nack as ``bench/nack_lateness.py`` measured them
-  (``pulsar_nack/data/native_nack_cost.json``; every native nack is its own node).
+  (``pulsar_nack/data/native_nack_cost.json``, read at estimate time, not copied into the fit; every
+  native nack is its own node).
 
 Coefficients come from non-negative least squares on relative errors (``pulsar_nack.estimate``); the
 in-sample errors are written beside them.
@@ -42,7 +43,7 @@ from pulsar_nack.estimate import (
     predict,
     range_key,
 )
-from pulsar_nack.profile import Delay, Workload, native_cost, profile
+from pulsar_nack.profile import Delay, Workload, profile
 
 PACKAGE_FIT = report.ROOT / "pulsar_nack" / "data" / "estimate_fit.json"
 GRID: dict[str, list[Any]] = {
@@ -213,7 +214,6 @@ def main(argv: list[str]) -> int:
             java = _fit_java(java_points)
         else:
             print("java/mvn not found: no Java model", file=sys.stderr)
-    cost = native_cost()
     facts = earlier["machine"] if earlier else report.machine()  # when the measurements were taken
     now = report.machine()
     model = {
@@ -226,10 +226,6 @@ def main(argv: list[str]) -> int:
             "target": "profile's process-level measure (PYTHONMALLOC=malloc + mallinfo2), steady state",
         },
         "java": {k: v for k, v in java.items() if k != "points"},
-        "native": {
-            "bytes_per_nack": cost["bytes_per_nack"],
-            "source": f"{cost['source']} ({cost['broker']}, {cost['date']}, commit {cost['commit']})",
-        },
     }
     PACKAGE_FIT.write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
     report.save_json("estimate_fit", {**model, "measured": measured, "java_points": java.get("points", [])})

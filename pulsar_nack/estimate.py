@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pulsar_nack.index import MAX_PRECISION_BITS
-from pulsar_nack.profile import ProfileError, check_integer, check_number
+from pulsar_nack.profile import ProfileError, check_integer, check_number, native_cost
 
 __all__ = [
     "FEATURES",
@@ -363,7 +363,7 @@ def load_fit(path: Path | None = None) -> Fit:
         raise FitError(
             f"{path or FIT_FILE}: cannot read the fitted model ({error}); run bench/fit_estimate.py"
         ) from None
-    for key in ("pulsar_nack", "java", "native", "range", "machine"):
+    for key in ("pulsar_nack", "java", "range", "machine"):
         if key not in data:
             raise FitError(f"{source}: no {key!r} block; run bench/fit_estimate.py")
     if set(data["pulsar_nack"]["coefficients"]) != set(FEATURES):
@@ -424,7 +424,7 @@ def estimate(s: Scenario, fit: Fit | None = None) -> Estimate:
         pending=s.pending,
         pulsar_nack_bytes=ours,
         java_bytes=java_bytes,
-        native_bytes=float(fit.data["native"]["bytes_per_nack"]) * s.pending,
+        native_bytes=float(native_cost()["bytes_per_nack"]) * s.pending,
         outside=outside,
         features=row,
         fit_source=fit.source,
@@ -461,11 +461,13 @@ def render(result: Estimate, fit: Fit) -> Iterator[str]:
     yield f"  native client tracker:                   {_mb(native):>12}  {per(native)}{ratio}"
     data = fit.data
     error = data["pulsar_nack"]["error"]
+    cost = native_cost()
     yield (
         f"model: {fit.source}, measured {data['machine']['date']} at commit {data['machine']['commit']}"
         + (f", fitted {data['fitted']['date']} at {data['fitted']['commit']} " if "fitted" in data else " ")
         + f"(pulsar-nack error median {error['median']:.0%}, max {error['max']:.0%} over {error['points']} "
-        f"profiled workloads; native: {data['native']['source']})"
+        f"profiled workloads; native: {cost['source']} ({cost['broker']}, {cost['date']}, "
+        f"commit {cost['commit']}))"
     )
     yield "fitted range: " + ", ".join(
         f"{name} {low:g}..{high:g}" for name, (low, high) in fit.ranges.items()

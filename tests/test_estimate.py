@@ -115,7 +115,7 @@ def test_the_shipped_fit_has_provenance_range_and_every_feature() -> None:
     assert set(data["pulsar_nack"]["coefficients"]) == set(FEATURES)
     assert all(value >= 0 for value in data["pulsar_nack"]["coefficients"].values())
     assert {"date", "commit", "cpu"} <= set(data["machine"])
-    assert data["native"]["bytes_per_nack"] == native_cost()["bytes_per_nack"]
+    assert "native" not in data  # the native figure is read from its own file, never a stale copy
     low, high = fit.ranges["rate"]
     assert 0 < low < high
     assert data["pulsar_nack"]["error"]["points"] >= 20
