@@ -259,6 +259,17 @@ class _Recent:
             yield from generation.values()
 
 
+def _dropped_copy(entry: _Entry, acked: int) -> Verdict:
+    """The verdict on a copy of an acked message of a batched entry of known size, as
+    :meth:`ArrivalFilter._classify` gives it (COVERED while the forwarded entry has messages unacked, else
+    ACKED), in one frame: the per-copy path of a redelivered batch, whose acked siblings come again with
+    the message it was redelivered for (90 of every 100 copies in a batch of 100 with one nack). O(1)."""
+    if entry.last_forward == _NEVER_FORWARDED:
+        return _ACKED
+    full = (1 << entry.size) - 1  # type: ignore[operator]  # (known: the callers checked)
+    return _ACKED if acked & full == full else _COVERED
+
+
 def _no_index(*ids: Any) -> int:
     raise TypeError("this ArrivalFilter files no nacks: it was made without add")
 
@@ -525,9 +536,13 @@ class ArrivalFilter:
             entry = self._entries.get(key)
             if entry is not None and entry.size is not None:
                 bit = 1 << batch_index
-                if not (entry.acked & bit or entry.pending & bit or entry.out & bit or entry.flights):
+                acked = entry.acked
+                if not (acked & bit or entry.pending & bit or entry.out & bit or entry.flights):
                     entry.out |= bit  # a first delivery: the common case
                     return _DELIVER
+                if acked & bit:  # an acked sibling in a redelivered batch: the copy to drop
+                    self._dropped += 1
+                    return _dropped_copy(entry, acked)
                 verdict, again, now = self._classify(entry, batch_index)
                 if again is None:
                     return verdict
@@ -584,8 +599,13 @@ class ArrivalFilter:
                             entry.size = size
                     bit = 1 << batch_index
                     position += 1
-                    if not (entry.acked & bit or entry.pending & bit or entry.out & bit or entry.flights):
+                    acked = entry.acked
+                    if not (acked & bit or entry.pending & bit or entry.out & bit or entry.flights):
                         entry.out |= bit  # a first delivery: the common case
+                        continue
+                    if acked & bit:  # an acked sibling in a redelivered batch: the copy to drop
+                        self._dropped += 1
+                        withheld.append((position - 1, _dropped_copy(entry, acked)))
                         continue
                     verdict, early, now = self._classify(entry, batch_index)
                     if verdict is not _DELIVER:
