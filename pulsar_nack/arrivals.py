@@ -558,13 +558,15 @@ class ArrivalFilter:
         self._reschedule(again.target + (now - again.at), ledger_id, entry_id, batch_index, topic)
         return verdict
 
-    def admit_batched(self, arrivals: Sequence[tuple[int, int, int, str, Any]]) -> list[tuple[int, Verdict]]:
+    def admit_batched(
+        self, arrivals: Sequence[tuple[int, int, int, str]], token: Callable[[int], Any]
+    ) -> list[tuple[int, Verdict]]:
         """:meth:`admit` for many batch messages at once (a ``batch_receive``'s), each ``(ledger id, entry
-        id, batch index >= 0, topic, token)``, with the verdicts :meth:`admit` would give them one after
-        the other. Returns ``(position, verdict)`` of those not handed out (in order); every other one is
-        ``DELIVER``. One lock round-trip for the lot (plus one per new entry, whose size is read from its
-        ``token`` outside the lock), and the entry looked up once per run of messages of the same entry.
-        O(messages)."""
+        id, batch index >= 0, topic)``, with the verdicts :meth:`admit` would give them one after the
+        other. Returns ``(position, verdict)`` of those not handed out (in order); every other one is
+        ``DELIVER``. One lock round-trip for the lot (plus one per new entry, whose size is read outside
+        the lock from ``token(position)``, the token :meth:`admit` takes, asked for only then), and the
+        entry looked up once per run of messages of the same entry. O(messages)."""
         withheld: list[tuple[int, Verdict]] = []
         again: list[tuple[_Flight, float, int, int, int, str]] = []  # early copies of our forwards
         entries = self._entries
@@ -573,13 +575,13 @@ class ArrivalFilter:
         position = 0
         sizes: dict[Key, int] = {}  # batch sizes read in this call (outside the lock)
         while position < count:
-            token: Any = None  # a message of a new entry, whose size is read before going on
+            new = False  # the message at `position` is of a new entry, whose size is read before going on
             lock.acquire()
             try:
                 key: Key | None = None
                 entry: _Entry | None = None
                 while position < count:
-                    ledger_id, entry_id, batch_index, topic, token = arrivals[position]
+                    ledger_id, entry_id, batch_index, topic = arrivals[position]
                     if key is None or entry_id != key[2] or ledger_id != key[1] or topic != key[0]:
                         key = (topic, ledger_id, entry_id)
                         entry = entries.get(key)
@@ -592,6 +594,7 @@ class ArrivalFilter:
                                 continue
                         size = sizes.get(key)
                         if size is None:
+                            new = True
                             break  # its size first (a native call), outside the lock
                         if entry is None:
                             entry = entries[key] = _Entry(size)
@@ -612,13 +615,11 @@ class ArrivalFilter:
                         withheld.append((position - 1, verdict))
                     if early is not None:
                         again.append((early, now, ledger_id, entry_id, batch_index, topic))
-                else:
-                    token = None
             finally:
                 lock.release()
-            if token is not None:
-                ledger_id, entry_id, _, topic, _ = arrivals[position]
-                sizes[(topic, ledger_id, entry_id)] = self._batch_size(token)
+            if new:
+                ledger_id, entry_id, _, topic = arrivals[position]
+                sizes[(topic, ledger_id, entry_id)] = self._batch_size(token(position))
         for early, now, ledger_id, entry_id, batch_index, topic in again:
             self._reschedule(early.target + (now - early.at), ledger_id, entry_id, batch_index, topic)
         return withheld

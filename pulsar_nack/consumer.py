@@ -511,7 +511,7 @@ class NackBridge:
         arrivals = self._arrivals
         idle = arrivals.idle  # (a nack filed while this runs is filed after these arrivals)
         admitted: list[pulsar.Message | None] = []
-        batched: list[tuple[int, int, int, str, Any]] = []
+        batched: list[tuple[int, int, int, str]] = []  # the ids of the batch messages (as remembered)
         positions: list[int] = []  # where the batch messages are in `admitted`
         for message in messages:
             inner = message._message
@@ -523,11 +523,11 @@ class NackBridge:
                 continue
             ledger_id = message_id.ledger_id()
             entry_id = message_id.entry_id()
-            message._pulsar_nack_ids = (ledger_id, entry_id, batch_index, topic)
+            ids = message._pulsar_nack_ids = (ledger_id, entry_id, batch_index, topic)
             if batch_index >= 0:
                 positions.append(len(admitted))
                 admitted.append(message)
-                batched.append((ledger_id, entry_id, batch_index, topic, message_id))
+                batched.append(ids)  # (one tuple for both: the filter reads the id of a new entry only)
                 continue
             verdict = arrivals.admit_entry(ledger_id, entry_id, topic)
             if verdict is _DELIVER:
@@ -536,11 +536,17 @@ class NackBridge:
                 self._native.acknowledge(inner)
         if not batched:
             return admitted  # (no None in it without batch messages)
-        withheld = arrivals.admit_batched(batched)
+
+        def token(index: int) -> Any:  # the id of the index-th batch message: its batch size is in it
+            message = admitted[positions[index]]
+            assert message is not None  # (none is withheld yet)
+            return message._message.message_id()
+
+        withheld = arrivals.admit_batched(batched, token)
         if not withheld:
             return admitted  # every batch message is handed out: the common case
         for index, verdict in withheld:
-            ledger_id, entry_id, batch_index, _, _ = batched[index]
+            ledger_id, entry_id, batch_index, _ = batched[index]
             position = positions[index]
             message = admitted[position]
             admitted[position] = None

@@ -451,7 +451,8 @@ def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
             continue
         messages: list[tuple[int, int]] = step[1]
         expected = [one.arrivals.admit(7, e, i, "t", _SIZES[e]) for e, i in messages]
-        withheld = together.arrivals.admit_batched([(7, e, i, "t", _SIZES[e]) for e, i in messages])
+        tokens = [_SIZES[e] for e, _ in messages]
+        withheld = together.arrivals.admit_batched([(7, e, i, "t") for e, i in messages], tokens.__getitem__)
         got = [Verdict.DELIVER] * len(messages)
         for position, verdict in withheld:
             assert verdict is not Verdict.DELIVER
@@ -472,20 +473,28 @@ def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
 
 def test_admit_batched_reads_each_new_entrys_size_once_outside_the_lock() -> None:
     """The batch size of an entry new to the filter is read once per call, without the filter's lock,
-    however many of its messages the list holds; a known entry's never."""
+    however many of its messages the list holds, from the token of its first message there (asked for
+    only then); a known entry's never."""
     calls: list[tuple[int, bool]] = []
+    asked: list[int] = []
 
     def batch_size(token: tuple[int, int]) -> int:
         calls.append((token[0], arrivals._lock.locked()))
         return token[1]
 
+    def token(position: int) -> tuple[int, int]:
+        asked.append(position)
+        return (first[position][1], 4)
+
     arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
-    first = [(7, entry, index, "t", (entry, 4)) for entry in (1, 2) for index in range(4)]
-    assert arrivals.admit_batched(first) == []
+    first = [(7, entry, index, "t") for entry in (1, 2) for index in range(4)]
+    assert arrivals.admit_batched(first, token) == []
     assert calls == [(1, False), (2, False)]
-    again = arrivals.admit_batched(first[:3])
+    assert asked == [0, 4], "the token of each new entry's first message, no other"
+    again = arrivals.admit_batched(first[:3], token)
     assert again == [(0, Verdict.DUPLICATE), (1, Verdict.DUPLICATE), (2, Verdict.DUPLICATE)]
     assert calls == [(1, False), (2, False)], "known entries: no size read"
+    assert asked == [0, 4]
 
 
 class _WatchingBitMap(BitMap):
