@@ -31,7 +31,8 @@ How a member finds them (:class:`Takeover`):
   due); ``hold(None)`` when done. The broker re-dispatches the dead member's messages as soon as it sees
   its connection close, about the same moment, and a receiver may win the GIL before the watch's
   thread wakes up: so before admitting a message the receiver calls :attr:`Takeover.check_deaths`,
-  which reports on its own thread a death the kernel has already queued (a local directory). On a
+  which reports on its own thread a death the kernel has already queued (a local directory) — while
+  a member is watched; with none (a lone consumer) it is None and the receiver pays nothing. On a
   topic the race left is one broker dispatch to the watcher.
 * **How**: holding the dead member's lock, the member adds its pending nacks to its own (at their due
   times; earliest wins), writes them into its own snapshot, deletes the dead member's snapshot, then
