@@ -327,8 +327,10 @@ class NackBridge:
         self.check_deaths: Callable[[], None] | None = None  # the takeover's, called before admitting
         if snapshots is not None:
             self.tracker.restore()
-            takeover = start_takeover(self.tracker, snapshots, self._hold_arrivals)  # dead members' nacks
-            self.check_deaths = takeover.check_deaths if takeover is not None else None
+            # dead members' nacks; the takeover sets check_deaths while it watches a member (else None)
+            start_takeover(
+                self.tracker, snapshots, self._hold_arrivals, lambda c: setattr(self, "check_deaths", c)
+            )
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
         """File ``message`` (a message or id) for redelivery after its delay (:meth:`NackOptions.delay_for`).

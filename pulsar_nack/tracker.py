@@ -54,9 +54,14 @@ NATIVE_DELAY_MS = 102
 def epoch_clock() -> Callable[[], float]:
     """A monotonic clock that reads as Unix epoch milliseconds: ``time.monotonic()`` plus one offset taken
     now. A tracker that keeps snapshots runs on it, so that due times mean the same after a restart
-    (segments store epoch ms), while a step of the wall clock meanwhile moves no deadline. O(1) a call."""
-    offset = time.time() * 1000.0 - monotonic_ms()
-    return lambda: monotonic_ms() + offset
+    (segments store epoch ms), while a step of the wall clock meanwhile moves no deadline. O(1) a call.
+
+    One Python frame a call, as :func:`~pulsar_nack.timer.monotonic_ms`: the consumer reads the clock
+    twice per message, and a lambda around ``monotonic_ms`` cost a second frame each time (~0.1 µs,
+    ~1 % of a consumer's CPU at 10,000 nacks/s)."""
+    monotonic = time.monotonic
+    offset = time.time() * 1000.0 - monotonic() * 1000.0
+    return lambda: monotonic() * 1000.0 + offset
 
 
 @dataclass(frozen=True)

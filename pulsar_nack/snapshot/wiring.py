@@ -94,14 +94,17 @@ def start_takeover(
     tracker: NackTracker,
     view: SubscriptionStorage | None,
     hold: Callable[[Adoption | None], None] | None = None,
+    publish: Callable[[Callable[[], None] | None], None] | None = None,
 ) -> Takeover | None:
     """After the tracker restored its own snapshot: adopt every dead member's of the subscription now
     (before the application can receive) and watch the live ones, then keep looking on the tracker's
     timer (:mod:`~pulsar_nack.snapshot.takeover`). ``hold``: the consumer's, to hold arrivals back
-    while a dead member's snapshot is adopted. None without snapshots."""
+    while a dead member's snapshot is adopted; ``publish``: the consumer's, to receive
+    :attr:`Takeover.check_deaths <pulsar_nack.snapshot.takeover.Takeover.check_deaths>` whenever it
+    changes. None without snapshots."""
     if view is None:
         return None
-    takeover = Takeover(view, tracker.adopt, hold=hold)
+    takeover = Takeover(view, tracker.adopt, hold=hold, publish=publish)
     takeover.run()
     tracker.takeover = takeover
     return takeover
