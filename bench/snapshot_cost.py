@@ -39,6 +39,7 @@ Writes ``bench/results/snapshot_cost.json`` and the ``snapshot-cost`` section of
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -57,6 +58,7 @@ RATE = 10_000  # nacks per second
 SECONDS = 20.0
 CONSUMER_SECONDS = 15.0  # of nacking: CONSUMER_MESSAGES at RATE
 CONSUMER_MESSAGES = int(RATE * CONSUMER_SECONDS)
+CONSUMER_ROUNDS = 3  # consumer runs per mode (--rounds)
 # a consumer run not done by then (nacks 15 s, the last due <= 20 s later) fails
 CONSUMER_DEADLINE_S = 120.0
 RESTORE_IDS = 10_000_000
@@ -408,37 +410,63 @@ def consumer_cpu(runs: dict[str, list[dict[str, Any]]]) -> dict[str, float | Non
     return medians
 
 
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--render", action="store_true", help="rewrite the section from the saved result")
+    part.add_argument(
+        "--restore", action="store_true", help="re-measure only the restore, into the saved result"
+    )
+    part.add_argument(
+        "--consumer-random", action="store_true", help="re-measure only the random-delay consumer row"
+    )
+    part.add_argument(
+        "--consumer-one", action="store_true", help="re-measure only the one-delay consumer row"
+    )
+    part.add_argument("--probe", metavar="SPEC", help=argparse.SUPPRESS)  # one measured child process
+    parser.add_argument(
+        "--rounds", type=int, default=CONSUMER_ROUNDS, help="consumer runs per mode (default %(default)s)"
+    )
+    args = parser.parse_args()
+    if args.rounds < 3:
+        parser.error(f"--rounds: at least 3 runs per mode make a median, got {args.rounds}")
+    return args
+
+
 def main() -> None:
-    if sys.argv[1:] == ["--render"]:
+    args = _arguments()
+    if args.render:
         render(json.loads((report.RESULTS / "snapshot_cost.json").read_text()))
         return
-    if sys.argv[1:] == ["--restore"]:  # re-measure the restore only, into the saved result
+    if args.restore:
         saved = json.loads((report.RESULTS / "snapshot_cost.json").read_text())
         saved["restore"] = restore_runs()
         saved["restore_machine"] = report.machine()
         report.save_json("snapshot_cost", saved)
         render(saved)
         return
-    if sys.argv[1:] == ["--consumer-random"]:  # (re-)measure the random-delay consumer row only
+    if args.consumer_random:
         saved = json.loads((report.RESULTS / "snapshot_cost.json").read_text())
         load_before = os.getloadavg()[0]
-        saved["consumer_random_runs"] = consumer_runs(3, "random", RANDOM_BROKER)
+        saved["consumer_random_runs"] = consumer_runs(args.rounds, "random", RANDOM_BROKER)
         saved["consumer_random_broker"] = RANDOM_BROKER
         saved["consumer_random_load"] = [load_before, os.getloadavg()[0]]  # 1-minute load, before / after
         saved["consumer_random_machine"] = report.machine()
         report.save_json("snapshot_cost", saved)
         render(saved)
         return
-    if sys.argv[1:] == ["--consumer-one"]:  # (re-)measure the one-delay consumer row only (pulsar-lite)
+    if args.consumer_one:
         saved = json.loads((report.RESULTS / "snapshot_cost.json").read_text())
-        saved["consumer_runs"] = consumer_runs(3)
+        saved["consumer_runs"] = consumer_runs(args.rounds)
         saved["consumer_cpu_s"] = consumer_cpu(saved["consumer_runs"])
         saved["consumer_machine"] = report.machine()
         report.save_json("snapshot_cost", saved)
         render(saved)
         return
-    if len(sys.argv) > 2 and sys.argv[1] == "--probe":
-        spec = json.loads(sys.argv[2])
+    if args.probe:
+        spec = json.loads(args.probe)
         if "consumer" in spec:
             print(json.dumps(consumer_probe(*spec["consumer"])))
         elif "write" in spec:
@@ -466,10 +494,10 @@ def main() -> None:
             print(mode, row)
     cpu = {mode: statistics.median(r["cpu_s"] for r in rows) for mode, rows in runs.items()}
     overhead = cpu["snapshots"] / cpu["bare"] - 1
-    consumers = consumer_runs(3)
+    consumers = consumer_runs(args.rounds)
     one_cpu = consumer_cpu(consumers)
     print(f"consumer CPU (one delay), s: {one_cpu}")
-    random_consumers = consumer_runs(3, "random", RANDOM_BROKER)
+    random_consumers = consumer_runs(args.rounds, "random", RANDOM_BROKER)
     print(
         f"CPU at {RATE} nacks/s: {cpu['bare']:.2f} s bare, {cpu['snapshots']:.2f} s with snapshots "
         f"({overhead:+.1%}) over {SECONDS:.0f} s"
