@@ -150,13 +150,6 @@ class _Entry:
         return self.acked & full == full
 
     @property
-    def covered(self) -> bool:
-        """A copy of an acked message of this entry needs no ack of its own: the batch was forwarded and
-        the entry is acked as a whole once its last message is. (Once that ack has gone, a copy means
-        the broker may not have it: then the copy is acked.)"""
-        return self.last_forward != _NEVER_FORWARDED and not self.all_acked
-
-    @property
     def settled(self) -> bool:
         """Every message acked, nothing pending or in flight."""
         return not self.pending and not self.flights and self.all_acked
@@ -260,10 +253,12 @@ class _Recent:
 
 
 def _dropped_copy(entry: _Entry, acked: int) -> Verdict:
-    """The verdict on a copy of an acked message of a batched entry of known size, as
-    :meth:`ArrivalFilter._classify` gives it (COVERED while the forwarded entry has messages unacked, else
-    ACKED), in one frame: the per-copy path of a redelivered batch, whose acked siblings come again with
-    the message it was redelivered for (90 of every 100 copies in a batch of 100 with one nack). O(1)."""
+    """The verdict on a copy of an acked message of a batched entry of known size (``acked``: its acked
+    bits). COVERED — no ack of its own — while the batch was forwarded and has messages unacked: the
+    entry is acked as a whole once its last message is. Else ACKED: never forwarded, or that entry ack
+    has gone and a copy means the broker may not have it. One frame, no properties: the per-copy path of
+    a redelivered batch, whose acked siblings come again with the message it was redelivered for (90 of
+    every 100 copies in a batch of 100 with one nack). O(1)."""
     if entry.last_forward == _NEVER_FORWARDED:
         return _ACKED
     full = (1 << entry.size) - 1  # type: ignore[operator]  # (known: the callers checked)
@@ -629,9 +624,10 @@ class ArrivalFilter:
         acked → in flight → pending → handed out → new, the first that holds decides. Returns the verdict,
         and the flight to forward again with the time now if it is an early copy of our forward. O(1)."""
         bit = 1 << batch_index
-        if entry.acked & bit:  # a copy of a message the application acked
+        acked = entry.acked
+        if acked & bit:  # a copy of a message the application acked
             self._dropped += 1
-            return (_COVERED if entry.covered else _ACKED), None, 0.0
+            return _dropped_copy(entry, acked), None, 0.0
         flight = entry.flights.get(batch_index) if entry.flights else None
         if flight is None:
             if entry.pending & bit:
