@@ -258,7 +258,9 @@ class ChunkHold:
         """``base`` with this hold's counters (and its memory added to ``base.memory_bytes``). O(1)."""
         values = {f.name: getattr(base, f.name) for f in fields(NackStats)}
         if with_memory and base.memory_bytes is not None:
-            values["memory_bytes"] = base.memory_bytes + self.memory_bytes()
+            held = self.memory_bytes()
+            values["memory_bytes"] = base.memory_bytes + held
+            values["memory_parts"] = (*(base.memory_parts or ()), ("held chunked", held))
         return ChunkedNackStats(
             **values,
             chunked_held=len(self.held),

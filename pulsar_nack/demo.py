@@ -67,6 +67,8 @@ class _Progress:
     lateness_ms: list[float] = field(default_factory=list)
     peak_pending: int = 0
     peak_bytes: int = 0
+    peak_parts: tuple[tuple[str, int], ...] = ()
+    memory: list[tuple[int, int]] = field(default_factory=list)  # (pending, tracker bytes), twice a second
 
 
 def register(subcommands: Any) -> None:
@@ -180,8 +182,10 @@ def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Pr
 def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event) -> None:
     while not stop.wait(0.5):
         stats = consumer.nack_stats(with_memory=True)  # a walk of the index, twice a second
+        progress.memory.append((stats.pending, stats.memory_bytes))
         if stats.pending > progress.peak_pending:
             progress.peak_pending, progress.peak_bytes = stats.pending, stats.memory_bytes
+            progress.peak_parts = stats.memory_parts
         late = np.percentile(progress.lateness_ms, [50, 99]) if progress.lateness_ms else (float("nan"),) * 2
         print(
             f"\rreceived {progress.received:>7}  nacked {progress.nacked:>6}  pending {stats.pending:>6}  "
@@ -207,22 +211,46 @@ def _summary(progress: _Progress, stats: Any, args: argparse.Namespace) -> None:
             "by design)"
         )
     if progress.peak_pending:
-        print(_memory_line(progress.peak_pending, progress.peak_bytes, native_cost()))
+        for line in _memory_lines(progress, native_cost()):
+            print(line)
 
 
-def _memory_line(pending: int, tracker_bytes: int, native: NativeCost | None) -> str:
-    """The summary's memory sentence: the tracker at its peak against the native client's measured cost."""
-    ours = (
-        f"tracker memory at the peak of {pending:,} pending nacks: {tracker_bytes:,} B "
-        f"({tracker_bytes / pending:.1f} B per nack)"
-    )
+def marginal_bytes(samples: list[tuple[int, int]]) -> float | None:
+    """Bytes per pending nack as the slope of the tracker's memory against pending over the run's samples
+    (least squares): what one more pending nack costs, the fixed part left out — the definition of the
+    native client's figure. None without 3 samples spread over at least 100 pending nacks. O(samples)."""
+    if len(samples) < 3:
+        return None
+    pending = np.array([p for p, _ in samples], dtype=np.float64)
+    if pending.max() - pending.min() < 100:
+        return None
+    memory = np.array([b for _, b in samples], dtype=np.float64)
+    slope, _ = np.polyfit(pending, memory, 1)
+    return float(slope)
+
+
+def _memory_lines(progress: _Progress, native: NativeCost | None) -> list[str]:
+    """The summary's memory sentences: the marginal cost of a pending nack on both sides (one definition:
+    bytes per additional pending nack), then the tracker's total at its peak and its parts."""
+    ours = marginal_bytes(progress.memory)
+    if ours is None:
+        mine = "memory per pending nack (marginal): too few samples to tell"
+    else:
+        mine = (
+            "memory per pending nack (marginal: slope of memory against pending over "
+            f"{len(progress.memory)} samples): pulsar-nack {ours:.1f} B"
+        )
     if native is None:
-        return (
-            f"{ours}; the native client's figure is unavailable (no measurement in the package: "
+        theirs = (
+            "the native client's figure is unavailable (no measurement in the package: "
             "bench/nack_lateness.py writes it)"
         )
-    total = pending * native.bytes_per_nack
-    return (
-        f"{ours}; the native client: {total:,.0f} B ({native.bytes_per_nack:.0f} B per nack, "
-        f"{native.provenance()}; {total / max(tracker_bytes, 1):.1f}× as much)"
+    else:
+        ratio = f"; {native.bytes_per_nack / ours:.0f}× less" if ours is not None and ours > 0 else ""
+        theirs = f"the native client {native.bytes_per_nack:.0f} B ({native.provenance()}){ratio}"
+    parts = ", ".join(f"{name} {size:,} B" for name, size in progress.peak_parts)
+    total = (
+        f"tracker memory at the peak of {progress.peak_pending:,} pending nacks: {progress.peak_bytes:,} B "
+        f"in all ({parts})"
     )
+    return [f"{mine}, {theirs}", total]

@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 #: The most messages one profile runs (each probe is O(messages) Python work: ~10 s per million).
-MAX_MESSAGES: Final = 5_000_000
+MAX_MESSAGES: Final = 20_000_000
 #: Source checkout only: the Java PIP-393 reference runner (bench/java_reference.py, a Maven module).
 _JAVA_REFERENCE: Final = Path(__file__).resolve().parent.parent / "bench" / "java_reference.py"
 #: Simulated time step: arrivals between two steps see the same clock; the timer's work runs per step.
@@ -553,6 +553,15 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
         return out
     if mode == "malloc":
         out["bytes"] = heap_in_use() - baseline["heap"]
+        # After the heap is read: what nack_stats() reports and what is pending, for a report error in
+        # the same process (the grid bench runs only this probe).
+        stats = run.hold.stats(tracker.stats(with_memory=True), with_memory=True)
+        out |= {
+            "pending": int(np.count_nonzero(run.buckets > run.last_target)),
+            "pending_ids": stats.pending,
+            "buckets": stats.buckets,
+            "reported": stats.memory_bytes,
+        }
         return out
     out["bytes"] = _rss_bytes() - baseline["rss"]
     hold = run.hold

@@ -132,6 +132,8 @@ class NackStats:
     lateness_p99_ms: float | None
     timer_failures: int = 0  # times the timer thread failed and was restarted (each logged)
     memory_bytes: int | None = None  # index + arrival filter (Python objects + CRoaring heap), if measured
+    #: what ``memory_bytes`` is made of, (part, bytes) pairs that sum to it; None when not measured
+    memory_parts: tuple[tuple[str, int], ...] | None = None
     snapshots: SnapshotStats | None = None  # the segment store's metrics, when snapshots are kept
 
 
@@ -506,12 +508,16 @@ class NackTracker:
         self.index.clear()
         self.arrivals.clear()
 
-    def _memory_bytes(self) -> int:
+    def _memory_parts(self) -> tuple[tuple[str, int], ...]:
         """The index, the arrival filter and, when it is this tracker's own, the timer wheel.
         O(index objects)."""
-        index_bytes: int = self.index.memory_usage().total_bytes
-        wheel_bytes = self._wheel.memory_bytes() if self._owns_wheel else 0
-        return index_bytes + self.arrivals.memory_bytes() + wheel_bytes
+        parts = [
+            ("index", int(self.index.memory_usage().total_bytes)),
+            ("arrivals", self.arrivals.memory_bytes()),
+        ]
+        if self._owns_wheel:
+            parts.append(("timer", self._wheel.memory_bytes()))
+        return tuple(parts)
 
     @property
     def closed(self) -> bool:
@@ -529,10 +535,12 @@ class NackTracker:
         samples = self.arrivals.lateness.values()
         p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
         counts = self.arrivals.counts()
+        parts = self._memory_parts() if with_memory else None
         return NackStats(
             pending=len(self.index),
             buckets=self.index.bucket_count,
-            memory_bytes=self._memory_bytes() if with_memory else None,
+            memory_bytes=None if parts is None else sum(size for _, size in parts),
+            memory_parts=parts,
             nacked=self.index.added,
             forwarded=self._forwarded,
             redelivered=counts.redelivered,

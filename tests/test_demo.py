@@ -43,9 +43,13 @@ def test_demo_acks_every_message_and_reports_the_tracker() -> None:
     assert "pending" in out.stderr, "the live progress line"
     cost = _packaged_cost()
     assert (
-        f"({cost['bytes_per_nack']:.0f} B per nack, measured {cost['date']} on {cost['machine']} by "
-        "bench/nack_lateness.py;"
+        f"the native client {cost['bytes_per_nack']:.0f} B (measured {cost['date']} on {cost['machine']} by "
+        "bench/nack_lateness.py)"
     ) in out.stdout
+    # one definition on both sides: the wrapper's marginal bytes per pending nack, then its parts
+    marginal = re.search(r"over \d+ samples\): pulsar-nack (-?[\d.]+) B", out.stdout)
+    assert marginal is not None or "too few samples" in out.stdout, out.stdout
+    assert re.search(r"in all \(index [\d,]+ B, arrivals [\d,]+ B, timer [\d,]+ B", out.stdout), out.stdout
 
 
 def test_the_packaged_native_figure_is_the_benchmarks_measurement() -> None:
@@ -72,11 +76,24 @@ def test_the_native_figure_comes_from_the_file(tmp_path: Path) -> None:
     path.write_text(json.dumps(cost))
     native = demo.native_cost(path)
     assert native == demo.NativeCost(123.4, "2030-01-02", "Test CPU", "bench/x.py")
-    line = demo._memory_line(1_000, 10_000, native)
-    assert line.endswith(
-        "the native client: 123,400 B (123 B per nack, measured 2030-01-02 on Test CPU by bench/x.py; "
-        "12.3× as much)"
+    # the tracker grows 10 B per pending nack over 2,000 B fixed: the marginal is 10, not total / pending
+    samples = [(pending, 2_000 + 10 * pending) for pending in (0, 500, 1_000)]
+    progress = demo._Progress(peak_pending=1_000, peak_bytes=12_000, memory=samples,
+                              peak_parts=(("index", 9_000), ("arrivals", 3_000)))  # fmt: skip
+    marginal, total = demo._memory_lines(progress, native)
+    assert marginal.endswith(
+        "over 3 samples): pulsar-nack 10.0 B, the native client 123 B (measured 2030-01-02 on Test CPU by "
+        "bench/x.py); 12× less"
     )
+    assert total == (
+        "tracker memory at the peak of 1,000 pending nacks: 12,000 B in all (index 9,000 B, arrivals 3,000 B)"
+    )
+
+
+def test_the_marginal_needs_samples_spread_over_pending() -> None:
+    assert demo.marginal_bytes([(0, 100), (1_000, 20_100)]) is None, "two samples"
+    assert demo.marginal_bytes([(500, 100), (520, 300), (540, 500)]) is None, "pending barely moved"
+    assert demo.marginal_bytes([(0, 100), (100, 1_100), (200, 2_100)]) == pytest.approx(10.0)
 
 
 @pytest.mark.parametrize("content", [None, "{broken", '{"date": "2030-01-02"}'])
@@ -88,12 +105,13 @@ def test_without_the_file_the_native_figure_is_unavailable(
         path.write_text(content)
     monkeypatch.setattr(demo, "NATIVE_COST_FILE", path)
     assert demo.native_cost() is None
-    progress = demo._Progress(received=10, acked=10, peak_pending=1_000, peak_bytes=10_000)
+    samples = [(0, 0), (500, 5_000), (1_000, 10_000)]
+    progress = demo._Progress(received=10, acked=10, peak_pending=1_000, peak_bytes=10_000, memory=samples)
     stats = type("Stats", (), {"redelivered": 0, "held_back": 0, "dropped": 0})()
     demo._summary(progress, stats, argparse.Namespace(messages=10, precision_bits=8))
     out = capsys.readouterr().out
     assert "the native client's figure is unavailable" in out
-    assert "B per nack, measured" not in out and "× as much" not in out
+    assert "pulsar-nack 10.0 B" in out and "× less" not in out
 
 
 @pytest.mark.parametrize(
