@@ -97,7 +97,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     topics, batch, share, delay, k = payload["point"]
     pending = payload["pending"]
 
-    def build(ids: tuple[list[int], ...], timed: bool) -> tuple[TimeBucketIndex, float]:
+    def build(ids: tuple[list[Any], ...], timed: bool) -> tuple[TimeBucketIndex, float]:
         index = TimeBucketIndex(k)
         add, compact = index.add, index.compact
         spent = 0.0
@@ -178,15 +178,17 @@ def main() -> None:
         else SAMPLE
     )
     rows = []
-    print(f"{'topics':>6} {'batch':>5} {'share':>5} {'delay':>5} {'k':>3} {'pending':>8} {'buckets':>7} "
-          f"{'slots':>7} {'B/nack':>7} {'rep/meas':>8} {'us/add':>6} {'leak':>6}")
+    print(
+        f"{'topics':>6} {'batch':>5} {'share':>5} {'delay':>5} {'k':>3} {'pending':>8} {'buckets':>7} "
+        f"{'slots':>7} {'B/nack':>7} {'rep/meas':>8} {'us/add':>6} {'leak':>6}"
+    )
     for point in points:
         row = run_point(point, args.pending)
         rows.append(row)
         s = row["structure"]
         print(
             f"{point[0]:>6} {point[1]:>5} {point[2]:>5} {point[3]:>5} {point[4]:>3} {row['pending']:>8} "
-            f"{s['buckets']:>7} {s.get('slots', 0):>7} {row['b_per_nack']:>7.1f} {row['reported_ratio']:>8.2f} "
+            f"{s['buckets']:>7} {s['slots']:>7} {row['b_per_nack']:>7.1f} {row['reported_ratio']:>8.2f} "
             f"{row['us_per_add']:>6.2f} {row['leak']:>6}",
             flush=True,
         )
