@@ -13,6 +13,12 @@ marginal cost (the tracker's fixed cost is before the baseline); *reported* = ``
 of the same tracker. The native client's bytes per pending nack come from ``bench/nack_lateness.py``'s
 measurement on a real broker (``bench/results/nack_lateness.json``).
 
+On a real broker (pulsar-lite, embedded), a sample of the grid runs through
+:func:`pulsar_nack.profile_broker.profile_broker`: the workload is produced, then consumed in fresh
+processes by the wrapper and by the official consumer with its native tracker, each on its own
+subscription, paced at the workload's rate; the consumer process's heap growth (``PYTHONMALLOC=malloc``)
+divided by its pending nacks, for both in the same run. ``--no-broker`` skips it.
+
 The whole grid runs for hours (a 1 % point is 10 million messages), so by default a fixed sample of it
 runs — the fleet shape of issue 23 (100 topics, batches of 10, 10 % nacked, 1 h, k = 8) and points drawn
 with a fixed seed — and ``--all`` runs all of it. Goals (issue 23): ≤ 16 B per pending nack at every point,
@@ -48,6 +54,23 @@ SPREADS = ("fixed", "uniform")
 PRECISION_BITS = (0, 8, 12)
 SPREAD_S = 60  # a uniform delay runs from the delay to this much more
 FLEET = (100, 10, 0.10, 3_600, "fixed", 8)  # issue 23's fleet-shaped workload
+# The broker sample: delays short enough to consume in minutes (the consumer is paced at the rate).
+BROKER_POINTS = (
+    (100, 10, 0.10, 60, "fixed", 8),
+    (1, 1, 1.0, 10, "fixed", 8),
+    (100, 1, 0.10, 60, "uniform", 8),
+)
+BROKER_HEADERS = [
+    "topics",
+    "batch",
+    "nacked",
+    "delay",
+    "k",
+    "pending",
+    "pulsar-nack B/nack",
+    "native B/nack",
+    "native ÷ ours",
+]
 HEADERS = [
     "topics",
     "batch",
@@ -157,6 +180,51 @@ def measure(point: Point, pending: int) -> dict[str, Any]:
     }
 
 
+def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str, Any]:
+    """The wrapper and the official consumer on the same produced messages, in fresh processes."""
+    from pulsar_nack.profile_broker import profile_broker
+
+    started = time.perf_counter()
+    result = profile_broker(point.workload(pending), service_url, java=False, timeout_s=900.0)
+    native = result.native or {}
+    return {
+        "point": point.name,
+        "topics": point.topics,
+        "batch": point.batch,
+        "share": point.share,
+        "delay_s": point.delay_s,
+        "spread": point.spread,
+        "k": point.k,
+        "pending": result.pending,
+        "wrapper_bytes": result.memory["malloc"],
+        "wrapper_per_nack": result.per_pending("malloc"),
+        "reported_bytes": result.memory["reported"],
+        "native_pending": native.get("pending"),
+        "native_bytes": native.get("bytes"),
+        "native_per_nack": native.get("bytes_per_nack"),
+        "broker": result.broker,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _broker_row(result: dict[str, Any]) -> list[str]:
+    point = Point(
+        result["topics"], result["batch"], result["share"], result["delay_s"], result["spread"], result["k"]
+    )
+    ours, native = result["wrapper_per_nack"], result["native_per_nack"]
+    return [
+        f"{point.topics:,}",
+        "–" if point.batch == 1 else str(point.batch),
+        f"{point.share:.0%}",
+        point.delay_text(),
+        str(point.k),
+        f"{result['pending']:,}",
+        f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
+        "–" if native is None else f"{native:.1f}",
+        "–" if not native or ours <= 0 else f"{native / ours:.2f}×",
+    ]
+
+
 def _row(result: dict[str, Any], native: float | None) -> list[str]:
     ours, error = result["measured_per_nack"], result["reported_error"]
     point = Point(
@@ -200,6 +268,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--pending", type=int, default=100_000, help="pending nacks per point (default 100,000)"
     )
+    parser.add_argument("--no-broker", action="store_true", help="skip the sample on a real broker")
+    parser.add_argument(
+        "--broker-pending", type=int, default=20_000, help="pending nacks per broker point (default 20,000)"
+    )
     args = parser.parse_args(argv)
     if args.pending < 1_000:
         parser.error(f"--pending: at least 1,000, got {args.pending}")
@@ -221,6 +293,18 @@ def main(argv: list[str]) -> int:
             flush=True,
         )
     totals = summary(results)
+    on_broker: list[dict[str, Any]] = []
+    if not args.no_broker:
+        from pulsar_nack.testing import PulsarLite
+
+        with PulsarLite() as broker:
+            for point in (Point(*shape) for shape in BROKER_POINTS):
+                on_broker.append(measure_on_broker(point, args.broker_pending, broker.service_url))
+                print(
+                    f"[broker] {point.name}: pulsar-nack {on_broker[-1]['wrapper_per_nack']:.1f} B/nack, "
+                    f"native {on_broker[-1]['native_per_nack']} B/nack",
+                    flush=True,
+                )
     report.save_json(
         "nack_memory",
         {
@@ -231,6 +315,7 @@ def main(argv: list[str]) -> int:
             "native_source": native_source,
             "summary": totals,
             "results": results,
+            "broker": on_broker,
         },
     )
     best, worst = totals["best"], totals["worst"]
@@ -254,6 +339,18 @@ def main(argv: list[str]) -> int:
             report.table(HEADERS, rows),
         ]
     )
+    if on_broker:
+        text += "\n\n" + "\n\n".join(
+            [
+                "### On a real broker, beside the official consumer",
+                "The same workloads produced to pulsar-lite and consumed by the wrapper and by the official "
+                "consumer (its native tracker, one delay: the workload's mean) in fresh processes, each on "
+                "its own subscription, paced at the rate: the consumer process's heap growth from just after "
+                "subscribing (`PYTHONMALLOC=malloc`, glibc in-use bytes) per pending nack, both in this run "
+                f"({args.broker_pending:,} pending nacks a point).",
+                report.table(BROKER_HEADERS, [_broker_row(r) for r in on_broker]),
+            ]
+        )
     report.write_section("nack-memory", text)
     return 0
 
