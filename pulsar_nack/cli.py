@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pulsar_nack import demo
+from pulsar_nack import __version__, demo
 
 __all__ = ["UsageError", "build_parser", "main"]
 
@@ -390,6 +390,7 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser
 def build_parser() -> argparse.ArgumentParser:
     """The ``pulsar-nack`` parser with every subcommand registered."""
     parser = argparse.ArgumentParser(prog="pulsar-nack", description="PIP-393 nack tracking tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in _SUBCOMMANDS:
         register(subcommands)

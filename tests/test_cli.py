@@ -3,6 +3,7 @@ outputs, and bad input — exit status 2 and a message naming the option."""
 
 from __future__ import annotations
 
+import configparser
 import json
 import subprocess
 import sys
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from pulsar_nack.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -125,3 +128,29 @@ def test_estimate_bad_input_names_the_option(
         main(["estimate", *args])
     assert exit_info.value.code == 2
     assert f"pulsar-nack estimate: error: {option}:" in capsys.readouterr().err
+
+
+def _setup_cfg_metadata() -> dict[str, str]:
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    return dict(config["metadata"])
+
+
+def test_version_is_the_packages_one_source() -> None:
+    """``pulsar-nack --version`` prints ``pulsar_nack.__version__``, which setup.cfg reads (attr:), so the
+    wheel's metadata, the module and the command cannot disagree."""
+    import pulsar_nack
+
+    out = _cli("--version", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"pulsar-nack {pulsar_nack.__version__}\n" and out.stderr == ""
+    assert _setup_cfg_metadata()["version"] == "attr: pulsar_nack.__version__"
+
+
+def test_metadata_names_the_license_and_the_project_urls() -> None:
+    metadata = _setup_cfg_metadata()
+    assert metadata["license"] == "Apache-2.0" and metadata["license_files"] == "LICENSE"
+    assert "Apache License\n                           Version 2.0" in (REPO / "LICENSE").read_text()
+    urls = dict(line.split(" = ", 1) for line in metadata["project_urls"].strip().splitlines())
+    assert {"Source", "Documentation", "Changelog", "Issues"} <= set(urls)
+    assert all(url.startswith("https://") for url in urls.values())
