@@ -154,3 +154,63 @@ def test_metadata_names_the_license_and_the_project_urls() -> None:
     urls = dict(line.split(" = ", 1) for line in metadata["project_urls"].strip().splitlines())
     assert {"Source", "Documentation", "Changelog", "Issues"} <= set(urls)
     assert all(url.startswith("https://") for url in urls.values())
+
+
+# -- user errors: one line on stderr naming the argument or the cause, exit 2 (usage) or 1 (run) -------
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed run (no traceback, no usage block)."""
+    assert "Traceback" not in out.stderr + out.stdout, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["profile", "--rate", "x"], "argument --rate"),
+        (["profile", "--no-java", "--json", "/nonexistent/profile.json"], "--json: cannot write"),
+        (["profile", "--no-java", "--json", "/proc/profile.json"], "--json: cannot write"),
+        (["estimate", "--rate", "1", "--delay", "1", "--json", "/nonexistent/e"], "--json: cannot write"),
+        (["estimate", "--rate", "1", "--delay", "1h", "--json", "/tmp"], "--json: /tmp is a folder"),
+        (["profile", "--broker", "http://127.0.0.1:6650"], "--broker: expected a pulsar://"),
+        (["profile", "--broker", "pulsar://127.0.0.1:x"], "--broker: expected HOST:PORT"),
+        (["profile", "--broker", "pulsar://127.0.0.1:6650", "--broker-timeout", "soon"], "--broker-timeout:"),
+        (["sweep", "--master", "nowhere"], "--master:"),
+        (["sweep", "--grid", "small", "--out", "/proc/pulsar-nack-sweep"], "--out: cannot create"),
+        (["sweep", "--grid", "/nonexistent/grid.json"], "--grid:"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], named: str) -> None:
+    out = _cli(*args, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = _one_line_error(out)
+    assert line.startswith("pulsar-nack") and "error:" in line and named in line, line
+
+
+def test_a_broker_out_of_reach_is_a_run_error_naming_the_url(tmp_path: Path) -> None:
+    """``profile --broker`` at a port nobody listens on: exit 1 at once, the URL in the one line, and the
+    --json file is not left behind."""
+    from pulsar_nack.testing import free_ports
+
+    url = f"pulsar://127.0.0.1:{free_ports()[0]}"
+    json_path = tmp_path / "profile.json"
+    out = _cli("profile", "--broker", url, "--no-java", "--no-progress", "--json", str(json_path))
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = _one_line_error(out)
+    assert line.startswith("pulsar-nack profile: --broker: cannot connect to") and url in line, line
+    assert not json_path.exists()
+
+
+def test_a_spark_master_out_of_reach_fails_before_spark_starts(tmp_path: Path) -> None:
+    from pulsar_nack.testing import free_ports
+
+    master = f"spark://127.0.0.1:{free_ports()[0]}"
+    out = _cli("sweep", "--grid", "small", "--master", master, "--out", str(tmp_path / "out"))
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = _one_line_error(out)
+    assert line.startswith("pulsar-nack sweep: --master: cannot connect to") and master in line, line
