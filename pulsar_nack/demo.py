@@ -166,6 +166,8 @@ def run(args: argparse.Namespace) -> int:
     _check_broker(args)
     try:
         return _run(args)
+    except pulsar.Interrupted:  # Ctrl-C inside a blocking client call (flush, send, close): a Ctrl-C
+        raise KeyboardInterrupt from None
     except pulsar.PulsarException as error:
         where = "the embedded broker" if args.service_url is None else f"--service-url {args.service_url}"
         raise RunError(f"{where}: {error} (operation timeout {args.operation_timeout_s} s)") from None
@@ -215,10 +217,12 @@ def _run(args: argparse.Namespace) -> int:
 def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Progress:
     import pulsar
 
+    from pulsar_nack.cli import ProgressStream
+
     progress = _Progress()
     due_at: dict[bytes, float] = {}  # message → when its nack asked for it back
     stop = threading.Event()
-    line = _ProgressStream(sys.stderr)
+    line = ProgressStream(sys.stderr)
     printer = threading.Thread(target=_print_progress, args=(consumer, progress, stop, line), daemon=True)
     printer.start()
     deadline = time.monotonic() + args.timeout_s
@@ -252,40 +256,7 @@ def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Pr
     return progress
 
 
-class _ProgressStream:
-    """Where the progress line is printed: each ``\r``-led write is a new state of the line. On a terminal
-    it rewrites the line in place; elsewhere (a log, a pipe) it becomes a plain line, at most one per
-    ``every_s`` seconds — a log gets readable lines, not one line of thousands of characters."""
-
-    def __init__(self, stream: Any, every_s: float = 5.0) -> None:
-        self._stream = stream
-        self._live = bool(getattr(stream, "isatty", lambda: False)())
-        self._every_s = every_s
-        self._last = -every_s
-        self._shown = False
-
-    def write(self, text: str) -> int:
-        if not text.startswith("\r"):
-            return self._stream.write(text) if text else 0
-        if self._live:
-            self._stream.write(text)
-        elif time.monotonic() - self._last >= self._every_s:
-            self._last = time.monotonic()
-            self._stream.write(text[1:] + "\n")
-        self._shown = True
-        return len(text)
-
-    def flush(self) -> None:
-        self._stream.flush()
-
-    def end(self) -> None:
-        """Finish the live line (a newline after it), so that what follows starts on a line of its own."""
-        if self._live and self._shown:
-            self._stream.write("\n")
-            self._stream.flush()
-
-
-def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event, out: _ProgressStream) -> None:
+def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event, out: Any) -> None:
     while not stop.wait(0.5):
         stats = consumer.nack_stats(with_memory=True)  # a walk of the index, twice a second
         if stats.pending > progress.peak_pending:

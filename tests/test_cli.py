@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import configparser
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,48 @@ def test_a_spark_master_out_of_reach_fails_before_spark_starts(tmp_path: Path) -
     assert out.returncode == 1, out.stderr[-2000:]
     line = _one_line_error(out)
     assert line.startswith("pulsar-nack sweep: --master: cannot connect to") and master in line, line
+
+
+def test_profile_progress_in_a_pipe_is_plain_lines() -> None:
+    """Not a terminal: the bar's states are plain lines (at most one per 5 s, and the last one), never one
+    line rewritten with carriage returns."""
+    out = _cli("profile", "--rate", "2000", "--duration", "5s", "--delay", "1h", "--no-java")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "\r" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert 2 <= len(lines) <= 10 and all("msg" in line for line in lines), out.stderr
+    assert "100%" in lines[-1], "the last state is printed when the bar closes"
+
+
+def _children(pid: int) -> set[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return {int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split()}
+
+
+def test_sigint_to_profile_exits_130_quietly_and_ends_its_probe() -> None:
+    """SIGINT to the command alone (not its process group, as Ctrl-C would): exit 130, no traceback, and
+    the measuring child process it started is gone too."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsar_nack.cli", "profile", "--rate", "20000", "--duration", "120s",
+         "--delay", "1h", "--no-java"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        assert "msg" in process.stderr.readline(), "the bar is up"
+        deadline = time.monotonic() + 60
+        while not (children := _children(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "a probe process"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{child}").exists() for child in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [child for child in children if Path(f"/proc/{child}").exists()], "the probe was killed"

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -187,9 +188,13 @@ def test_without_the_broker_extra_the_message_names_it() -> None:
     assert "pip install 'pulsar-nack[broker]'" in _one_line_error(out)
 
 
-def test_ctrl_c_exits_130_quietly_and_stops_the_broker() -> None:
+@pytest.mark.parametrize("when", ["producing", "consuming"])
+def test_ctrl_c_exits_130_quietly_and_stops_the_broker(when: str) -> None:
+    """Ctrl-C while the demo produces (inside the client's blocking calls, which raise pulsar.Interrupted)
+    or consumes: exit status 130, no traceback, the embedded broker stopped."""
+    messages = "500000" if when == "producing" else "20000"
     process = subprocess.Popen(
-        [sys.executable, "-m", "pulsar_nack.cli", "demo", "--messages", "20000", "--timeout-s", "300"],
+        [sys.executable, "-m", "pulsar_nack.cli", "demo", "--messages", messages, "--timeout-s", "300"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -197,7 +202,13 @@ def test_ctrl_c_exits_130_quietly_and_stops_the_broker() -> None:
         started = process.stdout.readline()
         port = re.search(r"pulsar://127\.0\.0\.1:(\d+)", started)
         assert port is not None, started
-        assert process.stderr.readline().startswith("received"), "consuming when interrupted"
+        if when == "producing":
+            time.sleep(0.5)  # 500,000 messages take seconds to send
+        else:  # the first progress line (anything the client logs before it is skipped)
+            seen = [process.stderr.readline() for _ in range(1)]
+            while not seen[-1].startswith("received") and seen[-1] and len(seen) < 200:
+                seen.append(process.stderr.readline())
+            assert seen[-1].startswith("received"), f"consuming when interrupted: {seen[-5:]}"
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=60)
     finally:
@@ -237,3 +248,31 @@ def test_the_progress_is_a_live_line_on_a_terminal() -> None:
     text = shown.decode()
     assert text.count("\rreceived") >= 2, text[-2000:]
     assert text.count("\n") <= 2, "one live line, ended once"
+
+
+def test_ctrl_c_inside_a_blocking_client_call_exits_130() -> None:
+    """Ctrl-C while subscribing to a broker that never answers: the client's blocking call raises
+    ``pulsar.Interrupted`` (a PulsarException) — still a Ctrl-C, exit status 130, not a run error."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        url = f"pulsar://127.0.0.1:{silent.getsockname()[1]}"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pulsar_nack.cli", "demo", "--service-url", url],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        silent.settimeout(60)
+        try:
+            probe, _ = silent.accept()  # the demo's reachability check
+            probe.close()
+            client, _ = silent.accept()  # the client, now waiting for an answer that never comes
+            time.sleep(0.5)
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=60)
+            client.close()
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 130, err[-2000:]
+    assert err == "", err[-2000:]
