@@ -217,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
 def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Progress:
     import pulsar
 
-    from pulsar_nack.cli import ProgressStream
+    from pulsar_nack.progress import ProgressStream
 
     progress = _Progress()
     due_at: dict[bytes, float] = {}  # message → when its nack asked for it back
