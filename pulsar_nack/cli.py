@@ -200,16 +200,21 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.master is not None and args.master.startswith("spark://"):
         check_reachable("--master", args.master, 10.0, ("spark",))
 
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
     from pulsar_nack.sweep.spark import run
 
-    result = run(
-        args.grid,
-        points,
-        args.out,
-        master=args.master,
-        progress=not args.no_progress,
-        java_results=java_results,
-    )
+    try:
+        result = run(
+            args.grid,
+            points,
+            args.out,
+            master=args.master,
+            progress=not args.no_progress,
+            java_results=java_results,
+        )
+    except Py4JError as error:  # Spark's own failure: its log above says why; the Java trace adds nothing
+        raise RunError(f"Spark failed (master {args.master or 'default'}): {_first_line(error)}") from None
     info = result.info
     print(
         f"{info.points} points ({info.ids:,} ids) on {info.master}: {info.total_s:.1f} s "
@@ -219,6 +224,18 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"wrote {result.parquet}, {result.report} and {result.report.with_suffix('.html')}")
     print(f"Java bars: {java_results}" if java_results else "Java bars: none (no --java-results file)")
     return 0
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of a py4j error's message — without calling into a JVM that may be gone."""
+    try:
+        text = str(error)
+    except Exception:  # the gateway is closed: py4j's own summary
+        text = str(getattr(error, "errmsg", "") or type(error).__name__)
+    lines = [line.strip(" :") for line in text.splitlines() if line.strip(" :")]
+    if len(lines) > 1 and lines[0].startswith("An error occurred"):  # py4j's "while calling X"; then why
+        return lines[1]
+    return lines[0] if lines else type(error).__name__
 
 
 # -- profile -------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import configparser
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -261,3 +262,18 @@ def test_sigint_to_profile_exits_130_quietly_and_ends_its_probe() -> None:
     while any(Path(f"/proc/{child}").exists() for child in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [child for child in children if Path(f"/proc/{child}").exists()], "the probe was killed"
+
+
+def test_a_spark_master_that_never_answers_is_one_run_error(tmp_path: Path) -> None:
+    """Something accepts connections on the master's port but is no Spark master: Spark gives up on its
+    own (about a minute: 3 registration attempts of 20 s, fixed in Spark) and the command ends with one
+    line of its own naming the master — Spark's log lines say why — instead of a Java stack trace."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        master = f"spark://127.0.0.1:{silent.getsockname()[1]}"
+        out = _cli("sweep", "--grid", "small", "--master", master, "--out", str(tmp_path), "--no-progress")
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "\tat " not in out.stderr, out.stderr[-3000:]
+    ours = [line for line in out.stderr.splitlines() if line.startswith("pulsar-nack")]
+    assert len(ours) == 1 and ours[0].startswith(f"pulsar-nack sweep: Spark failed (master {master}): "), ours
