@@ -80,3 +80,15 @@ def test_the_layout_table_is_true() -> None:
     }
     assert modules - named == set(), "modules the layout table leaves out"
     assert [path for path in named if not (REPO / path).exists()] == [], "named in the table, not there"
+
+
+@pytest.mark.parametrize("command", ["pulsar-nack estimate", "pulsar-nack --version"])
+def test_the_tool_commands_run_as_written(command: str) -> None:
+    """The README's quick tool commands (those that need no broker, Spark or minutes) exit 0."""
+    lines = [line.split("#")[0].split() for line in README.splitlines() if line.startswith(command)]
+    assert lines, command
+    for argv in lines:
+        out = subprocess.run(
+            [sys.executable, "-m", "pulsar_nack.cli", *argv[1:]], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, f"{' '.join(argv)}: {out.stderr[-2000:]}"
