@@ -23,6 +23,7 @@ import re
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypeVar
@@ -65,6 +66,9 @@ __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOption
 _log = logging.getLogger(__name__)
 #: The name the C++ client gives a consumer subscribed without ``consumer_name`` (10 random hex digits).
 _GENERATED_NAME = re.compile(r"[0-9a-f]{10}")
+#: Every C++ consumer a tracker has taken over (held weakly): wrap() refuses one of them — a second tracker
+#: on one consumer would forward its nacks twice and hold back the other's copies.
+_TAKEN_OVER: weakref.WeakSet[Any] = weakref.WeakSet()
 _MAX_LEDGER_TOPICS = 65_536
 _MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first chunk is remembered
 #: A per-call ``delay_ms`` of type int or float up to this needs no more checks than a range test.
@@ -294,6 +298,7 @@ class NackBridge:
         restored now, before the application can receive anything."""
         self.options = options
         self._native = native
+        _TAKEN_OVER.add(native)
         self._topic = topic
         self._ledger_topics: dict[int, str] = {}
         self._fixed_topic: str | None = None  # the topic of every message, once known to be one
@@ -1009,7 +1014,24 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
         raise TypeError(f"wrap() takes a pulsar.Consumer, got {type(consumer).__name__}")
     if isinstance(consumer, NackConsumer):
         raise TypeError("this consumer is already wrapped")
-    nack = NackOptions.from_arguments(options, caller="wrap", stacklevel=2, native_delay_ms=native_delay_ms)
+    nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="wrap")
+    wrapped = NackConsumer()
+    wrapped._attach(consumer, nack, snapshots)
+    wrapped._nacks.holding = True  # its dead_letter_policy is unknown here: held ones are not dead-lettered
+    return wrapped
+
+
+def wrap_options(
+    consumer: Any, native_delay_ms: int, options: dict[str, Any], *, caller: str
+) -> tuple[NackOptions, SubscriptionStorage | None]:
+    """What :func:`wrap` and :func:`pulsar_nack.aio.wrap` check and set up before taking ``consumer`` over:
+    TypeError if a tracker already has its C++ consumer, the options (as :meth:`NackOptions.from_arguments`
+    raises), the lateness warning, the snapshot storage. Nothing is taken over when it raises. O(options)."""
+    if getattr(consumer, "_consumer", None) in _TAKEN_OVER:
+        raise TypeError(
+            f"{caller}(): this consumer is already wrapped: use the NackConsumer that {caller}() returned"
+        )
+    nack = NackOptions.from_arguments(options, caller=caller, stacklevel=3, native_delay_ms=native_delay_ms)
     late_ms, short_late_ms = _wrap_lateness_ms(nack.native_delay_ms)
     if nack.native_delay_ms > NATIVE_DELAY_MS and late_ms > 2**nack.precision_bits:
         _log.warning(
@@ -1030,15 +1052,12 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
     name = consumer.consumer_name() if keeps else None
     if name is not None and _GENERATED_NAME.fullmatch(name):
         _log.warning(
-            "wrap(): the consumer %r has a name the client made up; its snapshot is found again only by a "
+            "%s(): the consumer %r has a name the client made up; its snapshot is found again only by a "
             "consumer of the same name: subscribe with consumer_name=... to restore it after a restart",
+            caller,
             name,
         )
-    snapshots = nack.snapshots_for(consumer.topic(), consumer.subscription_name(), name)
-    wrapped = NackConsumer()
-    wrapped._attach(consumer, nack, snapshots)
-    wrapped._nacks.holding = True  # its dead_letter_policy is unknown here: held ones are not dead-lettered
-    return wrapped
+    return nack, nack.snapshots_for(consumer.topic(), consumer.subscription_name(), name)
 
 
 with_signature(

@@ -12,7 +12,9 @@ machine of that measurement; without the file the demo says the native figure is
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import random
 import sys
 import threading
@@ -76,7 +78,11 @@ def register(subcommands: Any) -> None:
     parser = subcommands.add_parser(
         "demo", help="nack messages through an embedded broker and watch the tracker"
     )
-    parser.add_argument("--service-url", help="use this broker instead of starting pulsar-lite")
+    parser.add_argument(
+        "--service-url",
+        help="use this broker (pulsar://HOST:PORT) instead of starting pulsar-lite (which needs the "
+        "broker extra: pip install 'pulsar-nack[broker]')",
+    )
     parser.add_argument(
         "--messages", type=_positive, default=20_000, help="messages to produce (default 20000)"
     )
@@ -87,27 +93,91 @@ def register(subcommands: Any) -> None:
         "--max-delay-ms", type=_positive, default=10_000, help="largest nack delay (ms, default 10000)"
     )
     parser.add_argument("--max-failures", type=_positive, default=2, help="nacks per message at most")
-    parser.add_argument("--precision-bits", type=int, default=8, help="k: buckets of 2^k ms (default 8)")
+    parser.add_argument(
+        "--precision-bits", type=_precision, default=8, help="k: buckets of 2^k ms, 0..30 (default 8)"
+    )
     parser.add_argument("--timeout-s", type=_positive, default=120, help="give up after this long")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--operation-timeout-s",
+        type=_positive,
+        default=30,
+        help="the client's operation timeout: how long a broker may take to answer (default 30)",
+    )
+    parser.add_argument("--seed", type=_integer, default=1)
     parser.set_defaults(run=run)
 
 
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _integer(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return value
 
 
+def _precision(text: str) -> int:
+    from pulsar_nack.index import MAX_PRECISION_BITS
+
+    value = _integer(text)
+    if not 0 <= value <= MAX_PRECISION_BITS:
+        raise argparse.ArgumentTypeError(f"must be in 0..{MAX_PRECISION_BITS}, got {value}")
+    return value
+
+
 def _share(text: str) -> float:
-    value = float(text)
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
     return value
 
 
+def _check_broker(args: argparse.Namespace) -> None:
+    """Before anything starts: the ``--service-url`` (its form, then that it accepts connections), or,
+    without one, that the embedded broker is installed. UsageError / RunError naming the cause."""
+    from pulsar_nack.cli import RunError, check_reachable, check_service_url
+
+    if args.service_url is not None:
+        check_service_url("--service-url", args.service_url)
+        check_reachable(
+            "--service-url",
+            args.service_url,
+            args.operation_timeout_s,
+            ("pulsar", "pulsar+ssl", "http", "https"),
+        )
+    elif not os.environ.get("PULSAR_LITE_BINARY") and importlib.util.find_spec("pulsar_lite") is None:
+        raise RunError(
+            "the embedded broker is not installed: pip install 'pulsar-nack[broker]' (or pass --service-url)"
+        )
+
+
 def run(args: argparse.Namespace) -> int:
+    import pulsar
+
+    from pulsar_nack.cli import RunError
+    from pulsar_nack.testing import BrokerError
+
+    _check_broker(args)
+    try:
+        return _run(args)
+    except pulsar.Interrupted:  # Ctrl-C inside a blocking client call (flush, send, close): a Ctrl-C
+        raise KeyboardInterrupt from None
+    except pulsar.PulsarException as error:
+        where = "the embedded broker" if args.service_url is None else f"--service-url {args.service_url}"
+        raise RunError(f"{where}: {error} (operation timeout {args.operation_timeout_s} s)") from None
+    except BrokerError as error:
+        raise RunError(f"the embedded broker: {error}") from None
+
+
+def _run(args: argparse.Namespace) -> int:
     import pulsar
 
     import pulsar_nack
@@ -116,7 +186,13 @@ def run(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     with ExitStack() as stack:
         service_url = stack.enter_context(broker_url(args.service_url))
-        client = pulsar_nack.Client(service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        client = pulsar_nack.Client(
+            service_url,
+            operation_timeout_seconds=args.operation_timeout_s,
+            # The connection attempt inside an operation (10 s by default) must not outlast the operation.
+            connection_timeout_ms=min(10_000, args.operation_timeout_s * 1_000),
+            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+        )
         stack.callback(client.close)
         topic = f"persistent://public/default/demo-{uuid.uuid4().hex[:8]}"
         consumer = client.subscribe(
@@ -143,10 +219,13 @@ def run(args: argparse.Namespace) -> int:
 def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Progress:
     import pulsar
 
+    from pulsar_nack.progress import ProgressStream
+
     progress = _Progress()
     due_at: dict[bytes, float] = {}  # message → when its nack asked for it back
     stop = threading.Event()
-    printer = threading.Thread(target=_print_progress, args=(consumer, progress, stop), daemon=True)
+    line = ProgressStream(sys.stderr)
+    printer = threading.Thread(target=_print_progress, args=(consumer, progress, stop, line), daemon=True)
     printer.start()
     deadline = time.monotonic() + args.timeout_s
     try:
@@ -175,11 +254,11 @@ def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Pr
     finally:
         stop.set()
         printer.join(2)
-        print(file=sys.stderr)
+        line.end()
     return progress
 
 
-def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event) -> None:
+def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event, out: Any) -> None:
     while not stop.wait(0.5):
         stats = consumer.nack_stats(with_memory=True)  # a walk of the index, twice a second
         progress.memory.append((stats.pending, stats.memory_bytes))
@@ -192,7 +271,7 @@ def _print_progress(consumer: Any, progress: _Progress, stop: threading.Event) -
             f"buckets {stats.buckets:>4}  tracker {stats.memory_bytes / 1024:8.1f} KiB  "
             f"lateness p50 {late[0]:6.0f} ms  p99 {late[1]:6.0f} ms",
             end="",
-            file=sys.stderr,
+            file=out,
             flush=True,
         )
 

@@ -745,15 +745,15 @@ def run_child(
     ) as child:
         assert child.stdout is not None and child.stderr is not None
         result: dict[str, Any] | None = None
-        for line in child.stdout:
-            if line.startswith("progress "):
-                progress(int(line.split()[1]))
-            elif line.startswith("{"):
-                result = json.loads(line)
-        errors = child.stderr.read()
         try:
+            for line in child.stdout:
+                if line.startswith("progress "):
+                    progress(int(line.split()[1]))
+                elif line.startswith("{"):
+                    result = json.loads(line)
+            errors = child.stderr.read()
             code = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, or Ctrl-C / SIGINT to this process only: the probe goes too
             child.kill()
             raise
     if code != 0 or result is None:
