@@ -335,6 +335,8 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
                 snapshots.unlock()
             raise
         consumer = NackConsumer(native, options, snapshots)
+        # its copies of held messages are handed out again, as the official consumer's (before any receive)
+        consumer._nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
         policy = arguments.get("dead_letter_policy")
         if policy is not None:
             create = functools.partial(pulsar.asyncio.Client.create_producer, self)

@@ -919,6 +919,8 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
             raise
         consumer._attach(native, options, snapshots)
         nacks = consumer._nacks
+        # its copies of held messages are handed out again, as the official consumer's (before any receive)
+        nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
         nacks.holding = True  # held chunked messages: receive() hands them out, or a HeldDelivery thread
         policy = arguments.get("dead_letter_policy")
         if policy is not None:
