@@ -235,6 +235,14 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._nacks.note_ack(message)
         await super().acknowledge(message)
 
+    async def acknowledge_cumulative(
+        self, message: pulsar.Message | pulsar.MessageId | _pulsar.Message | _pulsar.MessageId
+    ) -> None:
+        """``pulsar.asyncio.Consumer.acknowledge_cumulative``; then pending nacks, forwards and batch records
+        of the topic up to that message are settled, as the sync consumer's."""
+        await super().acknowledge_cumulative(message)
+        self._nacks.note_cumulative_ack(message)
+
     async def seek(self, messageid: Any) -> None:
         """Like ``pulsar.asyncio.Consumer.seek``; pending nacks and the filter's state are dropped."""
         await super().seek(messageid)

@@ -843,6 +843,68 @@ class ArrivalFilter:
                 self._make_quiet(key)
             return copies, was_pending, ack_entry
 
+    def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
+        """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):
+        pending nacks of them are dropped from the index (the broker will never send them again, and
+        their forwards would be redelivery requests for nothing — on an Exclusive or Failover subscription
+        each one a redeliver-all), their forwards count as acked (no copy will come: none is repeated), and
+        their batched entries are settled (copies parked with them are covered by the cumulative ack).
+        Returns how many pending ids (entries or batch messages) were dropped.
+
+        O(open batched entries + ledgers with pending whole entries + messages in flight) of all topics,
+        plus the index's removals: a cumulative ack is rare beside per-message acks, and all it settles
+        goes."""
+        position = (ledger_id, entry_id)
+        # the acked messages of the boundary entry: up to the batch index (a whole entry if not batched)
+        boundary = -1 if batch_index < 0 else (1 << (batch_index + 1)) - 1
+        remove = self._remove
+        dropped = 0
+        with self._lock:
+            for (t, ledger), bitmap in list(self._pending.items()):  # whole (non-batched) entries
+                if t != topic or ledger > ledger_id:
+                    continue
+                gone = bitmap if ledger < ledger_id else bitmap & BitMap(range(entry_id + 1))
+                dropped += len(gone)
+                if remove is not None:
+                    for whole in gone:
+                        remove(ledger, whole, -1, topic)
+                if ledger < ledger_id or len(gone) == len(bitmap):
+                    del self._pending[(t, ledger)]
+                else:
+                    bitmap -= gone
+            for key, flight in self._flights.items():
+                if key[0] == topic and key[1:] <= position:
+                    flight.acked = True
+            for (t, ledger), quiet in list(self._quiet.items()):  # records again, settled below
+                if t == topic and ledger <= ledger_id:
+                    below = quiet if ledger < ledger_id else quiet & BitMap(range(entry_id + 1))
+                    for quiet_id in list(below):
+                        self._expand((t, ledger, quiet_id), 0)
+            for key in [k for k in self._entries if k[0] == topic and k[1:] <= position]:
+                entry = self._entries[key]
+                mask = boundary if key[1:] == position else -1
+                pending = entry.pending & mask
+                if pending:
+                    dropped += pending.bit_count()
+                    if remove is not None:
+                        if mask == -1:
+                            remove(key[1], key[2], -1, topic)
+                        else:
+                            for index in batch_index_bits(pending):
+                                remove(key[1], key[2], index, topic)
+                entry.pending &= ~mask
+                entry.acked |= mask
+                if entry.flights:
+                    for index, flight in entry.flights.items():
+                        if mask >> index & 1:
+                            flight.acked = True
+                if entry.parked:
+                    for index in [i for i in entry.parked if mask >> i & 1]:
+                        del entry.parked[index]
+                if mask == -1 or entry.all_acked:
+                    self._forget(key)  # settled (a late copy of a recent forward: acked, not handed out)
+        return dropped
+
     def acked_entry(self, ledger_id: int, entry_id: int, topic: str) -> bool:
         """:meth:`acked` for a non-batched message: returns whether a nack of it was pending (removed
         from the index here, as :meth:`acked` does). O(1): two lookups without the lock, as in

@@ -646,6 +646,20 @@ class NackBridge:
         self.note_ack(message)
         self._native.acknowledge(message._message)
 
+    def note_cumulative_ack(self, message: Any) -> None:
+        """After the native ``acknowledge_cumulative`` of ``message`` (a message or id) succeeded: every
+        pending nack, forward and batch record of its topic up to it is settled, and held chunked
+        messages up to it are dropped (:meth:`ArrivalFilter.acked_cumulative
+        <pulsar_nack.arrivals.ArrivalFilter.acked_cumulative>`)."""
+        ids = self._ids(message)
+        if ids is None:
+            return  # (the official call has rejected it already)
+        ledger_id, entry_id, batch_index, topic = ids
+        if self.held:
+            for key in [k for k in self.held if k[0] == topic and k[1:] <= (ledger_id, entry_id)]:
+                self.hold.discard(key)
+        self._arrivals.acked_cumulative(ledger_id, entry_id, batch_index, topic)
+
     def reset(self) -> None:
         """After a seek: pending nacks, held chunked messages and what the filter knows are void (the
         broker starts over)."""
@@ -822,6 +836,13 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             return
         self._nacks.note_ack(message)
         _OFFICIAL_ACKNOWLEDGE(self, message)
+
+    def acknowledge_cumulative(self, message: Any) -> None:
+        """Like ``pulsar.Consumer.acknowledge_cumulative`` (a message or id); then pending nacks, forwards
+        and batch records of the topic up to that message are settled: none of them is redelivered or
+        asked for again. Raises as the official call does (nothing settled then)."""
+        super().acknowledge_cumulative(message)
+        self._nacks.note_cumulative_ack(message)
 
     def seek(self, messageid: Any) -> None:
         """Like ``pulsar.Consumer.seek``; pending nacks and the filter's state are dropped (the broker
