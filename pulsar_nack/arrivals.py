@@ -843,6 +843,23 @@ class ArrivalFilter:
                 self._make_quiet(key)
             return copies, was_pending, ack_entry
 
+    def take_pending(self, ledger_id: int, entry_id: int, topic: str) -> bool:
+        """A copy of a non-batched message whose nack is pending came (:meth:`admit_entry` said HOLD), and
+        the caller keeps it to hand out at the nack's due time itself: the nack leaves the filter and the
+        index, so nothing is forwarded for it. False (nothing changed) if it is not pending any more — its
+        forward has begun: that forward's copy decides. O(1) plus the index's removal."""
+        ledger = (topic, ledger_id)
+        with self._lock:
+            bitmap = self._pending.get(ledger)
+            if bitmap is None or entry_id not in bitmap:
+                return False
+            bitmap.discard(entry_id)
+            if not bitmap:
+                del self._pending[ledger]
+            if self._remove is not None:
+                self._remove(ledger_id, entry_id, -1, topic)
+            return True
+
     def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
         """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):
         pending nacks of them are dropped from the index (the broker will never send them again, and
