@@ -237,6 +237,14 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._nacks.note_ack(message)
         await super().acknowledge(message)
 
+    async def acknowledge_cumulative(
+        self, message: pulsar.Message | pulsar.MessageId | _pulsar.Message | _pulsar.MessageId
+    ) -> None:
+        """``pulsar.asyncio.Consumer.acknowledge_cumulative``; then pending nacks, forwards and batch records
+        of the topic up to that message are settled, as the sync consumer's."""
+        await super().acknowledge_cumulative(message)
+        self._nacks.note_cumulative_ack(message)
+
     async def seek(self, messageid: Any) -> None:
         """Like ``pulsar.asyncio.Consumer.seek``; pending nacks and the filter's state are dropped."""
         await super().seek(messageid)
@@ -337,6 +345,8 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
                 snapshots.unlock()
             raise
         consumer = NackConsumer(native, options, snapshots)
+        # its copies of held messages are handed out again, as the official consumer's (before any receive)
+        consumer._nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
         policy = arguments.get("dead_letter_policy")
         if policy is not None:
             create = functools.partial(pulsar.asyncio.Client.create_producer, self)

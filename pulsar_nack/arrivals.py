@@ -15,7 +15,10 @@ does not depend on arrival order or on which thread received the message:
   covers the copy;
 * a batch message the application **holds** (another copy was handed out) is parked and acked when the
   application acks its own copy: without batch-index acks the broker acks an entry only when every
-  message of one delivered copy is acked, so every copy we do not hand out must be completed for it;
+  message of one delivered copy is acked, so every copy we do not hand out must be completed for it —
+  unless the consumer has an ack timeout (:meth:`ArrivalFilter.expect_ack_timeout`) and the application
+  has held it that long: then the copy is the timeout's redelivery, and handed out, as the official
+  consumer hands out every message the application has not acked at each timeout;
 * anything else is a first delivery.
 
 Batched entries are followed while the application has any unacked message of them, plus
@@ -49,11 +52,16 @@ from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.index import batch_mask
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
-__all__ = ["NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
+__all__ = ["ACK_TIMEOUT_SLACK_MS", "NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
 
 #: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp): a copy a forward
 #: asked for never arrives sooner after the forward.
 NATIVE_MIN_DELAY_MS = 100
+#: How much sooner than the ack timeout a copy of a held message may come and still be taken for the
+#: timeout's. The native tracker starts a message's timeout when the client's receive returns it, a moment
+#: before the filter sees it; a copy of another cause (a sibling's nack, a reconnect) taken for the
+#: timeout's this much early is handed out as the official consumer would hand it out anyway.
+ACK_TIMEOUT_SLACK_MS = 1_000
 
 Key = tuple[str, int, int]  # (topic, ledger id, entry id)
 EntryIds = Sequence[int] | npt.NDArray[np.uint32]
@@ -130,10 +138,13 @@ class _Flight:
 class _Entry:
     """A batched entry: what the application holds, acked, and has pending or in flight."""
 
-    __slots__ = ("acked", "flights", "last_forward", "out", "parked", "pending", "size")
+    __slots__ = ("acked", "flights", "last_forward", "out", "parked", "pending", "since", "size")
 
-    def __init__(self, size: int | None) -> None:
+    def __init__(self, size: int | None, since: float = 0.0) -> None:
         self.size = size  # messages in the batch; None until a message of it has been seen
+        # With an ack timeout: when the messages in `out` were handed out (clock ms; the first of them —
+        # the native tracker times an entry from its first receive, and redelivers it whole)
+        self.since = since
         self.out = 0  # bitmask: batch indexes handed to the application (-1: all)
         self.acked = 0  # bitmask: acked by the application (negative: all but the clear bits)
         self.pending = 0  # bitmask: nack pending in the index
@@ -175,7 +186,7 @@ class _Recent:
     messages were all acked after a recent forward are kept the same way (``settled``): a late copy of
     one is acked, not handed out."""
 
-    __slots__ = ("acked", "delivered", "settled", "started")
+    __slots__ = ("acked", "delivered", "settled", "started", "times")
 
     def __init__(self, now: float) -> None:
         self.started = now
@@ -183,6 +194,8 @@ class _Recent:
         self.delivered: list[Generation] = [{}, {}]
         self.acked: list[Generation] = [{}, {}]
         self.settled: list[Generation] = [{}, {}]  # batched entries all acked after a recent forward
+        # with an ack timeout: when each delivered one was handed out (clock ms), by generation
+        self.times: list[dict[Key, float]] = [{}, {}]
 
     def __bool__(self) -> bool:
         delivered, acked, settled = self.delivered, self.acked, self.settled
@@ -209,8 +222,19 @@ class _Recent:
     def is_settled(self, ledger: tuple[str, int], entry_id: int) -> bool:
         return self._holds(self.settled, ledger, entry_id)
 
-    def deliver(self, ledger: tuple[str, int], entry_id: int) -> None:
+    def deliver(self, ledger: tuple[str, int], entry_id: int, now: float | None = None) -> None:
+        """Handed out (``now``: when, kept with an ack timeout)."""
         self._add(self.delivered[0], ledger, entry_id)
+        if now is not None:
+            self.times[0][(ledger[0], ledger[1], entry_id)] = now
+
+    def handed_at(self, key: Key) -> float | None:
+        """When a delivered one was last handed out, if kept. O(1)."""
+        for times in self.times:
+            at = times.get(key)
+            if at is not None:
+                return at
+        return None
 
     def ack(self, ledger: tuple[str, int], entry_id: int) -> None:
         if self._holds(self.delivered, ledger, entry_id):
@@ -231,6 +255,7 @@ class _Recent:
         self.delivered = [{}, self.delivered[0]]
         self.acked = [{}, self.acked[0]]
         self.settled = [{}, self.settled[0]]
+        self.times = [{}, self.times[0]]
         self.started = now
         return dropped
 
@@ -332,6 +357,24 @@ class ArrivalFilter:
         self._forwards: deque[tuple[float, str, int, EntryIds]] = deque()
         self.lateness = LatenessWindow(lateness_window)
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
+        # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
+        # None: the consumer has no ack timeout, and every such copy is a duplicate.
+        self._held_ms: float | None = None
+
+    def expect_ack_timeout(self, timeout_ms: float | None) -> None:
+        """The consumer's ``unacked_messages_timeout_ms`` (None or 0: none). With one, the native client
+        asks the broker at each timeout to redeliver every message the application holds (has not acked):
+        a copy of such a message that comes a timeout (less :data:`ACK_TIMEOUT_SLACK_MS`) after it was
+        handed out is handed out again, as the official consumer does; any other copy of it stays a
+        duplicate. Call it before anything arrives. Raises ``ValueError`` for a negative or NaN
+        ``timeout_ms`` (nothing changed)."""
+        if timeout_ms is not None and not timeout_ms >= 0:
+            raise ValueError(f"timeout_ms must be None or >= 0, got {timeout_ms!r}")
+        self._held_ms = max(0.0, timeout_ms - ACK_TIMEOUT_SLACK_MS) if timeout_ms else None
+
+    def _since(self) -> float:
+        """A new entry's :attr:`_Entry.since`: now with an ack timeout, else 0 (no clock read)."""
+        return self._clock() if self._held_ms is not None else 0.0
 
     @property
     def idle(self) -> bool:
@@ -386,7 +429,7 @@ class ArrivalFilter:
             bitmap.add(entry_id)
             return fresh
         if entry is None:
-            entry = self._entries[key] = _Entry(None)
+            entry = self._entries[key] = _Entry(None, self._since())
         bit = 1 << batch_index
         acked = entry.acked
         if acked & bit:
@@ -504,7 +547,7 @@ class ArrivalFilter:
                     if size is None:
                         entry = None  # no verdict this turn: the size first (a native call), then again
                     elif entry is None:
-                        entry = self._entries[key] = _Entry(size)
+                        entry = self._entries[key] = _Entry(size, self._since())
                     else:
                         entry.size = size
                 if entry is not None:
@@ -592,7 +635,7 @@ class ArrivalFilter:
                             new = True
                             break  # its size first (a native call), outside the lock
                         if entry is None:
-                            entry = entries[key] = _Entry(size)
+                            entry = entries[key] = _Entry(size, self._since())
                         else:
                             entry.size = size
                     bit = 1 << batch_index
@@ -634,6 +677,8 @@ class ArrivalFilter:
                 self._held_back += 1
                 return _HOLD, None, 0.0
             if entry.out & bit:
+                if self._held_ms is not None and self._timed_out(entry, bit):
+                    return _DELIVER, None, 0.0
                 self._dropped += 1
                 return _DUPLICATE, None, 0.0
             entry.out |= bit
@@ -646,6 +691,18 @@ class ArrivalFilter:
         else:
             self._count(verdict)
         return verdict, again, now
+
+    def _timed_out(self, entry: _Entry, bit: int) -> bool:
+        """A copy of a message of ``entry`` the application holds (lock held; an ack timeout is set): True
+        if it comes an ack timeout after the entry's messages were handed out — the native tracker's
+        redelivery of the whole entry. Then every message of it the application holds is handed out again
+        as its copy comes (their bits leave ``out``), and the timeout starts over. O(1)."""
+        now = self._clock()
+        if now - entry.since < self._held_ms:  # type: ignore[operator]  # (the caller checked)
+            return False
+        entry.since = now
+        entry.out = entry.acked | entry.pending | bit
+        return True
 
     def admit_entry(self, ledger_id: int, entry_id: int, topic: str) -> Verdict:
         """:meth:`admit` for a non-batched message. O(1): two lookups without the lock (the pending and
@@ -668,11 +725,13 @@ class ArrivalFilter:
             key = (topic, ledger_id, entry_id)
             flight = self._flights.get(key)
             again: _Flight | None = None  # a copy of our forward that came early: forward again
+            held_ms = self._held_ms
             if flight is not None:
                 now = self._clock()
                 verdict, again = self._landed(flight, now)
                 if verdict is _DELIVER:
-                    self._recent.deliver(ledger, entry_id)  # (stays watched)
+                    # (stays watched; with an ack timeout, the time counts for the next copy)
+                    self._recent.deliver(ledger, entry_id, None if held_ms is None else now)
                     del self._flights[key]
             else:
                 bitmap = self._pending.get(ledger)
@@ -680,6 +739,13 @@ class ArrivalFilter:
                     verdict = _HOLD
                 else:
                     verdict = self._recent.verdict(ledger, entry_id) or _DELIVER
+                    if verdict is _DUPLICATE and held_ms is not None:
+                        # held an ack timeout since it was handed out: the timeout's copy, handed out
+                        at = self._recent.handed_at(key)
+                        now = self._clock()
+                        if at is not None and now - at >= held_ms:
+                            verdict = _DELIVER
+                            self._recent.deliver(ledger, entry_id, now)
             if verdict is not _DELIVER:
                 self._count(verdict)
         finally:
@@ -777,6 +843,85 @@ class ArrivalFilter:
                 self._make_quiet(key)
             return copies, was_pending, ack_entry
 
+    def take_pending(self, ledger_id: int, entry_id: int, topic: str) -> bool:
+        """A copy of a non-batched message whose nack is pending came (:meth:`admit_entry` said HOLD), and
+        the caller keeps it to hand out at the nack's due time itself: the nack leaves the filter and the
+        index, so nothing is forwarded for it. False (nothing changed) if it is not pending any more — its
+        forward has begun: that forward's copy decides. O(1) plus the index's removal."""
+        ledger = (topic, ledger_id)
+        with self._lock:
+            bitmap = self._pending.get(ledger)
+            if bitmap is None or entry_id not in bitmap:
+                return False
+            bitmap.discard(entry_id)
+            if not bitmap:
+                del self._pending[ledger]
+            if self._remove is not None:
+                self._remove(ledger_id, entry_id, -1, topic)
+            return True
+
+    def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
+        """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):
+        pending nacks of them are dropped from the index (the broker will never send them again, and
+        their forwards would be redelivery requests for nothing — on an Exclusive or Failover subscription
+        each one a redeliver-all), their forwards count as acked (no copy will come: none is repeated), and
+        their batched entries are settled (copies parked with them are covered by the cumulative ack).
+        Returns how many pending ids (entries or batch messages) were dropped.
+
+        O(open batched entries + ledgers with pending whole entries + messages in flight) of all topics,
+        plus the index's removals: a cumulative ack is rare beside per-message acks, and all it settles
+        goes."""
+        position = (ledger_id, entry_id)
+        # the acked messages of the boundary entry: up to the batch index (a whole entry if not batched)
+        boundary = -1 if batch_index < 0 else (1 << (batch_index + 1)) - 1
+        remove = self._remove
+        dropped = 0
+        with self._lock:
+            for (t, ledger), bitmap in list(self._pending.items()):  # whole (non-batched) entries
+                if t != topic or ledger > ledger_id:
+                    continue
+                gone = bitmap if ledger < ledger_id else bitmap & BitMap(range(entry_id + 1))
+                dropped += len(gone)
+                if remove is not None:
+                    for whole in gone:
+                        remove(ledger, whole, -1, topic)
+                if ledger < ledger_id or len(gone) == len(bitmap):
+                    del self._pending[(t, ledger)]
+                else:
+                    bitmap -= gone
+            for key, flight in self._flights.items():
+                if key[0] == topic and key[1:] <= position:
+                    flight.acked = True
+            for (t, ledger), quiet in list(self._quiet.items()):  # records again, settled below
+                if t == topic and ledger <= ledger_id:
+                    below = quiet if ledger < ledger_id else quiet & BitMap(range(entry_id + 1))
+                    for quiet_id in list(below):
+                        self._expand((t, ledger, quiet_id), 0)
+            for key in [k for k in self._entries if k[0] == topic and k[1:] <= position]:
+                entry = self._entries[key]
+                mask = boundary if key[1:] == position else -1
+                pending = entry.pending & mask
+                if pending:
+                    dropped += pending.bit_count()
+                    if remove is not None:
+                        if mask == -1:
+                            remove(key[1], key[2], -1, topic)
+                        else:
+                            for index in batch_index_bits(pending):
+                                remove(key[1], key[2], index, topic)
+                entry.pending &= ~mask
+                entry.acked |= mask
+                if entry.flights:
+                    for index, flight in entry.flights.items():
+                        if mask >> index & 1:
+                            flight.acked = True
+                if entry.parked:
+                    for index in [i for i in entry.parked if mask >> i & 1]:
+                        del entry.parked[index]
+                if mask == -1 or entry.all_acked:
+                    self._forget(key)  # settled (a late copy of a recent forward: acked, not handed out)
+        return dropped
+
     def acked_entry(self, ledger_id: int, entry_id: int, topic: str) -> bool:
         """:meth:`acked` for a non-batched message: returns whether a nack of it was pending (removed
         from the index here, as :meth:`acked` does). O(1): two lookups without the lock, as in
@@ -859,7 +1004,7 @@ class ArrivalFilter:
         quiet.discard(entry_id)
         if not quiet:
             del self._quiet[(topic, ledger_id)]
-        entry = self._entries[key] = _Entry(None)
+        entry = self._entries[key] = _Entry(None, self._since())
         assert self._pending_mask is not None  # nothing is quiet without it
         pending = self._pending_mask(ledger_id, entry_id, topic)
         entry.pending = max(pending, 0)

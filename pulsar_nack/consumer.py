@@ -82,7 +82,7 @@ _ADMITTED_IDS = "_pulsar_nack_ids"  # (written as ``message._pulsar_nack_ids = .
 _UNTRACKED = ()
 _monotonic = time.monotonic  # the nack path reads the default clock without a Python frame
 _DELIVER = Verdict.DELIVER  # a module constant: an enum member lookup costs 65 ns on the per-message path
-_ACKED, _DUPLICATE = Verdict.ACKED, Verdict.DUPLICATE
+_ACKED, _DUPLICATE, _HOLD = Verdict.ACKED, Verdict.DUPLICATE, Verdict.HOLD
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
@@ -477,6 +477,8 @@ class NackBridge:
                 return True
             if verdict is _ACKED:  # (a DUPLICATE needs no ack: the application's ack of its id covers it)
                 self._native.acknowledge(inner)
+            elif verdict is _HOLD and self.holding:
+                self._keep(message, ledger_id, entry_id, topic)
             return False
         ledger_id = message_id.ledger_id()
         if topic is None:
@@ -494,6 +496,9 @@ class NackBridge:
         verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, message_id)
         if verdict is _DELIVER:
             return True
+        if verdict is _HOLD and batch_index < 0 and self.holding:
+            self._keep(message, ledger_id, entry_id, topic)
+            return False
         if verdict is Verdict.ACKED or (
             # a non-batched copy needs no ack of its own: the application's ack of its id covers it
             verdict is Verdict.DUPLICATE
@@ -541,6 +546,8 @@ class NackBridge:
                 admitted.append(message)
             elif verdict is _ACKED:  # (a DUPLICATE needs no ack: the application's ack of its id covers it)
                 self._native.acknowledge(inner)
+            elif verdict is _HOLD and self.holding:
+                self._keep(message, ledger_id, entry_id, topic)
         if not batched:
             return admitted  # (no None in it without batch messages)
 
@@ -564,6 +571,21 @@ class NackBridge:
             ):
                 self._native.acknowledge(inner)
         return [m for m in admitted if m is not None]
+
+    def _keep(self, message: pulsar.Message, ledger_id: int, entry_id: int, topic: str) -> None:
+        """A broker copy of a non-batched message whose nack is pending (a reconnect or an ack timeout
+        re-sent it early): this copy is the message. Keep it in the hold and hand it out at the nack's due
+        time (:mod:`pulsar_nack.chunks`: ``receive``, the listener's delivery thread or the asyncio
+        consumer), instead of asking the broker for it again then — a broker may ignore that request
+        (pulsar-lite on partitioned topics) and the message would never come back while this consumer
+        lives. Past ``max_held_chunked_bytes`` the nack stays pending, as before. O(log held)."""
+        due = self.tracker.index.due_of(ledger_id, entry_id, -1, topic)
+        if due is None or not self._arrivals.take_pending(ledger_id, entry_id, topic):
+            return  # (forwarded meanwhile: its copy comes)
+        inner = message._message
+        key = (topic, ledger_id, entry_id)
+        if not self.hold.hold(key, message, due, inner.redelivery_count(), inner.length()):
+            self.tracker.schedule(due, ledger_id, entry_id, -1, topic)  # over the bound: pending again
 
     def _learn_topic(self, ledger_id: int, topic: str) -> str:
         """Remember a ledger's topic (for nacks of bare ids); on a single-topic consumer, fix it."""
@@ -650,6 +672,20 @@ class NackBridge:
                 return
         self.note_ack(message)
         self._native.acknowledge(message._message)
+
+    def note_cumulative_ack(self, message: Any) -> None:
+        """After the native ``acknowledge_cumulative`` of ``message`` (a message or id) succeeded: every
+        pending nack, forward and batch record of its topic up to it is settled, and held chunked
+        messages up to it are dropped (:meth:`ArrivalFilter.acked_cumulative
+        <pulsar_nack.arrivals.ArrivalFilter.acked_cumulative>`)."""
+        ids = self._ids(message)
+        if ids is None:
+            return  # (the official call has rejected it already)
+        ledger_id, entry_id, batch_index, topic = ids
+        if self.held:
+            for key in [k for k in self.held if k[0] == topic and k[1:] <= (ledger_id, entry_id)]:
+                self.hold.discard(key)
+        self._arrivals.acked_cumulative(ledger_id, entry_id, batch_index, topic)
 
     def reset(self) -> None:
         """After a seek: pending nacks, held chunked messages and what the filter knows are void (the
@@ -828,6 +864,13 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         self._nacks.note_ack(message)
         _OFFICIAL_ACKNOWLEDGE(self, message)
 
+    def acknowledge_cumulative(self, message: Any) -> None:
+        """Like ``pulsar.Consumer.acknowledge_cumulative`` (a message or id); then pending nacks, forwards
+        and batch records of the topic up to that message are settled: none of them is redelivered or
+        asked for again. Raises as the official call does (nothing settled then)."""
+        super().acknowledge_cumulative(message)
+        self._nacks.note_cumulative_ack(message)
+
     def seek(self, messageid: Any) -> None:
         """Like ``pulsar.Consumer.seek``; pending nacks and the filter's state are dropped (the broker
         delivers from the new position, and the application receives those messages again)."""
@@ -924,6 +967,8 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
             raise
         consumer._attach(native, options, snapshots)
         nacks = consumer._nacks
+        # its copies of held messages are handed out again, as the official consumer's (before any receive)
+        nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
         nacks.holding = True  # held chunked messages: receive() hands them out, or a HeldDelivery thread
         policy = arguments.get("dead_letter_policy")
         if policy is not None:

@@ -23,7 +23,13 @@ Exposed per ``topic``/``subscription`` (``pulsar_nack`` is the default namespace
 ``pulsar_nack_reforwarded_total``               counter  forwards repeated: copy came early or never
 ``pulsar_nack_abandoned_total``                 counter  forwards given up after repeating
 ``pulsar_nack_timer_failures_total``            counter  timer thread failures (logged; restarted)
+``pulsar_nack_snapshot_ids_not_durable``        gauge    pending ids not on snapshot storage (at risk)
+``pulsar_nack_snapshot_storage_failing``        gauge    1 while snapshot writes fail, else 0
+``pulsar_nack_snapshot_write_failures_total``   counter  failed snapshot writes and deletes
 ==============================================  =======  ===============================================
+
+The three ``snapshot`` metrics have samples only for consumers that keep snapshots (``snapshot_dir`` or
+``snapshot_storage``).
 
 Consumers sharing a topic and subscription (a Shared subscription consumed in parallel) are one series:
 counts are summed, lateness quantiles are the largest of theirs (a conservative bound, not a true
@@ -69,6 +75,21 @@ _COUNTERS = (
     ("timer_failures", "timer_failures", "Failures of the redelivery timer thread (each logged; restarted)."),
 )
 _LATENESS = ("redelivery_lateness_seconds", "Redelivery arrival minus due time, recent redeliveries.")
+_SNAPSHOT_GAUGES = (  # (metric suffix, value of a SnapshotStats, help)
+    (
+        "snapshot_ids_not_durable",
+        lambda s: s.ids_not_durable,
+        "Pending nacks not on snapshot storage: lost if the process dies now.",
+    ),
+    ("snapshot_storage_failing", lambda s: int(s.storage_failing), "1 while snapshot writes fail, else 0."),
+)
+_SNAPSHOT_COUNTERS = (
+    (
+        "snapshot_write_failures",
+        lambda s: s.create.failed + s.merge.failed + s.delete.failed,
+        "Snapshot writes (segment puts, merges, deletes) that failed.",
+    ),
+)
 
 
 @runtime_checkable
@@ -170,6 +191,10 @@ class NackCollector:
             memory = [s.memory_bytes for s in stats]
             if _MEMORY[0] in families and None not in memory:
                 families[_MEMORY[0]].add_metric(labels, float(sum(m for m in memory if m is not None)))
+            kept = [s.snapshots for s in stats if s.snapshots is not None]
+            if kept:
+                for suffix, value, _ in (*_SNAPSHOT_GAUGES, *_SNAPSHOT_COUNTERS):
+                    families[suffix].add_metric(labels, float(sum(value(k) for k in kept)))
             lateness = families[_LATENESS[0]]
             for quantile, field in _QUANTILES:
                 values = [getattr(s, field) for s in stats if getattr(s, field) is not None]
@@ -192,6 +217,10 @@ class NackCollector:
             self._name(_LATENESS[0]), _LATENESS[1], labels=[*_LABELS, "quantile"]
         )
         for suffix, _, help_text in _COUNTERS:
+            families[suffix] = prometheus.CounterMetricFamily(self._name(suffix), help_text, labels=_LABELS)
+        for suffix, _, help_text in _SNAPSHOT_GAUGES:
+            families[suffix] = prometheus.GaugeMetricFamily(self._name(suffix), help_text, labels=_LABELS)
+        for suffix, _, help_text in _SNAPSHOT_COUNTERS:
             families[suffix] = prometheus.CounterMetricFamily(self._name(suffix), help_text, labels=_LABELS)
         return families
 

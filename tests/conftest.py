@@ -45,6 +45,19 @@ def _require_apache() -> bool:
     return os.environ.get(_REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def _deselects_apache(config: pytest.Config) -> bool:
+    """Whether the run's ``-m`` expression deselects a test marked ``apache`` and nothing else."""
+    markexpr = config.getoption("markexpr", "") or ""
+    if not markexpr:
+        return False
+    from _pytest.mark.expression import Expression  # (pytest's own -m parser: no public API for it)
+
+    def only_apache(name: str, /, **_: str | int | bool | None) -> bool:
+        return name == "apache"
+
+    return not Expression.compile(markexpr).evaluate(only_apache)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -73,12 +86,22 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("broker", kinds, indirect=True, ids=kinds)
 
 
+def needs_apache(item: pytest.Item) -> bool:
+    """Whether ``item`` runs against Apache Pulsar, as collection can tell: it asks for ``apache_pulsar`` or
+    ``require_apache``, or any of its parameters — ``broker``'s, or a test's own ``kind`` that picks its
+    broker with ``request.getfixturevalue`` — is ``"apache"``. (A test that fetches the broker some other way
+    is caught when it runs: :func:`require_apache` fails under a marker expression that deselects Apache.)"""
+    fixtures = getattr(item, "fixturenames", ())
+    if "apache_pulsar" in fixtures or "require_apache" in fixtures:
+        return True
+    callspec = getattr(item, "callspec", None)
+    params = callspec.params.values() if callspec is not None else ()
+    return any(isinstance(value, str) and value == "apache" for value in params)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        callspec = getattr(item, "callspec", None)
-        kind = callspec.params.get("broker") if callspec is not None else None
-        if "apache_pulsar" in fixtures or "require_apache" in fixtures or kind == "apache":
+        if needs_apache(item):
             item.add_marker(pytest.mark.apache)
 
 
@@ -120,11 +143,19 @@ def pulsar_lite() -> Iterator[PulsarLite]:
 
 
 @pytest.fixture(scope="session")
-def require_apache() -> None:
+def require_apache(request: pytest.FixtureRequest) -> None:
     """Skip the test (fail it with PULSAR_NACK_REQUIRE_APACHE=1) if Apache Pulsar cannot run.
 
-    For tests that start their own :class:`PulsarStandalone`; ``apache_pulsar`` uses it too.
+    For tests that start their own :class:`PulsarStandalone`; ``apache_pulsar`` uses it too. Fails a test
+    that reaches it in a run whose ``-m`` deselects Apache tests: collection did not see that it needs
+    Apache (:func:`needs_apache`), so ``-m 'not apache'`` would start a broker it promised not to.
     """
+    if _deselects_apache(request.config):
+        pytest.fail(
+            "this test uses Apache Pulsar but was not marked `apache` at collection: ask for the "
+            "`apache_pulsar`/`require_apache` fixture or take a parameter 'apache' (see needs_apache)",
+            pytrace=False,
+        )
     ok, reason = apache_pulsar_available()
     if not ok:
         message = f"{_SKIP_PREFIX}: {reason}"

@@ -28,6 +28,7 @@ from messaging import produce
 from snapshot_helpers import assert_each_once_on_time
 
 from pulsar_nack import Client
+from pulsar_nack.chunks import ChunkedNackStats
 from pulsar_nack.snapshot.topic import TopicSnapshotStorage
 from pulsar_nack.testing import Broker
 
@@ -192,11 +193,13 @@ def test_a_kill_in_the_middle_of_a_snapshot_write_leaves_the_previous_one_in_cha
         assert not [n for n in os.listdir(directory) if n.endswith(".tmp")], "the dead writer's temp file"
         handouts: dict[str, list[float]] = {}
         drain(consumer, set(due) - acked, max(due.values()), handouts)
-        forwarded = consumer.nack_stats().forwarded
+        stats = consumer.nack_stats()
     finally:
         client.close()
-    # The previous snapshot, whole: all 100 nacks (the acks were not written) were due and forwarded.
-    assert forwarded >= 100, f"{forwarded} forwarded"
+    # The previous snapshot, whole: all 100 nacks (the acks were not written) were due, and each was
+    # forwarded or its copy — re-sent early by the broker at subscribe — kept and handed out then.
+    assert isinstance(stats, ChunkedNackStats)
+    assert stats.forwarded + stats.chunked_redelivered >= 100, stats
     assert not acked & set(handouts), f"acked before the kill, handed out: {sorted(acked & set(handouts))}"
     assert set(handouts) == set(due) - acked
     assert all(len(v) == 1 for v in handouts.values()), {k: len(v) for k, v in handouts.items() if len(v) > 1}
@@ -204,23 +207,27 @@ def test_a_kill_in_the_middle_of_a_snapshot_write_leaves_the_previous_one_in_cha
     assert not early, f"handed out early (ms): {early}"
 
 
-@pytest.mark.skipif(
-    os.environ.get("PULSAR_NACK_SLOW", "") != "1", reason="10,000 nacks over 20 s: set PULSAR_NACK_SLOW=1"
-)
 @pytest.mark.parametrize(
     "kind",
     [
         pytest.param(
             "lite",
-            marks=pytest.mark.xfail(
-                reason="pulsar-lite 0.2.0 stalls redeliveries requested in random entry order once a few "
-                "thousand are outstanding (+500 every 5-10 s): the official client alone, 10,000 messages "
-                "nacked 37 at a time every 68 ms in shuffled order, gets 6,000 back in 45 s (in entry "
-                "order: all 10,000 in 18.5 s); snapshots or not",
-                strict=False,
-            ),
+            marks=[
+                # (it runs only on request: an expected failure that costs a minute tells CI nothing)
+                pytest.mark.skipif(
+                    os.environ.get("PULSAR_NACK_SLOW", "") != "1",
+                    reason="pulsar-lite's known stall (xfail): set PULSAR_NACK_SLOW=1 to run it",
+                ),
+                pytest.mark.xfail(
+                    reason="pulsar-lite 0.2.0 stalls redeliveries requested in random entry order once a "
+                    "few thousand are outstanding (+500 every 5-10 s): the official client alone, 10,000 "
+                    "messages nacked 37 at a time every 68 ms in shuffled order, gets 6,000 back in 45 s "
+                    "(in entry order: all 10,000 in 18.5 s); snapshots or not",
+                    strict=False,
+                ),
+            ],
         ),
-        "apache",
+        "apache",  # in every `make test`: 10,000 nacks due over 20 s
     ],
 )
 def test_ten_thousand_nacks_come_back_at_their_due_times_after_sigkill(

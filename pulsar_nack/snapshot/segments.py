@@ -172,6 +172,9 @@ class SnapshotStats:
     ids_in_memory: int = 0
     ids_on_storage: int = 0
     ids_unsealed: int = 0  # nacked since the last seal: in memory only (lost if the process dies now)
+    # not on storage: unsealed, or in a new segment whose write has not succeeded (lost if the process dies)
+    ids_not_durable: int = 0
+    storage_failing: bool = False  # the last write (put) failed; told once per change (a WARNING)
     create: OpStats = field(default_factory=OpStats)
     load: OpStats = field(default_factory=OpStats)
     delete: OpStats = field(default_factory=OpStats)
@@ -271,6 +274,7 @@ class SegmentStore:
         self._lock = threading.RLock()  # the in-memory state; never held across a storage write
         self._io = threading.Lock()  # serializes the writers (_write_out and what asks it for work)
         self._stats = SnapshotStats()
+        self._failing = False  # the last put failed: the application was told, and is told when it heals
 
     # -- the index's calls ------------------------------------------------------------------------------
 
@@ -567,6 +571,13 @@ class SegmentStore:
                 break
             with self._lock:
                 (self._stats.merge if rec.merged else self._stats.create).record(_ms(started), True)
+                if self._failing:
+                    self._failing = False
+                    _log.warning(
+                        "snapshot storage writes again (%s written); %d pending nacks not on it yet",
+                        rec.name,
+                        self._not_durable() - (0 if rec.merged else rec.live),
+                    )
                 if self._records.get(rec.seq) is rec:
                     rec.persisted, rec.pending, rec.failed = True, None, False
                     for seq in rec.supersedes:  # only now that their replacement exists
@@ -590,28 +601,30 @@ class SegmentStore:
         self._write_watermark()
 
     def _write_failed(self, rec: _Record, data: bytes, exc: SnapshotStorageError, elapsed_ms: float) -> None:
-        """(Lock held.) A put failed: count and log it once per segment; a new segment's ids fall back
-        to memory (loaded into the in-memory index), a merge's inputs stay on storage."""
+        """(Lock held.) A put failed: counted; a new segment's ids fall back to memory (loaded into the
+        in-memory index), a merge's inputs stay on storage. The application is told once when the storage
+        starts failing — with every pending nack not on storage then, not one segment's — and once when a
+        write succeeds again (``stats().storage_failing`` and ``ids_not_durable`` follow it meanwhile)."""
         (self._stats.merge if rec.merged else self._stats.create).record(elapsed_ms, False)
-        if rec.failed:
-            return
-        rec.failed = True
-        if rec.merged:
+        if not rec.failed:
+            rec.failed = True
+            if not rec.merged:
+                self._stats.fallbacks += 1
+                if self._records.get(rec.seq) is rec and not rec.loaded:
+                    self._fill(rec, decode_segment(data, self.config.limits))
+        if not self._failing:
+            self._failing = True
             _log.warning(
-                "cannot write merged snapshot segment %s (%s); its inputs stay on storage, retrying later",
-                rec.name,
+                "cannot write snapshots (%s): %d pending nacks are in memory only — lost if this process "
+                "dies before the storage recovers; retrying at every checkpoint",
                 exc,
+                self._not_durable(),
             )
-            return
-        self._stats.fallbacks += 1
-        _log.warning(
-            "cannot write snapshot segment %s (%s): its %d nacks stay in memory only",
-            rec.name,
-            exc,
-            rec.count,
-        )
-        if self._records.get(rec.seq) is rec and not rec.loaded:
-            self._fill(rec, decode_segment(data, self.config.limits))
+
+    def _not_durable(self) -> int:
+        """(Lock held.) Pending ids not on storage: unsealed, or in new segments not written. O(S)."""
+        unwritten = sum(r.live for r in self._records.values() if not r.persisted and not r.merged)
+        return len(self._mutable) + unwritten
 
     def _write_watermark(self) -> None:
         """(``_io`` held, ``_lock`` not.) Write the pop watermark if it moved and a segment file may hold
@@ -808,6 +821,8 @@ class SegmentStore:
                 bytes_total=sum(r.nbytes for r in recs if r.persisted),
                 ids_in_memory=len(self._mutable) + len(self._loaded),
                 ids_unsealed=len(self._mutable),
+                ids_not_durable=self._not_durable(),
+                storage_failing=self._failing,
                 ids_on_storage=sum(r.live for r in recs if not r.loaded),
                 create=replace(self._stats.create, histogram=list(self._stats.create.histogram)),
                 load=replace(self._stats.load, histogram=list(self._stats.load.histogram)),

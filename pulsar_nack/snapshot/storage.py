@@ -244,11 +244,16 @@ class LocalDirectoryStorage:
         return os.path.join(self.path, check_name(name))
 
     def put(self, name: str, data: bytes) -> None:
-        """Write ``data`` under ``name`` atomically and durably. O(len(data))."""
+        """Write ``data`` under ``name`` atomically and durably; a directory removed meanwhile is created
+        again (0700), so writes resume once the storage is back. O(len(data))."""
         final = self._file(name)
         temp = os.path.join(self.path, f".{name}.{os.getpid()}.{secrets.token_hex(8)}{_TEMP_SUFFIX}")
         try:
-            self._write_temp(temp, data)
+            try:
+                self._write_temp(temp, data)
+            except FileNotFoundError:
+                os.makedirs(self.path, mode=0o700, exist_ok=True)
+                self._write_temp(temp, data)
             self._commit(temp, final)
         except OSError as exc:
             with contextlib.suppress(OSError):

@@ -1,0 +1,119 @@
+"""A copy the wrapper holds is the message (issue 27): pending nacks whose copies came early.
+
+pulsar-lite ignores nacks on partitioned topics. After a broker restart it re-dispatches every unacked
+message at once: the official consumer hands out all of them then, long before their nack delay. The
+wrapper used to drop those copies (their nacks were pending), forward the nacks when due into a broker that
+ignores them, give up after 3 tries — and the application never saw the messages again while the
+consumer lived. Now it keeps the early copy of a pending (non-batched) nack and hands it out at the nack's
+due time itself: nothing is forwarded, nothing abandoned.
+
+One test: a topic of 3 partitions on its own pulsar-lite, 300 messages, the official and the wrapped
+consumer (Shared, one subscription each) nack every message with an 8 s delay; the broker restarts; every
+message must come back to the wrapper once, none early, none later than due + 3 s, with 0 abandoned.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pulsar
+from messaging import produce, receive_all
+
+import pulsar_nack
+from pulsar_nack.arrivals import ArrivalFilter, Verdict
+from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.testing import PulsarLite
+
+COUNT = 300
+DELAY_MS = 8_000
+EARLY_MS = 255 + 5  # the wrapper's 2^k - 1 ms with floor rounding (k = 8), plus reading the clocks
+LATE_MS = 3_000  # generous: a shared machine
+WATCH_S = DELAY_MS / 1000 + LATE_MS / 1000 + 2
+
+
+def _drain(consumer: Any, until: float, handouts: dict[str, list[float]]) -> None:
+    """Receive (and ack) until ``until`` (monotonic s), recording each message's hand-out times."""
+    while (left := until - time.monotonic()) > 0:
+        try:
+            message = consumer.receive(max(1, int(min(left, 1.0) * 1000)))
+        except pulsar.Timeout:
+            continue
+        handouts.setdefault(message.data().decode(), []).append(time.monotonic())
+        consumer.acknowledge(message)
+
+
+def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_ignores_forwards() -> None:
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    topic = f"persistent://public/default/held-{uuid.uuid4().hex[:8]}"
+    options: dict[str, Any] = {
+        "consumer_type": pulsar.ConsumerType.Shared,
+        "negative_ack_redelivery_delay_ms": DELAY_MS,
+    }
+    with PulsarLite(default_partitions=3) as broker:
+        official_client = pulsar.Client(broker.service_url, logger=logger)
+        wrapped_client = pulsar_nack.Client(broker.service_url, logger=logger)
+        try:
+            official = official_client.subscribe(topic, "official", **options)
+            wrapped = wrapped_client.subscribe(topic, "wrapped", **options)
+            produce(official_client, topic, COUNT)
+            nacked: dict[str, dict[str, float]] = {"official": {}, "wrapped": {}}
+            for name, consumer in (("official", official), ("wrapped", wrapped)):
+                for message in receive_all(consumer, COUNT):
+                    consumer.negative_acknowledge(message)
+                    nacked[name][message.data().decode()] = time.monotonic()
+            broker.restart()
+            restarted = time.monotonic()
+            handouts: dict[str, dict[str, list[float]]] = {"official": {}, "wrapped": {}}
+            until = max(nacked["wrapped"].values()) + WATCH_S
+            threads = [
+                threading.Thread(target=_drain, args=(c, until, handouts[n]))
+                for n, c in (("official", official), ("wrapped", wrapped))
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(WATCH_S + 60)
+            stats = wrapped.nack_stats()
+        finally:
+            wrapped_client.close()
+            official_client.close()
+    got, due = handouts["wrapped"], {k: v + DELAY_MS / 1000 for k, v in nacked["wrapped"].items()}
+    assert set(got) == set(due), f"{len(set(due) - set(got))} of {COUNT} never came back"
+    twice = {k: len(v) for k, v in got.items() if len(v) > 1}
+    assert not twice, f"handed out more than once: {twice}"
+    early = {k: round(due[k] - v[0], 3) for k, v in got.items() if v[0] < due[k] - EARLY_MS / 1000}
+    assert not early, f"handed out early (s before due): {early}"
+    late = {k: round(v[0] - due[k], 3) for k, v in got.items() if v[0] > due[k] + LATE_MS / 1000}
+    assert not late, f"handed out late (s after due): {late}"
+    assert stats.abandoned == 0 and stats.reforwarded == 0, stats
+    # The contrast: the official consumer got its messages at the restart, before their delay.
+    official_early = [
+        k for k, v in handouts["official"].items() if v[0] < nacked["official"][k] + DELAY_MS / 1000 - 1
+    ]
+    assert len(official_early) >= 0.8 * COUNT, (len(official_early), restarted)
+
+
+def test_take_pending_takes_a_pending_nack_only() -> None:
+    """The filter's side, without a broker: a pending non-batched nack leaves the filter and the index;
+    one whose forward has begun (in flight) or that is not pending stays as it is."""
+    index = TimeBucketIndex(0, "floor")
+    arrivals = ArrivalFilter(
+        lambda *ids: None,
+        clock=lambda: 1_000.0,
+        pending_mask=index.pending_mask,
+        add=index.add,
+        remove=index.remove,
+    )
+    for entry in (1, 2):
+        arrivals.file(5_000, 7, entry, -1, "t")
+    arrivals.forwarded("t", 7, [2], {}, 1_000.0, 5_000)
+    assert arrivals.admit_entry(7, 1, "t") is Verdict.HOLD
+    assert arrivals.take_pending(7, 1, "t") is True
+    assert index.due_of(7, 1, -1, "t") is None and arrivals.admit_entry(7, 1, "t") is Verdict.DELIVER
+    assert arrivals.take_pending(7, 1, "t") is False, "taken already"
+    assert arrivals.take_pending(7, 2, "t") is False, "in flight: its forward's copy decides"
+    assert arrivals.take_pending(7, 3, "t") is False
+    assert arrivals.counts().in_flight == 1
