@@ -171,7 +171,7 @@ class NackTracker:
         forward: Callable[[Sequence[DueIds]], object],
         *,
         precision_bits: int = 8,
-        rounding: Rounding = "floor",
+        rounding: Rounding = "ceil",
         native: NativeTiming = NativeTiming(),
         linger_ms: float = 30_000.0,
         compact_after_ms: float = 1_000.0,
@@ -181,7 +181,12 @@ class NackTracker:
         batch_size: Callable[[Any], int] = int,
         snapshots: SegmentStore | None = None,
     ) -> None:
-        """``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
+        """``precision_bits``/``rounding``: the index's buckets of ``2**k`` ms. ``"ceil"`` (the default) files
+        a nack in the bucket at or after its due time: never handed out early, up to ``2**k - 1`` ms late
+        (plus delivery) — what a user of the official Python client expects. ``"floor"`` is Java's PIP-393
+        choice: the bucket at or before it, up to ``2**k - 1`` ms early.
+
+        ``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
         (see :class:`~pulsar_nack.arrivals.ArrivalFilter`).
 
         ``snapshots``: keep pending nacks in this (empty) segment store instead of a bare index, so that
@@ -408,18 +413,36 @@ class NackTracker:
             if at > now:  # a flush in between: now would delay its redelivery, or starve the native timer
                 self._arm(bucket, at)
                 return
-        self.flush(now, target=int(bucket))
+        self.flush(now)
 
-    def flush(self, now: float | None = None, target: int | None = None, everything: bool = False) -> int:
+    def flush(self, now: float | None = None, everything: bool = False) -> int:
         """Forward due ids (all pending ids with ``everything``) now; returns how many entries went. Re-arms
-        the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets)."""
+        the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets).
+
+        The ids due within one native latency go now; each is labelled for the arrival filter with a
+        time no earlier than its bucket's, below which no copy is handed out (never early with ceil
+        rounding). A copy our forward asks for never comes sooner than :data:`NATIVE_MIN_DELAY_MS` after
+        it — the filter checks that — so the ids due by then share that label; the few due in the native
+        latency's last ms are popped apart and labelled with its end (issue 24: labelling every id with
+        the armed bucket let ids of a later bucket out up to 2**k ms before it)."""
         now = self._clock() if now is None else now
-        due = self.index.pop_due(2**62 if everything else int(now + self.lead_ms))
-        target = int(now + self.lead_ms) if target is None else target
+        if everything:
+            steps = [(2**62, int(now))]
+        else:
+            limit = int(now + self.lead_ms)
+            safe = min(int(now) + NATIVE_MIN_DELAY_MS, limit)
+            steps = [(safe, safe), (limit, limit)] if limit > safe else [(limit, limit)]
+        due: list[DueIds] = []
         forwarded = 0
-        for ids in due:
-            self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, target)
-            forwarded += len(ids.entry_ids)
+        for until, label in steps:
+            popped = self.index.pop_due(until)
+            # The filter learns each pop before the next one: it reads what an entry still has pending
+            # in the index (a quiet entry's other messages), which must not include a later pop's ids.
+            learn = self.arrivals.forwarded
+            for ids in popped:
+                learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
+                forwarded += len(ids.entry_ids)
+            due += popped
         with self._lock:
             if due:
                 self._last_forward = now

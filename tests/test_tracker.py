@@ -213,6 +213,29 @@ def test_early_arrivals_are_held_and_new_messages_pass() -> None:
     assert h.tracker.arrivals.admit(3, 4, -1, "other", 0) is Verdict.DELIVER
 
 
+def test_ids_due_in_the_native_latencys_last_ms_are_never_handed_out_before_it() -> None:
+    """One flush forwards what is due within one native latency (102 ms). Ids due by 100 ms after it need
+    no label of their own (no copy our forward asks for comes sooner); those due in the last 2 ms are
+    held until then. Both members of a quiet batch entry (the rest acked), due on either side of 100 ms,
+    are forwarded, and each is handed out once, none before its bucket (issue 24)."""
+    h = Harness(precision_bits=0, quiet=True)
+    now = h.clock.now
+    for batch_index in range(10):
+        assert arrive(h, 1, 1, batch_index, size=10) is Verdict.DELIVER
+    for batch_index in range(2, 10):
+        h.tracker.acked(1, 1, batch_index)
+    h.tracker.schedule(now + 50, 1, 1, 1)
+    h.tracker.schedule(now + 101, 1, 1, 0)  # in (now + 100, now + 102]: the last 2 ms
+    assert h.tracker.flush(now) >= 1 and h.tracker.stats().pending == 0
+    h.clock.now = now + 100.5  # a copy 100.5 ms after the forward: m1's, not yet m0's
+    assert arrive(h, 1, 1, 1, size=10) is Verdict.DELIVER
+    assert arrive(h, 1, 1, 0, size=10) is Verdict.HOLD, "before its bucket"
+    h.clock.now = now + 102
+    assert arrive(h, 1, 1, 0, size=10) is Verdict.HOLD, "the early copy was forwarded again: wait for it"
+    h.run_until(now + 1_000)
+    assert arrive(h, 1, 1, 0, size=10) is Verdict.DELIVER, "m0 once, from its repeated forward"
+
+
 def test_lateness_is_measured_against_the_bucket() -> None:
     h = Harness(precision_bits=0)
     start = h.clock.now
