@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
@@ -128,11 +127,15 @@ class NackStats:
     dropped: int  # arrivals not handed out because the application acked them or holds another copy
     reforwarded: int  # forwards repeated because their copy came early or never came
     abandoned: int  # forwards given up after repeating (logged; the broker still holds the messages)
-    lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
+    # arrival − the due time the application asked for (nack time + delay), over a sample of the recent
+    # redeliveries (pulsar_nack.lateness): what the application sees, not the bucket's or the forward's
+    lateness_p50_ms: float | None
     lateness_p99_ms: float | None
     timer_failures: int = 0  # times the timer thread failed and was restarted (each logged)
     memory_bytes: int | None = None  # index + arrival filter (Python objects + CRoaring heap), if measured
     snapshots: SnapshotStats | None = None  # the segment store's metrics, when snapshots are kept
+    lateness_early_share: float | None = None  # share of those redeliveries handed out early (0 with ceil)
+    lateness_samples: int = 0  # redeliveries the percentiles are over (halved as more come)
 
 
 class _Learned:
@@ -545,12 +548,12 @@ class NackTracker:
         return self._clock()
 
     def stats(self, *, with_memory: bool = False) -> NackStats:
-        """Counters, pending state and lateness percentiles, without walking the index: O(lateness window)
+        """Counters, pending state and lateness percentiles, without walking the index: O(histogram buckets)
         for the percentiles, plus the arrival filter's counts (O(its open batch entries)).
         ``with_memory=True`` also measures ``memory_bytes``: O(index objects), holding the index's lock
         meanwhile; else it is None."""
-        samples = self.arrivals.lateness.values()
-        p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
+        lateness = self.arrivals.lateness
+        p50, p99 = lateness.percentiles((0.5, 0.99)) or (None, None)
         counts = self.arrivals.counts()
         return NackStats(
             pending=len(self.index),
@@ -565,6 +568,8 @@ class NackTracker:
             abandoned=counts.abandoned,
             lateness_p50_ms=p50,
             lateness_p99_ms=p99,
+            lateness_early_share=lateness.early_share,
+            lateness_samples=len(lateness),
             timer_failures=self._wheel.failures,
             snapshots=self.snapshots.stats() if self.snapshots is not None else None,
         )

@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
+import numpy as np
 import pytest
 
 from pulsar_nack import DueIds, MultiplierRedeliveryBackoff, NativeTiming, TimerWheel
@@ -183,7 +184,9 @@ def test_a_batch_acked_but_for_its_nacked_message_is_one_bit_and_still_classifie
         for batch_index in (0, 1, 3, 4):
             h.tracker.acked(8, entry_id, batch_index)
         h.tracker.schedule(start + 1_000, 8, entry_id, batch_index=2)
-    assert h.tracker.arrivals.memory_bytes() < 2_000, "two quiet entries: bits, not records"
+    arrivals = h.tracker.arrivals
+    fixed = arrivals.lateness.nbytes + arrivals.dues.nbytes  # fixed-size statistics (pulsar_nack.lateness)
+    assert arrivals.memory_bytes() - fixed < 2_000, "two quiet entries: bits, not records"
     assert arrive(h, 8, 1, 0, size=5) is Verdict.ACKED, "a reconnect copy: acked sibling"
     assert arrive(h, 8, 1, 2, size=5) is Verdict.HOLD, "its nack is pending"
     assert h.tracker.acked(8, 2, 2) == ((), False), "nack-then-ack"
@@ -236,14 +239,44 @@ def test_ids_due_in_the_native_latencys_last_ms_are_never_handed_out_before_it()
     assert arrive(h, 1, 1, 0, size=10) is Verdict.DELIVER, "m0 once, from its repeated forward"
 
 
-def test_lateness_is_measured_against_the_bucket() -> None:
-    h = Harness(precision_bits=0)
-    start = h.clock.now
-    h.tracker.schedule(start + 1_000, 1, 1)
-    h.run_until(start + 1_000 + 3)  # the redelivery reaches the app 3 ms after the bucket time
-    assert arrive(h, 1, 1) is Verdict.DELIVER
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+def test_lateness_is_measured_against_the_due_time_the_application_asked_for(rounding: str) -> None:
+    """Issue 24: nack_stats' lateness is arrival − (nack time + delay), not − the bucket time, nor − the
+    time the forward was armed for: ids of three buckets, one flush (a late timer), each arrival 3 ms after
+    its bucket (ceil) — the app sees its own due time's lateness. With floor the arrivals are early: a
+    negative lateness and an early share."""
+    h = Harness(precision_bits=8, quiet=True)
+    h.tracker = NackTracker(h.record, precision_bits=8, rounding=rounding, clock=h.clock, wheel=h.wheel)  # type: ignore[arg-type]
+    start = h.clock.now = 1_024_000.0  # a bucket boundary (k = 8)
+    dues = [start + 1_000 + 25 * i for i in range(10)]  # in two 256-ms buckets: +1,024 and +1,280 (ceil)
+    for i, due in enumerate(dues):
+        h.tracker.schedule(due, 1, i)
+    h.clock.now = start + 1_300
+    h.tracker.flush()  # one flush for both: the timer was late
+    h.clock.now += 110
+    expected = []
+    for i, due in enumerate(dues):
+        assert arrive(h, 1, i) is Verdict.DELIVER
+        expected.append(h.clock.now - due)
     stats = h.tracker.stats()
-    assert stats.lateness_p50_ms == pytest.approx(3.0)
+    assert stats.lateness_samples == 10
+    p50, p99 = (float(v) for v in np.percentile(expected, [50, 99]))
+    assert stats.lateness_p50_ms == pytest.approx(p50, abs=3.0)
+    assert stats.lateness_p99_ms == pytest.approx(p99, abs=3.0)
+    assert stats.lateness_early_share == 0.0
+
+
+def test_lateness_reports_early_redeliveries_of_floor_rounding() -> None:
+    h = Harness(precision_bits=8, quiet=True)
+    h.tracker = NackTracker(h.record, precision_bits=8, rounding="floor", clock=h.clock, wheel=h.wheel)
+    start = h.clock.now = 1_024_000.0
+    h.tracker.schedule(start + 1_200, 1, 1)  # floor: bucket start + 1,024, forwarded 102 ms before it
+    h.tracker.schedule(start + 1_100, 1, 2)
+    h.run_until(start + 1_024 + 5)
+    assert arrive(h, 1, 1) is Verdict.DELIVER and arrive(h, 1, 2) is Verdict.DELIVER
+    stats = h.tracker.stats()
+    assert stats.lateness_early_share == 1.0
+    assert stats.lateness_p50_ms == pytest.approx(1_029 - 1_150, abs=2.0)
 
 
 def test_a_forward_whose_copy_never_comes_is_repeated_then_abandoned() -> None:
