@@ -233,6 +233,14 @@ class NackTracker:
         self._lock = threading.Lock()
         self._timeout: Timeout | None = None  # the forward timeout, armed for ...
         self._armed_bucket: float = math.inf  # ... this bucket (the earliest pending one); inf: none
+        # One forward per bucket: a nack filed in a bucket the last forward covered (a short delay, a
+        # repeated forward) waits for the next bucket's forward, the first bucket time after that
+        # forward's horizon, instead of a forward of its own (issue 24: a 200 ms backoff re-armed the
+        # timer every 60-150 ms at k = 8).
+        self._width = 1 << precision_bits
+        self._next_bucket: float = -math.inf
+        # The nack path's lock-free test: a nack below this may have to arm the timer (see _arm).
+        self._arm_below: float = math.inf
         self._last_forward = -float("inf")
         self._forwarded = 0
         self._closed = False
@@ -256,12 +264,12 @@ class NackTracker:
         bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic)
         if bucket is None:
             return None
-        # Most nacks land at or after the armed bucket: no lock needed to see that.
-        if bucket < self._armed_bucket or self._compaction is None:
+        # Most nacks land at or after the armed bucket, or in one the next forward takes along: no lock
+        # needed to see that.
+        if bucket < self._arm_below or self._compaction is None:
             with self._lock:
                 if not self._closed:
-                    if bucket < self._armed_bucket:
-                        self._arm(bucket)
+                    self._arm_for(bucket)
                     if self._compaction is None:  # nacks moved on: buckets may have gone cold
                         self._compaction = self._wheel.schedule(
                             self._clock() + self.compact_after_ms, weak_callback(self._compact)
@@ -287,6 +295,14 @@ class NackTracker:
         copies, _, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         return copies, ack_entry
 
+    def _arm_for(self, bucket: float) -> None:
+        """(Lock held.) Ids are due at ``bucket``: arm the forward for it — or, if the last forward's horizon
+        covered it, for the next bucket after that horizon — unless the armed one comes no later. O(1)."""
+        if bucket < self._next_bucket:
+            bucket = self._next_bucket
+        if bucket < self._armed_bucket:
+            self._arm(bucket)
+
     def _arm(self, bucket: float, at_ms: float | None = None) -> None:
         """(Lock held.) Arm the one forward timeout for ``bucket`` (inf: disarm), at ``at_ms`` or else at
         the first moment :class:`NativeTiming` allows a forward one native latency before it. O(1)."""
@@ -294,6 +310,9 @@ class NackTracker:
             self._timeout.cancel()
             self._timeout = None
         self._armed_bucket = bucket
+        # A nack must take the lock only if it can arm an earlier forward: never while the next bucket is
+        # at or after the armed one (its forward would be the armed one anyway).
+        self._arm_below = bucket if self._next_bucket < bucket else -math.inf
         if bucket != math.inf:
             if at_ms is None:
                 at_ms = self.native.forward_at(bucket - self.lead_ms, self._last_forward)
@@ -332,8 +351,8 @@ class NackTracker:
             if not self._closed and keep:
                 self._schedule_maintenance()
             following = store.next_due_ms()  # a segment loaded or merged may be due before the armed one
-            if not self._closed and following is not None and following < self._armed_bucket:
-                self._arm(following)
+            if not self._closed and following is not None:
+                self._arm_for(following)
 
     def restore(self) -> RestoreReport:
         """Read the snapshot (the consumer's pending nacks before a restart) into this fresh tracker: ids
@@ -395,8 +414,8 @@ class NackTracker:
         with self._lock:
             if not self._closed:
                 following = store.next_due_ms()
-                if following is not None and following < self._armed_bucket:
-                    self._arm(following)
+                if following is not None:
+                    self._arm_for(following)
                 if self._maintenance is None and maintain:
                     self._schedule_maintenance()
 
@@ -411,7 +430,7 @@ class NackTracker:
             if self._closed or timeout is None or timeout.pending:
                 return  # a timeout cancelled while it was being fired: the armed one is still to come
             bucket = self._armed_bucket
-            self._timeout, self._armed_bucket = None, math.inf
+            self._timeout, self._armed_bucket, self._arm_below = None, math.inf, math.inf
             at = self.native.forward_at(now, self._last_forward)
             if at > now:  # a flush in between: now would delay its redelivery, or starve the native timer
                 self._arm(bucket, at)
@@ -429,10 +448,10 @@ class NackTracker:
         latency's last ms are popped apart and labelled with its end (issue 24: labelling every id with
         the armed bucket let ids of a later bucket out up to 2**k ms before it)."""
         now = self._clock() if now is None else now
+        limit = int(now + self.lead_ms)
         if everything:
             steps = [(2**62, int(now))]
         else:
-            limit = int(now + self.lead_ms)
             safe = min(int(now) + NATIVE_MIN_DELAY_MS, limit)
             steps = [(safe, safe), (limit, limit)] if limit > safe else [(limit, limit)]
         due: list[DueIds] = []
@@ -450,13 +469,15 @@ class NackTracker:
             if due:
                 self._last_forward = now
                 self._forwarded += forwarded
+                if not everything:  # buckets up to `limit` are forwarded: a later nack in one waits
+                    self._next_bucket = max(self._next_bucket, (limit | (self._width - 1)) + 1)
             if not self._closed:
                 if self._sweep is None and due:
                     sweep_at = self.arrivals.sweep_due
                     if sweep_at is not None:
                         self._sweep = self._wheel.schedule(sweep_at + 1, weak_callback(self._sweep_arrivals))
                 following = self.index.next_due_ms()
-                following_bucket = math.inf if following is None else following
+                following_bucket = math.inf if following is None else max(following, self._next_bucket)
                 if following_bucket != self._armed_bucket:  # no timeout left for a bucket now drained
                     self._arm(following_bucket)
         if due:
@@ -503,7 +524,7 @@ class NackTracker:
             timeouts = [
                 t for t in (self._timeout, self._compaction, self._sweep, self._maintenance) if t is not None
             ]
-            self._timeout, self._armed_bucket = None, math.inf
+            self._timeout, self._armed_bucket, self._arm_below = None, math.inf, math.inf
         for timeout in timeouts:
             timeout.cancel()
         takeover, self.takeover = self.takeover, None

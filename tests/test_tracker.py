@@ -17,7 +17,7 @@ import pytest
 
 from pulsar_nack import DueIds, MultiplierRedeliveryBackoff, NativeTiming, TimerWheel
 from pulsar_nack.delay_limit import DelayLimitExceeded, limit_delay
-from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.index import Rounding, TimeBucketIndex
 from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker, Verdict
 
@@ -116,6 +116,42 @@ def test_close_buckets_are_forwarded_on_the_native_grid_not_faster() -> None:
     assert times[0] == 1_000 - 102
     assert all(b - a >= 68 for a, b in itertools.pairwise(times))
     assert sorted(e for _, ids in h.forwards for _, _, e, _ in ids) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("rounding", "delay"), [("floor", 200), ("ceil", 30)])
+def test_nacks_in_a_bucket_already_forwarded_wait_for_the_next_buckets_forward(
+    rounding: Rounding, delay: int
+) -> None:
+    """Issue 24: a steady stream of nacks whose bucket the last forward already covered — the demo's
+    200 ms backoff with floor rounding, a short delay with ceil. Each such nack joins the next bucket's
+    forward instead of re-arming the timer for a forward of its own: forwards stay 2^k ms apart (they
+    were 60–150 ms apart), every id is forwarded once, none before its bucket's forward time."""
+    h = Harness(precision_bits=8, quiet=True)
+    h.tracker = NackTracker(
+        h.record, precision_bits=8, rounding=rounding, clock=h.clock, wheel=h.wheel, compact_after_ms=1e9
+    )
+    start = h.clock.now = 1_024_000.0
+    due: dict[int, float] = {}
+    entry = 0
+    while h.clock.now < start + 3_000:
+        h.clock.now += 1
+        h.callbacks += h.wheel.run_due()
+        if int(h.clock.now) % 10 == 0:
+            due[entry] = h.clock.now + delay
+            h.tracker.schedule(due[entry], 1, entry)
+            entry += 1
+    h.run_until(start + 4_000)
+    times = [at for at, _ in h.forwards]
+    # (the first forward may come at the first nack: with floor rounding its bucket is due at once)
+    gaps = [b - a for a, b in itertools.pairwise(times)][1:]
+    assert min(gaps) >= 2**8 - 2 * NativeTiming().margin_ms, gaps
+    up = 255 if rounding == "ceil" else 0
+    buckets = {(math.ceil(d) + up) & -256 for d in due.values()}
+    assert len(times) <= len(buckets) + 1, "one forward per bucket due"
+    forwarded = [(at, e) for at, ids in h.forwards for _, _, e, _ in ids]
+    assert sorted(e for _, e in forwarded) == sorted(due)
+    if rounding == "ceil":
+        assert all(at + NativeTiming().latency_ms >= due[e] for at, e in forwarded), "never early"
 
 
 def test_a_later_nack_never_delays_an_earlier_one_and_vice_versa() -> None:
