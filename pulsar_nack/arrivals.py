@@ -431,7 +431,7 @@ class ArrivalFilter:
                     entry = self._expand(key, batch_mask(batch_indexes.get(entry_id, ())))
                 if entry is None:  # a non-batched message
                     flight = self._flights[key] = _Flight(now, target, self._flights.get(key))
-                    due = take(hash(key) ^ -1) if dues.used else None
+                    due = take(hash(key) ^ -1, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
                     watch = self._watch.get((topic, ledger_id))
@@ -460,7 +460,7 @@ class ArrivalFilter:
                 code = hash(key)
                 for index in batch_index_bits(mask & ~entry.acked):
                     flight = flights[index] = _Flight(now, target, flights.get(index))
-                    due = take(code ^ index) if dues.used else None
+                    due = take(code ^ index, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
                 entry.last_forward = now

@@ -3,16 +3,16 @@
 The index keeps buckets, not due times (that is where its memory goes down), so the exact due time of
 every pending nack is not known at arrival. Two fixed-size structures measure lateness anyway:
 
-* :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (a direct-mapped table
-  of ``capacity`` slots, two-way: 16 bytes a slot) — taken when the id's nack is filed, read when it is
-  forwarded (the forward carries it to the copy that is handed out);
+* :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (a table of 512
+  slots, two-way: 8 bytes a slot) — taken when the id's nack is filed, read when it is forwarded (the
+  forward carries it to the copy that is handed out);
 * :class:`LatenessHistogram` counts the sampled redeliveries' lateness in log buckets (an HDR-histogram
   shape: 64 sub-buckets per power of two, so ≤ 1.6 % of the value wide, interpolated within), early ones
   (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds twice
   ``window`` samples: the percentiles describe roughly the last ``window``–``2 * window`` redeliveries.
 
-Neither grows with pending nacks or run time: ~5.4 KiB + ~1.5 KiB for the histogram, 16 B × capacity for
-the sample, each allocated at its first use. Not thread-safe: the arrival filter calls both under its lock.
+Neither grows with pending nacks or run time: ~4.9 KiB + ~1.3 KiB for the histogram, 4 KiB for the
+sample, each allocated at its first use. Not thread-safe: the arrival filter calls both under its lock.
 """
 
 from __future__ import annotations
@@ -29,82 +29,110 @@ _NAN = math.nan
 #: Spreads keys over the slots: the keys of one batch's messages differ in their low bits only (the batch
 #: index), which a mask alone would put in one block of slots (Fibonacci hashing: 2**64 / golden ratio).
 _SPREAD = 0x9E3779B97F4A7C15
+_LOW = 0xFFFF_FFFF  # due times and keys are kept modulo 2**32
+_HALF = 1 << 31
+_FREE = _LOW  # the due time of a free slot (a due time that is this modulo 2**32 is not sampled)
 #: The sparsest sample of nacks a busy consumer offers to :class:`DueSample`: 1 in 256.
 MAX_EVERY = 255
 
 
 class DueSample:
-    """Exact due times (ms) of up to ``capacity`` pending ids, by a 64-bit key of the id (a hash).
+    """Exact due times (ms) of up to ``capacity`` pending ids, by a key of the id (a hash): 8 bytes a slot
+    — 32 bits of the key, and the due time modulo 2**32 ms (49 days), read back near a time given.
 
     The nack path offers a nack only when ``due_ms & every == 0``: every nack while the table has room,
-    and fewer (``every`` doubles up to :data:`MAX_EVERY`, a 1/256 sample) when an offered nack finds both of
-    its slots taken — so a busy consumer pays one bit test per nack, not a table probe. ``every`` is 0
-    again once the table is three quarters free.
+    and fewer (``every`` doubles up to :data:`MAX_EVERY`, a 1/256 sample) when an offered nack finds both
+    of its slots taken while the table is three quarters full — so a busy consumer pays one bit test per
+    nack, not a table probe; then the ids the new ``every`` would not have offered are dropped, so the
+    sample is always the pending ids whose due time passes ``every``: spread evenly over a burst larger
+    than the table, not its first nacks (whose lateness differs: with ceil rounding a bucket's earliest
+    due times are the latest). ``every`` halves again each time an id is taken while the table is three
+    quarters free. An id whose two slots are taken while the table has room is not sampled: chosen by
+    its hash, not by its lateness.
 
-    ``note`` keeps a due time if one of the key's two slots is free, holds this key (the earlier due time
-    is kept: a re-nack does not move a nack later), or holds a due time more than ``horizon_ms`` before
-    this one (an id whose forward was never seen: acked, cleared); else the id is not sampled. ``take``
-    returns the key's due time and frees its slot. O(1) each; 16 bytes a slot."""
+    ``note`` keeps a due time if one of the key's two slots is free or holds this key (the earlier due time
+    is kept: a re-nack does not move a nack later), or replaces an id due more than ``horizon_ms`` before
+    it (one whose forward was never seen: acked, cleared). ``take`` returns the key's due time and frees
+    its slot. O(1) each, O(capacity) when ``every`` grows (at most 8 times while the table is full)."""
 
     __slots__ = ("_dues", "_keys", "_mask", "every", "horizon_ms", "used")
 
-    def __init__(self, capacity: int = 256, horizon_ms: float = 60_000.0) -> None:
+    def __init__(self, capacity: int = 512, horizon_ms: int = 60_000) -> None:
         if capacity < 4 or capacity & (capacity - 1):
             raise ValueError(f"capacity must be a power of two >= 4, got {capacity}")
         self._mask = capacity - 1
-        self.horizon_ms = float(horizon_ms)
+        self.horizon_ms = int(horizon_ms)
         self._keys: array[int] | None = None  # allocated at the first note
-        self._dues: array[float] | None = None  # NaN: a free slot
+        self._dues: array[int] | None = None  # due ms & _LOW; _FREE: a free slot
         self.every = 0  # offer a nack when due_ms & every == 0
         self.used = 0  # slots taken
 
-    def note(self, key: int, due_ms: float) -> None:
+    def note(self, key: int, due_ms: int) -> None:
+        """Sample ``due_ms`` (an int) for ``key`` if there is room (see the class docstring). O(1)."""
         dues = self._dues
         keys = self._keys
         if dues is None or keys is None:
-            size = self._mask + 1
-            keys = self._keys = array("q", bytes(8 * size))
-            dues = self._dues = array("d", [_NAN]) * size
+            keys = self._keys = array("I", bytes(4 * (self._mask + 1)))
+            dues = self._dues = array("I", [_FREE]) * (self._mask + 1)
+        code = key & _LOW
+        due = due_ms & _LOW
         slot = key * _SPREAD >> 40 & self._mask
         old = dues[slot]
-        if old == old and keys[slot] != key:  # taken by another id: its twin slot, then a stale one
+        if old != _FREE and keys[slot] != code:  # taken by another id: its twin slot
             slot ^= 1
             old = dues[slot]
-            if old == old and keys[slot] != key:
-                slot = key * _SPREAD >> 40 & self._mask
-                if dues[slot] + self.horizon_ms >= due_ms:
-                    slot ^= 1
-                    if dues[slot] + self.horizon_ms >= due_ms:
-                        self.every = min(self.every << 1 | 1, MAX_EVERY)  # full: offer fewer
-                        return
-                keys[slot] = key
-                dues[slot] = due_ms
+            if old != _FREE and keys[slot] != code:
+                self._contend(key, due_ms, slot)
                 return
-        if old != old:
+        if old == _FREE:
             self.used += 1
-        elif due_ms >= old:  # this id's own, earlier due time
+        elif (due - old) & _LOW < _HALF:  # this id's own, earlier due time (modulo 2**32)
             return
-        keys[slot] = key
-        dues[slot] = due_ms
+        keys[slot] = code
+        dues[slot] = due
 
-    def take(self, key: int) -> float | None:
+    def _contend(self, key: int, due_ms: int, slot: int) -> None:
+        """Both slots taken by other ids: one long overdue gives way, or the sample is thinned."""
+        dues, keys = self._dues, self._keys
+        assert dues is not None and keys is not None
+        due = due_ms & _LOW
+        for probe in (slot ^ 1, slot):
+            if self.horizon_ms < (due - dues[probe]) & _LOW < _HALF:  # overdue by more than the horizon
+                keys[probe] = key & _LOW
+                dues[probe] = due
+                return
+        if self.every >= MAX_EVERY or self.used < self._mask - (self._mask >> 2):
+            return  # (not full: this id is not sampled — chosen by its hash, not by its lateness)
+        every = self.every = self.every << 1 | 1
+        for probe, old in enumerate(dues):
+            if old != _FREE and old & every:
+                dues[probe] = _FREE
+                self.used -= 1
+        if not due_ms & every:
+            self.note(key, due_ms)
+
+    def take(self, key: int, near_ms: float) -> float | None:
+        """The due time sampled for ``key`` (None if it was not), read as the one within 24 days of
+        ``near_ms``; its slot is freed. O(1)."""
         dues = self._dues
         keys = self._keys
         if not self.used or dues is None or keys is None:
             return None
+        code = key & _LOW
         slot = key * _SPREAD >> 40 & self._mask
-        if keys[slot] != key:
+        if keys[slot] != code:
             slot ^= 1
-            if keys[slot] != key:
+            if keys[slot] != code:
                 return None
         due = dues[slot]
-        if due != due:
+        if due == _FREE:
             return None
-        dues[slot] = _NAN
+        dues[slot] = _FREE
         self.used -= 1
         if self.every and self.used <= self._mask >> 2:
-            self.every = 0  # room again: offer every nack
-        return due
+            self.every >>= 1  # room again: offer more nacks
+        near = int(near_ms)
+        return float(near + ((due - near + _HALF) & _LOW) - _HALF)
 
     def clear(self) -> None:
         self._keys = self._dues = None
@@ -164,7 +192,7 @@ class LatenessHistogram:
 
     def add(self, lateness_ms: float) -> None:
         if self._late is None or self._early is None:
-            self._late, self._early = _Buckets(64, 26), _Buckets(16, 26)
+            self._late, self._early = _Buckets(64, 24), _Buckets(16, 24)
         if lateness_ms >= 0:
             buckets = self._late
         else:

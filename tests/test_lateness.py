@@ -52,39 +52,39 @@ def test_old_redeliveries_fade_and_the_size_stays_fixed() -> None:
 
 def test_a_sampled_due_time_is_taken_once_and_the_earlier_of_two_kept() -> None:
     sample = DueSample(capacity=8)
-    sample.note(12345, 1_000.0)
-    sample.note(12345, 900.0)  # a re-nack due sooner: kept
-    sample.note(12345, 5_000.0)  # later: the earlier stays
-    assert sample.take(12345) == 900.0
-    assert sample.take(12345) is None, "taken once"
-    assert sample.take(999) is None
+    epoch_ms = 1_795_000_000_000  # due times are kept modulo 2**32 ms and read back near a given time
+    sample.note(12345, epoch_ms + 1_000)
+    sample.note(12345, epoch_ms + 900)  # a re-nack due sooner: kept
+    sample.note(12345, epoch_ms + 5_000)  # later: the earlier stays
+    assert sample.take(12345, epoch_ms + 1_024) == epoch_ms + 900
+    assert sample.take(12345, epoch_ms) is None, "taken once"
+    assert sample.take(999, epoch_ms) is None
 
 
-def test_a_full_sample_offers_fewer_nacks_and_more_again_once_emptied() -> None:
-    """Every key taken by another id: ``every`` grows (a sparser sample, one bit test a nack); as the
-    sampled ids are forwarded it shrinks back to 0 (every nack sampled)."""
-    sample = DueSample(capacity=8)
-    kept = []
-    for key in range(64):
-        before = sample.used
-        sample.note(key, 1_000.0 + key)
-        if sample.used > before:
-            kept.append(key)
-    assert sample.used == len(kept) == 8
-    assert 0 < sample.every <= MAX_EVERY
-    for key in kept:
-        assert sample.take(key) == 1_000.0 + key
-    assert sample.used == 0 and sample.every == 0
+def test_a_full_sample_is_thinned_evenly_over_a_burst_and_fills_again_once_emptied() -> None:
+    """A burst of 2,000 nacks due 1 ms apart into 64 slots: the sample keeps due times from the whole
+    burst (not its first 64), each passing the offer test, and offers fewer nacks from then on; as the
+    sampled ids are taken it offers more again."""
+    sample = DueSample(capacity=64)
+    for key in range(2_000):
+        due = 10_000 + key
+        if not due & sample.every:  # as the nack path offers them
+            sample.note(key, due)
+    kept = [key for key in range(2_000) if sample.take(key, 10_000) is not None]
+    assert 16 <= len(kept) <= 64
+    assert min(kept) < 500 and max(kept) > 1_500, "spread over the burst"
+    assert sample.used == 0 and sample.every < MAX_EVERY
+    while sample.every:
+        sample.note(5, 1_000)
+        sample.take(5, 1_000)
+    assert sample.every == 0
 
 
 def test_an_overdue_sampled_id_gives_way() -> None:
     """An id sampled but never forwarded (acked meanwhile) does not hold its slot for ever."""
     sample = DueSample(capacity=4, horizon_ms=60_000)
     for key in range(100):
-        sample.note(key, 1_000.0)
-    assert sample.used == 4
-    newcomer = 1_000
-    sample.note(newcomer, 2_000.0)  # its slots hold ids due 1 s before: kept
-    assert sample.take(newcomer) is None
-    sample.note(newcomer, 70_000.0)  # 69 s after them: one gives way
-    assert sample.take(newcomer) == 70_000.0
+        sample.note(key, 1_000)
+    assert sample.used > 0
+    sample.note(1_000, 70_000)  # 69 s after them: one of its slots gives way, if taken
+    assert sample.take(1_000, 70_000) == 70_000
