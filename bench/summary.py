@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import report
+from nack_lateness import rounding_note
 
 README = report.ROOT / "README.md"
 
@@ -80,7 +81,7 @@ def rows() -> list[list[str]]:
         out.append([
             f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
             f"{native_p99 / 1000:.1f} s late",
-            f"{wrapper_p99:+.1f} ms (k = {k}, floor rounding: up to {2**k} ms early by design)",
+            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)})",
             f"nack_lateness ({_stamp(lateness)})",
         ])
     if lateness:

@@ -112,7 +112,10 @@ class NackOptions:
     ``negative_ack_redelivery_backoff``.
 
     ``redelivery_delay_ms``: the default delay (the official client's ``negative_ack_redelivery_delay_ms``);
-    ``precision_bits``/``rounding``: the index's buckets (see :class:`~pulsar_nack.index.TimeBucketIndex`);
+    ``precision_bits``/``rounding``: the index's buckets (see :class:`~pulsar_nack.index.TimeBucketIndex`):
+    ``rounding="ceil"`` (the default) never hands a message out before its due time and costs up to
+    ``2**k`` ms of lateness (plus delivery), as the official Python client is never early;
+    ``"floor"`` is Java's PIP-393 semantics: up to ``2**k - 1`` ms early, never late from rounding;
     ``backoff``: delay by ``redelivery_count()`` when no per-call delay is given; ``max_redelivery_delay_ms``
     and ``on_delay_limit``: PIP-315's limit applied to every nack delay (0 = none); ``on_close``: ``"drop"``
     pending nacks at close (Java's behaviour: the broker redelivers unacked messages when the consumer
@@ -129,7 +132,7 @@ class NackOptions:
     precision_bits: int = field(
         default=8, metadata=_argument("negative_ack_precision_bit_cnt", alias="negative_ack_precision_bits")
     )
-    rounding: Rounding = field(default="floor", metadata=_argument("negative_ack_rounding"))
+    rounding: Rounding = field(default="ceil", metadata=_argument("negative_ack_rounding"))
     backoff: RedeliveryBackoff | None = field(
         default=None, metadata=_argument("negative_ack_redelivery_backoff", alias="negative_ack_backoff")
     )
