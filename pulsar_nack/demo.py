@@ -286,8 +286,8 @@ def _summary(progress: _Progress, stats: Any, args: argparse.Namespace) -> None:
     if late is not None:
         print(
             f"lateness (arrival − due, ms): min {late[0]:.0f}, p50 {late[1]:.0f}, p99 {late[2]:.0f}, "
-            f"max {late[3]:.0f}  (k = {args.precision_bits}: up to {2**args.precision_bits} ms early "
-            "by design)"
+            f"max {late[3]:.0f}  (k = {args.precision_bits}, ceil rounding: never early, up to "
+            f"{2**args.precision_bits} ms late by design)"
         )
     if progress.peak_pending:
         for line in _memory_lines(progress, native_cost()):
