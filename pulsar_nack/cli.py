@@ -395,9 +395,15 @@ def _print_profile(result: Any, json_path: Path | None) -> int:
 def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
     """``profile --broker URL``: :func:`pulsar_nack.profile_broker.profile_broker`."""
     from pulsar_nack.profile import ProfileError, parse_duration_ms
-    from pulsar_nack.profile_broker import BROKER_MODES, profile_broker
+    from pulsar_nack.profile_broker import BROKER_MODES, check_broker_run, profile_broker
 
     options = {"broker": "--broker", "timeout_s": "--broker-timeout", "partitions": "--partitions"}
+
+    def usage(error: ProfileError) -> UsageError:
+        field, _, reason = str(error).partition(":")
+        named = " × ".join(options.get(part.strip(), _option(part.strip())) for part in field.split("×"))
+        return UsageError(f"{named}:{reason}")
+
     stages = ("produce", *BROKER_MODES)
     bar: Any = None
     _host_ports("--broker", args.broker, ("pulsar", "pulsar+ssl"))
@@ -405,6 +411,10 @@ def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
         timeout_s = parse_duration_ms(args.broker_timeout, "timeout_s") / 1_000
     except ProfileError as error:
         raise UsageError(f"--broker-timeout:{str(error).partition(':')[2]}") from None
+    try:  # every argument is checked before the broker is contacted
+        check_broker_run(workload, args.broker, timeout_s)
+    except ProfileError as error:
+        raise usage(error) from None
     # The client's operation timeout (30 s) bounds the connection attempt.
     check_reachable("--broker", args.broker, 30.0, ("pulsar", "pulsar+ssl"))
     import pulsar
@@ -430,9 +440,7 @@ def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
             workload, args.broker, java=not args.no_java, timeout_s=timeout_s, progress=progress
         )
     except ProfileError as error:
-        field, _, reason = str(error).partition(":")
-        named = " × ".join(options.get(part.strip(), _option(part.strip())) for part in field.split("×"))
-        raise UsageError(f"{named}:{reason}") from None
+        raise usage(error) from None
     except pulsar.Interrupted:  # Ctrl-C inside a blocking client call: a Ctrl-C
         raise KeyboardInterrupt from None
     except pulsar.PulsarException as error:
