@@ -1,5 +1,6 @@
-"""A nack of a message another subscription's consumer received, side by side with the official client:
-this consumer's own first copy of that message is handed out at once, as a first delivery."""
+"""A nack of a message another subscription's consumer received (a wrapped or a bare pulsar consumer), side
+by side with the official client: this consumer's own first copy of that message is handed out at once, as
+a first delivery."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ DELAY_MS = 60_000  # far beyond the receive timeout: a held-back first copy woul
 RECEIVE_MS = 10_000  # generous on a loaded machine
 
 
+@pytest.mark.parametrize("other_is", ["wrapped", "official"])
 def test_nacking_another_subscriptions_message_does_not_hold_back_our_own_copy(
-    pulsar_lite: PulsarLite, unique_topic: str
+    pulsar_lite: PulsarLite, unique_topic: str, other_is: str
 ) -> None:
     official_client = pulsar.Client(pulsar_lite.service_url)
     nack_client = Client(pulsar_lite.service_url)
     try:
         options = {"consumer_type": SHARED, "negative_ack_redelivery_delay_ms": DELAY_MS}
-        other = nack_client.subscribe(unique_topic, "other", **options)
+        other = (nack_client if other_is == "wrapped" else official_client).subscribe(
+            unique_topic, "other", **options
+        )
         ours = nack_client.subscribe(unique_topic, "ours", **options)
         official = official_client.subscribe(unique_topic, "official", **options)
         producer = official_client.create_producer(unique_topic, batching_enabled=False)
