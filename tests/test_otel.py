@@ -12,6 +12,7 @@ import pulsar
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from test_metrics import FakeClock, TrackedConsumer
 
 from pulsar_nack import Client
 from pulsar_nack.otel import NackMeter, attributes_of
@@ -58,7 +59,7 @@ def test_a_real_consumer_through_the_sdk_reader(lite_client: Client, unique_topi
     producer = lite_client.create_producer(unique_topic, batching_enabled=False)
     for i in range(2):
         producer.send(f"m{i}".encode())
-    NackMeter(consumer, meter_provider=provider, memory=True, topic_attributes=True)
+    NackMeter(consumer, meter_provider=provider, memory_ttl_s=0, topic_attributes=True)
     first = [consumer.receive(10_000) for _ in range(2)]
     consumer.negative_acknowledge(first[0])
     consumer.negative_acknowledge(first[1], delay_ms=60_000)
@@ -111,3 +112,35 @@ def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setitem(sys.modules, "opentelemetry", None)
     with pytest.raises(ImportError, match=r"pulsar-nack\[otel\]"):
         NackMeter()
+
+
+def test_memory_is_walked_at_most_every_ttl_and_not_at_all_with_none() -> None:
+    clock = FakeClock()
+    consumer = TrackedConsumer(clock)
+    consumer.nack(1, 60_000)
+    reader = InMemoryMetricReader()
+    NackMeter(consumer, meter_provider=MeterProvider(metric_readers=[reader]), memory_ttl_s=10, clock=clock)
+    first = value(points(reader), "pulsar_nack.consumer.nack.memory")
+    assert first > 0 and consumer.memory_walks == 1
+    consumer.nack(2, 60_000)
+    assert value(points(reader), "pulsar_nack.consumer.nack.pending") == 2  # fresh
+    assert value(points(reader), "pulsar_nack.consumer.nack.memory") == first  # cached: no walk
+    assert consumer.memory_walks == 1
+    clock.now += 10_000.0  # (the fake clock is also the meter's: seconds here, ms for the tracker)
+    points(reader)
+    assert consumer.memory_walks == 2
+    plain = InMemoryMetricReader()
+    NackMeter(consumer, meter_provider=MeterProvider(metric_readers=[plain]), memory_ttl_s=None)
+    assert "pulsar_nack.consumer.nack.memory" not in points(plain)
+    assert consumer.memory_walks == 2
+
+
+@pytest.mark.parametrize("ttl", [-1, float("nan"), "10", True])
+def test_a_bad_memory_ttl_is_refused(ttl: Any) -> None:
+    with pytest.raises(ValueError, match="memory_ttl_s"):
+        NackMeter(memory_ttl_s=ttl)
+
+
+def test_a_consumer_without_nack_stats_is_refused() -> None:
+    with pytest.raises(TypeError, match="NackMeter takes consumers"):
+        NackMeter(object())  # type: ignore[arg-type]
