@@ -391,7 +391,9 @@ def wrap(consumer: pulsar.asyncio.Consumer, *, native_delay_ms: int, **options: 
     if isinstance(consumer, NackConsumer):
         raise TypeError("this consumer is already wrapped")
     nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="aio.wrap")
-    return NackConsumer(consumer, nack, snapshots)
+    wrapped = NackConsumer(consumer, nack, snapshots)
+    wrapped._nacks.marks_all = False  # messages received before aio.wrap() carry no mark
+    return wrapped
 
 
 with_signature(

@@ -14,7 +14,7 @@ subcommand that needs them.
                          [--batch-size N] [--nack-share F] [--topics T] [--fit FILE] [--json FILE]
                                                                                     (pulsar_nack.estimate)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
-                      [--java-results FILE|none]
+                      [--java-results FILE|none] [--files]
 """
 
 from __future__ import annotations
@@ -147,10 +147,29 @@ def _register_sweep(subcommands: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="FILE|none",
         help="results file of bench/index_memory.py with the Java PIP-393 figures the report's Java bars "
         "come from; 'none' for no Java bars (default: the repository's bench/results/index_memory.json "
-        "when it exists, else none)",
+        "in a checkout, else the copy the package carries)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.add_argument(
+        "--files",
+        action="store_true",
+        help="print where the spark-submit job (spark/sweep_job.py), the notebook "
+        "(spark/memory_sweep.ipynb), their README and the results files are — in a checkout or in the "
+        "installed package — and exit",
+    )
     parser.set_defaults(run=_sweep)
+
+
+def _sweep_files() -> int:
+    """``sweep --files``: one ``name: path`` line per shipped file of the Spark recipe. O(1)."""
+    from pulsar_nack.shipped import SPARK_FILES, repository_file
+
+    for name in (*SPARK_FILES, "bench/results/index_memory.json", "bench/results/seeds.json"):
+        path = repository_file(name)
+        if path is None:
+            raise RunError(f"{name} is neither in a checkout nor in this install")
+        print(f"{name}: {path}")
+    return 0
 
 
 def _java_results(value: str | None) -> Path | None:
@@ -170,6 +189,8 @@ def _java_results(value: str | None) -> Path | None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    if args.files:
+        return _sweep_files()
     from pulsar_nack.sweep.grid import GridError, load_grid
 
     try:

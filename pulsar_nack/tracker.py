@@ -115,8 +115,14 @@ class NativeTiming:
 
 @dataclass(frozen=True)
 class NackStats:
-    """A snapshot of a tracker's state and history. ``memory_bytes`` is None unless it was asked for
-    (``stats(with_memory=True)``, ``nack_stats(with_memory=True)``): measuring walks the index."""
+    """A snapshot of a tracker's state and history — the one type ``nack_stats()`` returns, on every consumer.
+    ``memory_bytes`` is None unless it was asked for (``stats(with_memory=True)``,
+    ``nack_stats(with_memory=True)``): measuring walks the index.
+
+    Fields, by group: the index and its traffic (``pending`` … ``abandoned``, ``timer_failures``); lateness
+    as the application sees it (``lateness_*``); memory (``memory_bytes``, ``memory_parts``); snapshots
+    (``snapshots``: None unless ``snapshot_dir`` is set); chunked messages and early copies held in memory
+    (``chunked_*``: 0 on a bare tracker, see :mod:`pulsar_nack.chunks`)."""
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
@@ -138,6 +144,14 @@ class NackStats:
     snapshots: SnapshotStats | None = None  # the segment store's metrics, when snapshots are kept
     lateness_early_share: float | None = None  # share of those redeliveries handed out early (0 with ceil)
     lateness_samples: int = 0  # redeliveries the percentiles are over (halved as more come)
+    # held in memory by the consumer (pulsar_nack.chunks): nacked chunked messages, early broker copies
+    chunked_held: int = 0  # messages kept in memory now
+    chunked_held_bytes: int = 0  # their payload bytes (bounded by max_held_chunked_bytes)
+    chunked_redelivered: int = 0  # handed out again from memory
+    chunked_dead_lettered: int = 0  # sent to the dead-letter topic by the wrapper
+    chunked_over_bound: int = 0  # nacks not held because max_held_chunked_bytes was reached
+    chunked_native: int = 0  # nacks sent to the broker as a nack of every chunk entry (over the bound too)
+    chunked_copies_dropped: int = 0  # broker copies of a held message (a reconnect) not handed out
 
 
 class _Learned:

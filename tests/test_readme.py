@@ -82,7 +82,9 @@ def test_the_layout_table_is_true() -> None:
     assert [path for path in named if not (REPO / path).exists()] == [], "named in the table, not there"
 
 
-@pytest.mark.parametrize("command", ["pulsar-nack estimate", "pulsar-nack --version"])
+@pytest.mark.parametrize(
+    "command", ["pulsar-nack estimate", "pulsar-nack --version", "pulsar-nack sweep --files"]
+)
 def test_the_tool_commands_run_as_written(command: str) -> None:
     """The README's quick tool commands (those that need no broker, Spark or minutes) exit 0."""
     lines = [line.split("#")[0].split() for line in README.splitlines() if line.startswith(command)]
