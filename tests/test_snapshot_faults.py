@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from test_snapshot_segments import Flaky
 from pulsar_nack import NackStats, TimerWheel
 from pulsar_nack.metrics import NackCollector
 from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
-from pulsar_nack.snapshot.storage import InMemoryStorage, LocalDirectoryStorage
+from pulsar_nack.snapshot.storage import InMemoryStorage, LocalDirectoryStorage, SnapshotStorageError
 from pulsar_nack.tracker import NackTracker
 
 K = 8
@@ -145,3 +146,23 @@ def test_a_consumer_without_snapshots_has_no_snapshot_samples() -> None:
     registry = CollectorRegistry()
     NackCollector(Plain(), memory_ttl_s=None).register(registry)
     assert _samples(registry) == {}
+
+
+def test_a_read_only_directory_is_refused_at_subscribe(tmp_path: Path) -> None:
+    """docs/parameters.md: a directory that cannot be used raises ``SnapshotStorageError`` at subscribe —
+    a read-only one too, even when its lock file exists from an earlier run (opening that needs no write).
+    A read-only file system needs a mount: skipped where this process may not mount one."""
+    directory = tmp_path / "ro"
+    directory.mkdir(mode=0o700)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(directory)]
+    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        storage = LocalDirectoryStorage(directory, fsync=False)
+        assert storage.lock_member("member")
+        storage.unlock_member("member")
+        subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
+        with pytest.raises(SnapshotStorageError, match="cannot write in"):
+            LocalDirectoryStorage(directory, fsync=False)
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
