@@ -63,6 +63,28 @@ def test_told_once_per_state_change_with_every_nack_at_risk(caplog: pytest.LogCa
         assert len(_warnings(caplog)) == 1 and "1 pending nacks" in _warnings(caplog)[0]
 
 
+def test_failing_deletes_and_watermark_writes_are_told_once_too(caplog: pytest.LogCaptureFixture) -> None:
+    """Segments on storage, then every write and delete fails while nacks are popped (each checkpoint would
+    write the pop watermark, delete emptied segments): one warning for the lot, one when it heals."""
+    flaky = Flaky(InMemoryStorage())
+    store = SegmentStore(flaky, CONFIG, precision_bits=K)
+    for entry in range(1_000):
+        store.add(10_000 + entry * 10, 1, entry)
+    store.checkpoint(0)
+    assert len(flaky.inner.list()) >= 2
+    flaky.fail = {"put", "delete"}
+    with caplog.at_level(logging.WARNING):
+        for now in range(10_000, 21_000, 1_000):
+            store.pop_due(now)
+            store.checkpoint(now)
+        assert len(_warnings(caplog)) == 1, _warnings(caplog)
+        assert store.stats().storage_failing and store.stats().delete.failed + store.stats().create.failed
+        flaky.fail = set()
+        store.checkpoint(21_000)
+        assert len(_warnings(caplog)) == 2 and "writes again" in _warnings(caplog)[1]
+    assert not store.stats().storage_failing and flaky.inner.list() == []
+
+
 def test_a_removed_directory_is_created_again_and_writes_resume(tmp_path: Path) -> None:
     directory = tmp_path / "snapshots"
     storage = LocalDirectoryStorage(directory, fsync=False)
