@@ -130,3 +130,23 @@ def test_the_asyncio_consumers_cumulative_ack_settles_the_nacks_it_covers(broker
         producer_client.close()
     assert not {f"m{i}" for i in range(10)} & set(again), again
     assert stats.pending == 0 and stats.forwarded == 0, stats
+
+
+@pytest.mark.lite_only
+def test_a_refused_cumulative_ack_settles_nothing(broker: Broker) -> None:
+    """On a Shared subscription the official call refuses a cumulative ack (as it does a wrong type): the
+    wrapper raises the same and its pending nack stays."""
+    topic = f"persistent://public/default/cumul-{uuid.uuid4().hex[:8]}"
+    client = pulsar_nack.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        consumer = client.subscribe(topic, "shared", consumer_type=pulsar.ConsumerType.Shared)
+        produce(client, topic, 2)
+        first, second = receive_all(consumer, 2)
+        consumer.negative_acknowledge(first)
+        with pytest.raises(pulsar.CumulativeAcknowledgementNotAllowedError):
+            consumer.acknowledge_cumulative(second)
+        with pytest.raises(TypeError):
+            consumer.acknowledge_cumulative("m1")
+        assert consumer.nack_stats().pending == 1
+    finally:
+        client.close()

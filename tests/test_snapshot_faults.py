@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from test_snapshot_segments import Flaky
 from pulsar_nack import NackStats, TimerWheel
 from pulsar_nack.metrics import NackCollector
 from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
-from pulsar_nack.snapshot.storage import InMemoryStorage, LocalDirectoryStorage
+from pulsar_nack.snapshot.storage import InMemoryStorage, LocalDirectoryStorage, SnapshotStorageError
 from pulsar_nack.tracker import NackTracker
 
 K = 8
@@ -60,6 +61,28 @@ def test_told_once_per_state_change_with_every_nack_at_risk(caplog: pytest.LogCa
         store.checkpoint(40)
         store.checkpoint(50)
         assert len(_warnings(caplog)) == 1 and "1 pending nacks" in _warnings(caplog)[0]
+
+
+def test_failing_deletes_and_watermark_writes_are_told_once_too(caplog: pytest.LogCaptureFixture) -> None:
+    """Segments on storage, then every write and delete fails while nacks are popped (each checkpoint would
+    write the pop watermark, delete emptied segments): one warning for the lot, one when it heals."""
+    flaky = Flaky(InMemoryStorage())
+    store = SegmentStore(flaky, CONFIG, precision_bits=K)
+    for entry in range(1_000):
+        store.add(10_000 + entry * 10, 1, entry)
+    store.checkpoint(0)
+    assert len(flaky.inner.list()) >= 2
+    flaky.fail = {"put", "delete"}
+    with caplog.at_level(logging.WARNING):
+        for now in range(10_000, 21_000, 1_000):
+            store.pop_due(now)
+            store.checkpoint(now)
+        assert len(_warnings(caplog)) == 1, _warnings(caplog)
+        assert store.stats().storage_failing and store.stats().delete.failed + store.stats().create.failed
+        flaky.fail = set()
+        store.checkpoint(21_000)
+        assert len(_warnings(caplog)) == 2 and "writes again" in _warnings(caplog)[1]
+    assert not store.stats().storage_failing and flaky.inner.list() == []
 
 
 def test_a_removed_directory_is_created_again_and_writes_resume(tmp_path: Path) -> None:
@@ -145,3 +168,23 @@ def test_a_consumer_without_snapshots_has_no_snapshot_samples() -> None:
     registry = CollectorRegistry()
     NackCollector(Plain(), memory_ttl_s=None).register(registry)
     assert _samples(registry) == {}
+
+
+def test_a_read_only_directory_is_refused_at_subscribe(tmp_path: Path) -> None:
+    """docs/parameters.md: a directory that cannot be used raises ``SnapshotStorageError`` at subscribe —
+    a read-only one too, even when its lock file exists from an earlier run (opening that needs no write).
+    A read-only file system needs a mount: skipped where this process may not mount one."""
+    directory = tmp_path / "ro"
+    directory.mkdir(mode=0o700)
+    mount = ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(directory)]
+    if shutil.which("mount") is None or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        storage = LocalDirectoryStorage(directory, fsync=False)
+        assert storage.lock_member("member")
+        storage.unlock_member("member")
+        subprocess.run(["mount", "-o", "remount,ro", str(directory)], check=True)
+        with pytest.raises(SnapshotStorageError, match="cannot write in"):
+            LocalDirectoryStorage(directory, fsync=False)
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)

@@ -571,13 +571,7 @@ class SegmentStore:
                 break
             with self._lock:
                 (self._stats.merge if rec.merged else self._stats.create).record(_ms(started), True)
-                if self._failing:
-                    self._failing = False
-                    _log.warning(
-                        "snapshot storage writes again (%s written); %d pending nacks not on it yet",
-                        rec.name,
-                        self._not_durable() - (0 if rec.merged else rec.live),
-                    )
+                self._storage_ok(rec.name, 0 if rec.merged else rec.live)
                 if self._records.get(rec.seq) is rec:
                     rec.persisted, rec.pending, rec.failed = True, None, False
                     for seq in rec.supersedes:  # only now that their replacement exists
@@ -593,11 +587,12 @@ class SegmentStore:
             except SnapshotStorageError as exc:
                 with self._lock:
                     self._stats.delete.record(_ms(started), False)
-                _log.warning("cannot delete snapshot segment %s (%s); retrying later", segment_name(seq), exc)
+                    self._storage_failed(exc)  # (retried by the next call)
                 break
             with self._lock:
                 self._stats.delete.record(_ms(started), True)
                 self._undeleted.pop(seq, None)
+                self._storage_ok(segment_name(seq) + " deleted", 0)
         self._write_watermark()
 
     def _write_failed(self, rec: _Record, data: bytes, exc: SnapshotStorageError, elapsed_ms: float) -> None:
@@ -612,6 +607,10 @@ class SegmentStore:
                 self._stats.fallbacks += 1
                 if self._records.get(rec.seq) is rec and not rec.loaded:
                     self._fill(rec, decode_segment(data, self.config.limits))
+        self._storage_failed(exc)
+
+    def _storage_failed(self, exc: SnapshotStorageError) -> None:
+        """(Lock held.) A write (put or delete) failed: told once, when the storage starts failing."""
         if not self._failing:
             self._failing = True
             _log.warning(
@@ -619,6 +618,16 @@ class SegmentStore:
                 "dies before the storage recovers; retrying at every checkpoint",
                 exc,
                 self._not_durable(),
+            )
+
+    def _storage_ok(self, written: str, now_durable: int) -> None:
+        """(Lock held.) A write succeeded (``now_durable`` ids with it): told once, if it was failing."""
+        if self._failing:
+            self._failing = False
+            _log.warning(
+                "snapshot storage writes again (%s); %d pending nacks not on it yet",
+                written,
+                self._not_durable() - now_durable,
             )
 
     def _not_durable(self) -> int:
@@ -639,9 +648,11 @@ class SegmentStore:
             try:
                 self.storage.delete(WATERMARK_NAME)
             except SnapshotStorageError as exc:
-                _log.warning("cannot delete the snapshot's pop watermark (%s); retrying later", exc)
+                with self._lock:
+                    self._storage_failed(exc)  # (retried by the next _write_out)
                 return
             with self._lock:
+                self._storage_ok(WATERMARK_NAME + " deleted", 0)
                 if self._watermark_saved == saved:
                     self._watermark_saved = None
             return
@@ -651,9 +662,11 @@ class SegmentStore:
         try:
             self.storage.put(WATERMARK_NAME, body + struct.pack("<I", zlib.crc32(body)))
         except SnapshotStorageError as exc:
-            _log.warning("cannot write the snapshot's pop watermark (%s); retrying later", exc)
+            with self._lock:
+                self._storage_failed(exc)  # (retried by the next _write_out)
             return
         with self._lock:
+            self._storage_ok(WATERMARK_NAME, 0)
             self._watermark_saved = mark
 
     def _read_watermark(self, names: list[str]) -> int | None:

@@ -139,6 +139,8 @@ class LocalDirectoryStorage:
                 raise SnapshotStorageError(errno.ENOTDIR, f"{self.path} is not a directory")
             if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o700:
                 os.chmod(self.path, 0o700)
+            if not os.access(self.path, os.W_OK | os.X_OK):  # read-only: refused now, not at the 1st write
+                raise SnapshotStorageError(errno.EACCES, f"cannot write in {self.path}")
         except SnapshotStorageError:
             raise
         except OSError as exc:
