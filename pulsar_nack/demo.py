@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -70,6 +71,7 @@ class _Progress:
     peak_pending: int = 0
     peak_bytes: int = 0
     peak_parts: tuple[tuple[str, int], ...] = ()
+    interrupted: bool = False  # Ctrl-C while consuming
     memory: list[tuple[int, int]] = field(default_factory=list)  # (pending, tracker bytes), twice a second
 
 
@@ -210,6 +212,8 @@ def _run(args: argparse.Namespace) -> int:
             producer.send_async(f"order-{i}".encode(), None)
         producer.flush()
         progress = _consume(consumer, args, rng)
+        if progress.interrupted:
+            raise KeyboardInterrupt  # after the loop: the consumer's state is whole; close as usual
         stats = consumer.nack_stats()
         consumer.close()
     _summary(progress, stats, args)
@@ -228,8 +232,14 @@ def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Pr
     printer = threading.Thread(target=_print_progress, args=(consumer, progress, stop, line), daemon=True)
     printer.start()
     deadline = time.monotonic() + args.timeout_s
+    # While consuming, the main thread is mostly inside the tracker (admission, nacks, acks): a Ctrl-C sets a
+    # flag the loop reads at the next message or receive timeout instead of raising KeyboardInterrupt there,
+    # where it could leave state half-updated and a lock held, so that closing the consumer waits for ever
+    # (seen once on a loaded machine: no exit 60 s after the signal).
+    interrupted = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda _signum, _frame: interrupted.set())
     try:
-        while progress.acked < args.messages and time.monotonic() < deadline:
+        while progress.acked < args.messages and time.monotonic() < deadline and not interrupted.is_set():
             try:
                 message = consumer.receive(200)
             except pulsar.Timeout:
@@ -252,9 +262,11 @@ def _consume(consumer: Any, args: argparse.Namespace, rng: random.Random) -> _Pr
                 consumer.acknowledge(message)
                 progress.acked += 1
     finally:
+        signal.signal(signal.SIGINT, previous)
         stop.set()
         printer.join(2)
         line.end()
+    progress.interrupted = interrupted.is_set()
     return progress
 
 
