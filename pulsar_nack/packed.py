@@ -1,0 +1,446 @@
+"""The packed store: pending ids of sparse buckets as rows of two numpy arrays, no object per id or bucket.
+
+:class:`~pulsar_nack.index.TimeBucketIndex` moves a bucket here when its add path has left it and every
+(bucket, ledger) slot in it is small (fewer than :data:`~pulsar_nack.index.PROMOTE_AT` ids): there a
+bucket object, its map entry and key, and a bitmap per slot cost ~300 bytes for the one or two ids such a
+bucket holds at k = 0 or with long, sparse delays (issue 23). Here an id costs one *row*: its bucket time
+as a 4-byte offset (``(bucket - origin) >> k``) and an 8-byte *code*
+``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in this store; ``slot`` 0 for
+a whole entry, ``1 + batch index`` for one batch message), plus a few bytes in a Roaring bitmap of the
+*entry codes* ``ordinal << 32 | entry_id`` that may have rows (the membership test on the nack path).
+
+Rows live in a few *runs*, each sorted by bucket time (LSM-like): the buckets one ``put`` moves become a
+run, and the newest run is merged into the one before it while that one is at most twice its size, so
+there are O(log n) runs and each row is merged O(log n) times. Popping what is due takes the due prefix
+of each run (a bisect and a slice: O(log n + due)); a run whose popped prefix is half of it is copied
+down. Looking an entry up (``parts``, ``take``, ``remove``) scans the runs (O(n) in numpy) — but only when
+the membership bitmap says the entry may have rows, which for a sparse, in-order workload is rare: those
+entries' buckets are the ones the add path left behind.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator
+from itertools import pairwise
+
+import numpy as np
+import numpy.ma  # (np.unique imports it on first use: ~0.5 MB landing in one index's memory)
+import numpy.typing as npt
+from pyroaring import BitMap64
+
+from pulsar_nack.memory import bitmap64_heap_bytes, python_bytes
+
+__all__ = ["MAX_PACKED_INDEX", "PackedSlot", "PackedStore"]
+
+_SLOT_BITS = 10
+_ENTRY_BITS = 32
+_ORDINAL_SHIFT = _SLOT_BITS + _ENTRY_BITS
+#: Batch indexes a row can name (``1 + index`` must fit the slot bits): members beyond stay in the index.
+MAX_PACKED_INDEX = (1 << _SLOT_BITS) - 2
+#: Ledgers numbered at one time (ordinals fit the 22 bits above the entry id). Ordinals are renumbered
+#: when runs merge into one and most of them belong to ledgers with nothing left here.
+MAX_ORDINALS = 1 << (64 - _ORDINAL_SHIFT)
+_SPAN = 1 << 32  # bucket offsets are uint32
+_U_SLOT = np.uint64((1 << _SLOT_BITS) - 1)
+_U_SLOT_BITS = np.uint64(_SLOT_BITS)
+_U_ENTRY = np.uint64((1 << _ENTRY_BITS) - 1)
+_U_ORDINAL_SHIFT = np.uint64(_ORDINAL_SHIFT)
+_U_ENTRY_SHIFT = np.uint64(_ENTRY_BITS)
+
+LedgerKey = int | tuple[str, int]
+#: One slot's rows as the index hands them over: ledger key, sorted unique entry ids, and the batch
+#: indexes (as a bitmask) of the entries pending for some messages only.
+PackedSlot = tuple[LedgerKey, npt.NDArray[np.uint32], dict[int, int]]
+
+
+class _Run:
+    """Rows sorted by bucket offset; positions below ``head`` are popped."""
+
+    __slots__ = ("codes", "head", "times")
+
+    def __init__(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
+        self.times = times
+        self.codes = codes
+        self.head = 0
+
+    def __len__(self) -> int:
+        return len(self.times) - self.head
+
+    def live(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]:
+        return self.times[self.head :], self.codes[self.head :]
+
+
+class PackedStore:
+    """Rows (bucket time, ledger, entry id, batch slot) of sparse buckets; see the module docstring.
+
+    ``len`` counts (bucket, entry) pairs, as the index does. Not thread-safe: the index's lock guards it.
+    """
+
+    def __init__(self, precision_bits: int) -> None:
+        self._k = precision_bits
+        self._origin = 0
+        self._runs: list[_Run] = []
+        self._ordinals: dict[LedgerKey, int] = {}
+        self._keys: list[LedgerKey | None] = []
+        # Entry codes that may have rows (a superset: see pop), and those that had rows in more than one
+        # bucket when they came in — pop keeps their bits, as other buckets may still hold them.
+        self._entries = BitMap64()
+        self._multi = BitMap64()
+        self._count = 0
+        self._staged: list[tuple[int, npt.NDArray[np.uint64]]] = []
+        self._buckets: int | None = None  # distinct bucket times, cached until the rows change
+
+    def __len__(self) -> int:
+        return self._count
+
+    # -- putting rows in ----------------------------------------------------------------------------
+
+    def accepts(self, bucket: int, keys: Iterable[LedgerKey]) -> bool:
+        """Whether a bucket of these ledgers fits: its offset within 2**32 bucket widths of the origin,
+        and ordinals left for new ledgers. O(ledgers)."""
+        if not self._count and not self._staged:
+            self._origin = max(0, bucket - ((_SPAN >> 1) << self._k))
+        if not 0 <= (bucket - self._origin) >> self._k < _SPAN:
+            return False
+        new = sum(1 for key in keys if key not in self._ordinals)
+        return len(self._keys) + new <= MAX_ORDINALS
+
+    def stage(self, bucket: int, slots: list[PackedSlot]) -> None:
+        """Take one bucket's slots (``accepts`` said yes; no entry here is already held at this bucket).
+        They become rows at the next :meth:`flush`. O(ids + members) numpy and O(members) Python."""
+        parts = []
+        for key, entry_ids, masks in slots:
+            ordinal = self._ordinals.get(key)
+            if ordinal is None:
+                ordinal = self._ordinals[key] = len(self._keys)
+                self._keys.append(key)
+            base = np.uint64(ordinal) << _U_ORDINAL_SHIFT
+            codes = base | entry_ids.astype(np.uint64) << _U_SLOT_BITS
+            if masks:
+                whole = ~np.isin(entry_ids, np.fromiter(masks, np.uint32, len(masks)))
+                members = [
+                    (ordinal << _ORDINAL_SHIFT | entry_id << _SLOT_BITS) + 1 + index
+                    for entry_id, mask in masks.items()
+                    for index in _bits(mask)
+                ]
+                codes = np.concatenate((codes[whole], np.array(members, np.uint64)))
+            parts.append(codes)
+            self._count += len(entry_ids)
+        if parts:
+            self._staged.append((bucket, np.concatenate(parts) if len(parts) > 1 else parts[0]))
+
+    def flush(self) -> None:
+        """Turn the staged buckets into a run (and merge runs, see the module). O(rows log rows)."""
+        if not self._staged:
+            return
+        staged, self._staged = self._staged, []
+        offsets = [
+            np.full(len(codes), (bucket - self._origin) >> self._k, np.uint32) for bucket, codes in staged
+        ]
+        times, codes = np.concatenate(offsets), np.concatenate([c for _, c in staged])
+        order = np.argsort(times, kind="stable")
+        times, codes = times[order], codes[order]
+        entry_codes = codes >> _U_SLOT_BITS
+        fresh = _bitmap(entry_codes)
+        repeated = self._entries & fresh  # entries with rows in another bucket already
+        self._multi |= repeated
+        if len(np.unique(times)) > 1:  # an entry in two buckets of this run
+            pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
+            if len(np.unique(pairs[0])) < pairs.shape[1]:
+                counts = np.unique(pairs[0], return_counts=True)
+                self._multi |= _bitmap(counts[0][counts[1] > 1])
+        self._entries |= fresh
+        self._runs.append(_Run(times, codes))
+        self._buckets = None
+        runs = self._runs
+        while len(runs) > 1 and len(runs[-2]) <= 2 * len(runs[-1]):
+            newer, older = runs.pop(), runs.pop()
+            runs.append(_merge(older, newer))
+        if len(runs) == 1:
+            self._renumber()
+
+    def _renumber(self) -> None:
+        """Forget ledgers with nothing here and number the rest 0..L-1, once there are more of the first
+        than of the second (amortized O(1) a row: it runs on a full merge). O(rows) numpy."""
+        (run,) = self._runs
+        times, codes = run.live()
+        ordinals = codes >> _U_ORDINAL_SHIFT
+        live = np.unique(ordinals)
+        if 2 * len(live) >= len(self._keys):
+            return
+        new = np.searchsorted(live, ordinals).astype(np.uint64)
+        codes = new << _U_ORDINAL_SHIFT | codes & ~(np.uint64(MAX_ORDINALS - 1) << _U_ORDINAL_SHIFT)
+        self._runs = [_Run(times.copy(), codes)]
+        keys = [self._keys[o] for o in live.tolist()]
+        self._keys = list(keys)
+        self._ordinals = {key: i for i, key in enumerate(keys) if key is not None}
+        entry_codes = codes >> _U_SLOT_BITS
+        self._entries = _bitmap(entry_codes)
+        pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
+        counts = np.unique(pairs[0], return_counts=True)
+        self._multi = _bitmap(counts[0][counts[1] > 1])
+
+    # -- reading and taking rows out ------------------------------------------------------------------
+
+    def may_hold(self, key: LedgerKey, entry_id: int) -> bool:
+        """Whether the entry may have rows here (False: it has none). O(1)."""
+        ordinal = self._ordinals.get(key)
+        return (
+            ordinal is not None
+            and 0 <= entry_id < 1 << _ENTRY_BITS
+            and (ordinal << 32 | entry_id) in self._entries
+        )
+
+    def _find(self, key: LedgerKey, entry_id: int) -> list[tuple[_Run, npt.NDArray[np.intp]]]:
+        """Each run's absolute positions of the entry's rows (runs without any left out). O(n) numpy."""
+        ordinal = self._ordinals.get(key)
+        if ordinal is None or not 0 <= entry_id < 1 << _ENTRY_BITS:
+            return []
+        target = np.uint64(ordinal << 32 | entry_id)
+        out = []
+        for run in self._runs:
+            at = np.flatnonzero(run.codes[run.head :] >> _U_SLOT_BITS == target)
+            if len(at):
+                out.append((run, at + run.head))
+        return out
+
+    def parts(self, key: LedgerKey, entry_id: int) -> list[tuple[int, int | None]]:
+        """(bucket time, batch mask or None for the whole entry) of each bucket holding the entry,
+        earliest first. O(n) numpy when the entry may be here, else O(1)."""
+        if not self.may_hold(key, entry_id):
+            return []
+        masks: dict[int, int | None] = {}
+        for run, at in self._find(key, entry_id):
+            for offset, slot in zip(run.times[at].tolist(), (run.codes[at] & _U_SLOT).tolist(), strict=True):
+                bucket = self._origin + (offset << self._k)
+                if slot == 0:
+                    masks[bucket] = None
+                elif bucket not in masks or masks[bucket] is not None:
+                    masks[bucket] = (masks.get(bucket) or 0) | 1 << (slot - 1)
+        return sorted(masks.items())
+
+    def remove(self, key: LedgerKey, entry_id: int, batch_index: int = -1) -> bool:
+        """Delete the entry's rows (with a batch index, only that message's rows). True if any went.
+        O(n) numpy when the entry may be here, else O(1)."""
+        if not self.may_hold(key, entry_id):
+            return False
+        found = self._find(key, entry_id)
+        before = {t for run, at in found for t in run.times[at].tolist()}
+        removed = False
+        after: set[int] = set()
+        for run, at in found:
+            if batch_index >= 0:
+                slots = run.codes[at] & _U_SLOT
+                going = at[slots == np.uint64(batch_index + 1)]
+                after.update(run.times[at[slots != np.uint64(batch_index + 1)]].tolist())
+            else:
+                going = at
+            if len(going):
+                removed = True
+                keep = np.ones(len(run.times), bool)
+                keep[going] = False
+                keep[: run.head] = False
+                run.times, run.codes, run.head = run.times[keep], run.codes[keep], 0
+        if not removed:
+            return False
+        self._count -= len(before) - len(after)
+        if not after:
+            code = self._ordinals[key] << 32 | entry_id
+            self._entries.discard(code)
+            self._multi.discard(code)
+        self._tidy()
+        return True
+
+    def take(self, key: LedgerKey, entry_id: int) -> list[tuple[int, int | None]]:
+        """:meth:`parts`, and delete them. O(n) numpy when the entry may be here, else O(1)."""
+        parts = self.parts(key, entry_id)
+        if parts:
+            self.remove(key, entry_id)
+        return parts
+
+    def first(self) -> int | None:
+        """The earliest bucket time, or None. O(runs)."""
+        firsts = [int(run.times[run.head]) for run in self._runs]
+        return self._origin + (min(firsts) << self._k) if firsts else None
+
+    def bucket_times(self) -> npt.NDArray[np.int64]:
+        """The distinct bucket times, sorted. O(n) numpy (cached until the rows change)."""
+        times = np.unique(np.concatenate([run.live()[0] for run in self._runs] or [np.zeros(0, np.uint32)]))
+        self._buckets = len(times)
+        return self._origin + (times.astype(np.int64) << self._k)
+
+    def bucket_count(self) -> int:
+        """Distinct bucket times. O(1) cached, else O(n) numpy."""
+        if self._buckets is None:
+            self.bucket_times()
+        assert self._buckets is not None
+        return self._buckets
+
+    def pop(
+        self, now: int
+    ) -> list[tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]]:
+        """Remove the rows of buckets <= ``now``: per ledger (first due bucket, key, sorted unique entry
+        ids, {entry id: due batch indexes} of the entries not due whole), earliest first.
+        O(runs log n + due log due) numpy, plus O(1) Python per due ledger and per due batch member."""
+        if not self._runs or now < self._origin:
+            return []
+        limit = np.uint32(min((now - self._origin) >> self._k, _SPAN - 1))
+        times_parts, code_parts = [], []
+        for run in self._runs:
+            end = int(np.searchsorted(run.times, limit, "right"))
+            if end > run.head:
+                times_parts.append(run.times[run.head : end])
+                code_parts.append(run.codes[run.head : end])
+                run.head = end
+        if not code_parts:
+            return []
+        times = np.concatenate(times_parts) if len(times_parts) > 1 else times_parts[0].copy()
+        codes = np.concatenate(code_parts) if len(code_parts) > 1 else code_parts[0].copy()
+        self._runs = [run if 2 * run.head < len(run.times) else _copy(run) for run in self._runs if len(run)]
+        self._buckets = None
+        entry_codes = codes >> _U_SLOT_BITS
+        pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
+        self._count -= pairs.shape[1]
+        keys = self._keys  # (clear() below starts a new list)
+        if not self._runs:
+            self.clear()
+        else:
+            gone = _bitmap(entry_codes)
+            if self._multi:
+                gone -= self._multi
+            self._entries -= gone
+        # Per ledger: its first due bucket, its entries, the members of entries not due whole.
+        codes.sort()
+        ordinals = codes >> _U_ORDINAL_SHIFT
+        starts = np.flatnonzero(np.concatenate(([True], ordinals[1:] != ordinals[:-1])))
+        firsts = {}
+        by_ordinal = entry_codes >> _U_ENTRY_SHIFT
+        order = np.argsort(by_ordinal, kind="stable")
+        sorted_ordinals = by_ordinal[order]
+        group = np.flatnonzero(np.concatenate(([True], sorted_ordinals[1:] != sorted_ordinals[:-1])))
+        for ordinal, first in zip(
+            sorted_ordinals[group].tolist(), np.minimum.reduceat(times[order], group).tolist(), strict=True
+        ):
+            firsts[ordinal] = self._origin + (first << self._k)
+        out = []
+        bounds = [*starts.tolist(), len(codes)]
+        for start, end in pairwise(bounds):
+            mine = codes[start:end]
+            ordinal = int(mine[0] >> _U_ORDINAL_SHIFT)
+            entries = ((mine >> _U_SLOT_BITS) & _U_ENTRY).astype(np.uint32)
+            slots = mine & _U_SLOT
+            partial: dict[int, tuple[int, ...]] = {}
+            if slots.any():
+                whole = set(entries[slots == 0].tolist())
+                members: dict[int, list[int]] = {}
+                for entry_id, slot in zip(
+                    entries[slots != 0].tolist(), slots[slots != 0].tolist(), strict=True
+                ):
+                    if entry_id not in whole:
+                        members.setdefault(entry_id, []).append(slot - 1)
+                partial = {e: tuple(sorted(set(indexes))) for e, indexes in members.items()}
+                entries = np.unique(entries)
+            elif len(entries) > 1 and not bool((entries[1:] > entries[:-1]).all()):
+                entries = np.unique(entries)
+            key = keys[ordinal]
+            assert key is not None
+            out.append((firsts[ordinal], key, entries, partial))
+        out.sort(key=_first)
+        return out
+
+    def slots(self) -> Iterator[tuple[int, LedgerKey, npt.NDArray[np.uint32]]]:
+        """(bucket time, ledger key, sorted unique entry ids) per slot. O(n log n) numpy."""
+        live = [run.live() for run in self._runs]
+        if not live:
+            return
+        times = np.concatenate([t for t, _ in live]).astype(np.uint64)
+        entry_codes = np.concatenate([c for _, c in live]) >> _U_SLOT_BITS
+        order = np.lexsort((entry_codes, times))
+        times, entry_codes = times[order], entry_codes[order]
+        ordinals = entry_codes >> _U_ENTRY_SHIFT
+        change = np.concatenate(([True], (times[1:] != times[:-1]) | (ordinals[1:] != ordinals[:-1])))
+        bounds = [*np.flatnonzero(change).tolist(), len(times)]
+        for start, end in pairwise(bounds):
+            key = self._keys[int(ordinals[start])]
+            assert key is not None
+            entries = np.unique((entry_codes[start:end] & _U_ENTRY).astype(np.uint32))
+            yield self._origin + (int(times[start]) << self._k), key, entries
+
+    def clear(self) -> None:
+        self._runs = []
+        self._ordinals = {}
+        self._keys = []
+        self._entries = BitMap64()
+        self._multi = BitMap64()
+        self._count = 0
+        self._staged = []
+        self._buckets = None
+
+    def _tidy(self) -> None:
+        self._runs = [run for run in self._runs if len(run)]
+        self._buckets = None
+        if not self._runs:
+            self.clear()
+
+    # -- accounting ---------------------------------------------------------------------------------
+
+    def structure(self) -> dict[str, int]:
+        """``packed_ids`` ((bucket, entry) pairs), ``packed_rows``, ``packed_runs``, ``packed_ledgers``.
+        O(runs)."""
+        return {
+            "tier_ids": self._count,
+            "tier_rows": sum(len(run) for run in self._runs),
+            "tier_runs": len(self._runs),
+            "tier_ledgers": len(self._ordinals),
+        }
+
+    def memory_bytes(self) -> tuple[int, int]:
+        """(Python bytes, CRoaring heap bytes): the runs' arrays (their whole buffers, popped prefixes
+        included), the ledger numbering, the membership bitmaps. O(runs + ledgers)."""
+        total = python_bytes(self) + python_bytes(self._runs) + python_bytes(self._staged)
+        for run in self._runs:
+            total += python_bytes(run) + python_bytes(run.times) + python_bytes(run.codes)
+        total += python_bytes(self._ordinals) + python_bytes(self._keys)
+        for key in self._ordinals:
+            total += python_bytes(key)
+            if isinstance(key, tuple):
+                total += python_bytes(key[0]) + python_bytes(key[1])
+        for bitmap in (self._entries, self._multi):
+            total += python_bytes(bitmap)
+        roaring = bitmap64_heap_bytes(self._entries) + bitmap64_heap_bytes(self._multi)
+        return total, roaring
+
+
+def _merge(older: _Run, newer: _Run) -> _Run:
+    """One run of two (sorted by time; stable, so rows keep their order within a time). O(n): timsort
+    finds the two sorted halves."""
+    a_times, a_codes = older.live()
+    b_times, b_codes = newer.live()
+    times = np.concatenate((a_times, b_times))
+    order = np.argsort(times, kind="stable")
+    return _Run(times[order], np.concatenate((a_codes, b_codes))[order])
+
+
+def _copy(run: _Run) -> _Run:
+    """The live rows of a run in arrays of their own (the popped prefix's memory goes). O(rows)."""
+    times, codes = run.live()
+    return _Run(times.copy(), codes.copy())
+
+
+def _bitmap(codes: npt.NDArray[np.uint64]) -> BitMap64:
+    """A 64-bit bitmap of codes (built from an ``array('Q')``: ~10x faster than from numpy)."""
+    return BitMap64(array("Q", np.ascontiguousarray(codes, np.uint64).tobytes()))
+
+
+def _bits(mask: int) -> Iterator[int]:
+    index = 0
+    while mask:
+        if mask & 1:
+            yield index
+        mask >>= 1
+        index += 1
+
+
+def _first(item: tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]) -> int:
+    return item[0]
