@@ -1204,11 +1204,12 @@ class _HotIndex:
                 if (run & MAX_ENTRY_ID) - (run >> 32) + 1 >= below:
                     return False
         ledgers = self._ledgers
-        found: list[tuple[_Ledger, npt.NDArray[np.uint32]]] = [
-            (ledgers[key], _as_array(entries)) for key, entries in slots.items()
+        found: list[tuple[_Ledger, list[int]]] = [
+            (ledgers[key], list(range(e.lo, e.hi + 1)) if isinstance(e, _Run) else list(e))
+            for key, e in slots.items()
         ]
         if slots.packed is not None:
-            shared = self._decode_union([slots.packed])
+            shared = self._decode_shared(slots.packed)
             if below < self._promote_at and any(len(ids) >= below for ids in shared.values()):
                 return False
             found.extend((ledgers[key], ids) for key, ids in shared.items())
@@ -1216,7 +1217,7 @@ class _HotIndex:
         for record, entry_ids in found:
             masks: dict[int, int] = {}
             if slots.members:
-                for entry_id in entry_ids.tolist():
+                for entry_id in entry_ids:
                     mask = self._member_mask(bucket, record, entry_id)
                     if mask is not None:
                         if mask >> (MAX_PACKED_INDEX + 1):
@@ -1237,6 +1238,20 @@ class _HotIndex:
         del self._schedule[bucket]
         self._times.discard(bucket)
         return True
+
+    def _decode_shared(self, packed: BitMap64) -> dict[LedgerKey, list[int]]:
+        """Ledger key → entry ids of one shared bitmap: plain Python for a small one (see
+        :data:`_SMALL_SHARED`), else numpy. O(P)."""
+        if len(packed) > _SMALL_SHARED:
+            return {key: ids.tolist() for key, ids in self._decode_union([packed]).items()}
+        layout, ordinals = self._layout, self._ordinals
+        low, entry_mask, bits = layout.low, layout.entry_mask, layout.bits
+        out: dict[LedgerKey, list[int]] = {}
+        for code in packed:
+            record = ordinals[layout.ordinal(code & ~entry_mask | code & low)]
+            assert record is not None
+            out.setdefault(record.key, []).append((code & entry_mask) >> bits)
+        return out
 
     def _compact_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
         """Compact a bucket's shared bitmap: a slot holding one run of consecutive ids becomes a ``_Run``
@@ -2094,6 +2109,7 @@ class TimeBucketIndex:
             raise ValueError(f"pack_below must be an int >= 0, got {pack_below!r}")
         self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at)
         self._pack_below = pack_below
+        self._mask, self._round_up = self._hot._mask, self._hot._round_up
         self._lock = threading.RLock()
         self._hot._lock = self._lock  # type: ignore[assignment]  # one lock: the live tier re-enters it
         self._packed = PackedStore(self._hot.precision_bits)
@@ -2177,10 +2193,20 @@ class TimeBucketIndex:
         lock = self._lock
         lock.acquire()  # not `with`: its __exit__ costs ~0.1 µs more (this is the nack path)
         try:
-            if len(self._packed):
+            packed = self._packed
+            if packed.newest >= 0 and len(packed):
+                if type(due_ms) is not int or not 0 <= due_ms <= MAX_DUE_MS:
+                    due_ms = _check_due(due_ms)
                 if type(entry_id) is not int or type(ledger_id) is not int:
                     entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
-                if type(topic) is str and self._packed.may_hold(_key(ledger_id, topic), entry_id):
+                # A fresh id of a bucket later than every packed one (the in-order nack) needs no look
+                # at the packed tier: nothing it would merge with is pending, and its (bucket, entry)
+                # pair cannot be there. Else an entry with packed parts takes them back live first.
+                if (
+                    not (fresh and (due_ms + self._round_up) & self._mask > packed.newest)
+                    and type(topic) is str
+                    and packed.may_hold(_key(ledger_id, topic), entry_id)
+                ):
                     self._thaw(ledger_id, entry_id, topic)
                     fresh = False  # its parts are back in the live tier: dedupe against them
             return self._hot.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)

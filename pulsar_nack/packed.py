@@ -49,9 +49,9 @@ _U_ORDINAL_SHIFT = np.uint64(_ORDINAL_SHIFT)
 _U_ENTRY_SHIFT = np.uint64(_ENTRY_BITS)
 
 LedgerKey = int | tuple[str, int]
-#: One slot's rows as the index hands them over: ledger key, sorted unique entry ids, and the batch
-#: indexes (as a bitmask) of the entries pending for some messages only.
-PackedSlot = tuple[LedgerKey, npt.NDArray[np.uint32], dict[int, int]]
+#: One slot's rows as the index hands them over: ledger key, unique entry ids, and the batch indexes (as
+#: a bitmask) of the entries pending for some messages only.
+PackedSlot = tuple[LedgerKey, list[int], dict[int, int]]
 
 
 class _Run:
@@ -88,8 +88,12 @@ class PackedStore:
         self._entries = BitMap64()
         self._multi = BitMap64()
         self._count = 0
-        self._staged: list[tuple[int, npt.NDArray[np.uint64]]] = []
+        self._staged: list[tuple[int, int]] = []  # (bucket offset, rows) of what stage() took
+        self._staged_codes: list[int] = []
         self._buckets: int | None = None  # distinct bucket times, cached until the rows change
+        #: The latest bucket time ever put here (-1: none since the last clear): an id of a later bucket
+        #: cannot share a (bucket, entry) pair with a row.
+        self.newest = -1
 
     def __len__(self) -> int:
         return self._count
@@ -108,37 +112,42 @@ class PackedStore:
 
     def stage(self, bucket: int, slots: list[PackedSlot]) -> None:
         """Take one bucket's slots (``accepts`` said yes; no entry here is already held at this bucket).
-        They become rows at the next :meth:`flush`. O(ids + members) numpy and O(members) Python."""
-        parts = []
+        They become rows at the next :meth:`flush`. O(ids + members) plain Python: a bucket holds a few
+        ids here, where a numpy call per bucket cost more than the ids (~100 µs a bucket at k = 0)."""
+        codes = self._staged_codes
+        before = len(codes)
         for key, entry_ids, masks in slots:
             ordinal = self._ordinals.get(key)
             if ordinal is None:
                 ordinal = self._ordinals[key] = len(self._keys)
                 self._keys.append(key)
-            base = np.uint64(ordinal) << _U_ORDINAL_SHIFT
-            codes = base | entry_ids.astype(np.uint64) << _U_SLOT_BITS
+            base = ordinal << _ORDINAL_SHIFT
             if masks:
-                whole = ~np.isin(entry_ids, np.fromiter(masks, np.uint32, len(masks)))
-                members = [
-                    (ordinal << _ORDINAL_SHIFT | entry_id << _SLOT_BITS) + 1 + index
-                    for entry_id, mask in masks.items()
-                    for index in _bits(mask)
-                ]
-                codes = np.concatenate((codes[whole], np.array(members, np.uint64)))
-            parts.append(codes)
+                for entry_id in entry_ids:
+                    mask = masks.get(entry_id)
+                    code = base | entry_id << _SLOT_BITS
+                    if mask is None:
+                        codes.append(code)
+                    else:
+                        codes.extend(code + 1 + index for index in _bits(mask))
+            else:
+                codes.extend(base | entry_id << _SLOT_BITS for entry_id in entry_ids)
             self._count += len(entry_ids)
-        if parts:
-            self._staged.append((bucket, np.concatenate(parts) if len(parts) > 1 else parts[0]))
+        if len(codes) > before:
+            self._staged.append(((bucket - self._origin) >> self._k, len(codes) - before))
+            self.newest = max(self.newest, bucket)
 
     def flush(self) -> None:
         """Turn the staged buckets into a run (and merge runs, see the module). O(rows log rows)."""
         if not self._staged:
             return
         staged, self._staged = self._staged, []
-        offsets = [
-            np.full(len(codes), (bucket - self._origin) >> self._k, np.uint32) for bucket, codes in staged
-        ]
-        times, codes = np.concatenate(offsets), np.concatenate([c for _, c in staged])
+        codes = np.array(self._staged_codes, np.uint64)
+        self._staged_codes = []
+        times = np.repeat(
+            np.fromiter((offset for offset, _ in staged), np.uint32, len(staged)),
+            np.fromiter((count for _, count in staged), np.intp, len(staged)),
+        )
         order = np.argsort(times, kind="stable")
         times, codes = times[order], codes[order]
         entry_codes = codes >> _U_SLOT_BITS
@@ -375,7 +384,9 @@ class PackedStore:
         self._multi = BitMap64()
         self._count = 0
         self._staged = []
+        self._staged_codes = []
         self._buckets = None
+        self.newest = -1
 
     def _tidy(self) -> None:
         self._runs = [run for run in self._runs if len(run)]
