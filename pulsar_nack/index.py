@@ -244,6 +244,10 @@ _TRIM_SLOTS = 8
 #: them are in shared bitmaps, whose extremes cost O(P) to find.
 _ORDER_SHARED = 4
 
+#: compact() copies the bucket and ledger dicts when their tables hold this many bytes per entry (a
+#: right-sized table is ~40 B an entry; a dict shrinks on copy, never on delete).
+_OVERSIZED = 160
+
 #: Bucket times are kept in signed 64-bit arrays (ceil rounding may add up to 2**30 - 1): a later due
 #: time (~292 million years ahead) is filed as this one.
 MAX_DUE_MS: int = 2**63 - 2**MAX_PRECISION_BITS
@@ -304,22 +308,28 @@ class _Times:
         return self._head if chunk == self._keys[0] else 0
 
     def discard(self, time: int) -> None:
-        """Remove a bucket time (if present). O(log + chunk) memmove."""
+        """Remove a bucket time (if present). O(log + chunk) memmove. A chunk other than the first that
+        this empties leaves the dict (its number stays in the heap until it comes first: ``first`` and
+        ``pop_until`` skip numbers without a chunk): compact() moving sparse buckets to the packed tier
+        empties chunks all along the schedule, ~1 KB each (issue 23: 10 B a nack at k = 0, 1 h)."""
         chunk = time >> self._shift
         times = self._chunks.get(chunk)
         if times:
-            i = bisect_left(times, time, self._start(chunk))
+            start = self._start(chunk)
+            i = bisect_left(times, time, start)
             if i < len(times) and times[i] == time:
                 del times[i]
+                if not times and chunk != self._keys[0]:
+                    del self._chunks[chunk]
 
     def first(self) -> int | None:
         """The earliest time, or None. O(1), plus O(log chunks) per empty chunk dropped."""
         keys, chunks = self._keys, self._chunks
         while keys:
-            times = chunks[keys[0]]
-            if self._head < len(times):
+            times = chunks.get(keys[0])
+            if times is not None and self._head < len(times):
                 return times[self._head]
-            del chunks[heapq.heappop(keys)]
+            chunks.pop(heapq.heappop(keys), None)
             self._head = 0
         return None
 
@@ -330,7 +340,11 @@ class _Times:
         limit = now >> self._shift
         out: list[int] = []
         while keys and keys[0] <= limit:
-            times, head = chunks[keys[0]], self._head
+            times, head = chunks.get(keys[0]), self._head
+            if times is None:  # emptied by discard (see there)
+                heapq.heappop(keys)
+                self._head = 0
+                continue
             end = bisect_right(times, now, head)
             if end == len(times):
                 out.extend(times[head:].tolist() if head else times.tolist())
@@ -870,52 +884,46 @@ class _HotIndex:
         bucket = (due_ms + self._round_up) & self._mask
         if type(entry_id) is not int or type(ledger_id) is not int:
             entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
-        lock = self._lock
-        lock.acquire()  # not `with`: its __exit__ costs ~0.1 µs more (this is the nack path)
-        try:
-            if not (
-                bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic
+        # (The caller, TimeBucketIndex.add, holds the lock: this is the nack path.)
+        if not (bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic):
+            self._select(bucket, ledger_id, topic)
+        if fresh and type(batch_index) is int and 0 <= batch_index <= MAX_BATCH_INDEX:
+            # The batched nack (the nack path; _insert's work, inlined). An entry already here
+            # without members is pending whole and covers the message.
+            record, slots = self._slot_record, self._slot_slots
+            assert record is not None and slots is not None
+            if self._put(entry_id) or (
+                slots.members and self._member_mask(bucket, record, entry_id) is not None
             ):
-                self._select(bucket, ledger_id, topic)
-            if fresh and type(batch_index) is int and 0 <= batch_index <= MAX_BATCH_INDEX:
-                # The batched nack (the nack path; _insert's work, inlined). An entry already here
-                # without members is pending whole and covers the message.
-                record, slots = self._slot_record, self._slot_slots
-                assert record is not None and slots is not None
-                if self._put(entry_id) or (
-                    slots.members and self._member_mask(bucket, record, entry_id) is not None
-                ):
-                    self._add_member(entry_id, batch_index)
+                self._add_member(entry_id, batch_index)
+            self._added += 1
+            return bucket
+        if batch_index == -1:
+            record = self._slot_record
+            assert record is not None
+            own = self._slot_own
+            if own is not None and record.lo <= record.hi < entry_id <= MAX_ENTRY_ID:
+                # The in-order nack into a slot with its own bitmap: above every pending id of the
+                # ledger, so new. (_put's work, inlined: this is the nack path.)
+                own.add(entry_id)
+                self._count += 1
+                record.hi = entry_id
+                if not self._slot_is_last:
+                    record.mins = None  # ranges may overlap now
                 self._added += 1
                 return bucket
-            if batch_index == -1:
-                record = self._slot_record
-                assert record is not None
-                own = self._slot_own
-                if own is not None and record.lo <= record.hi < entry_id <= MAX_ENTRY_ID:
-                    # The in-order nack into a slot with its own bitmap: above every pending id of the
-                    # ledger, so new. (_put's work, inlined: this is the nack path.)
-                    own.add(entry_id)
-                    self._count += 1
-                    record.hi = entry_id
-                    if not self._slot_is_last:
-                        record.mins = None  # ranges may overlap now
-                    self._added += 1
-                    return bucket
-                if entry_id > record.hi or entry_id < record.lo or (len(record) == 1 and not self._members):
-                    # Outside every pending id of the ledger, or the ledger's only slot (membership is
-                    # exact) and no batch members anywhere: cannot be a duplicate elsewhere, and covers
-                    # no pending message of its batch.
-                    self._put(entry_id)
-                    self._added += 1
-                    return bucket
-            if fresh:
-                self._insert(entry_id, self._checked_batch_index(batch_index))
-            else:
-                self._add_checked(entry_id, batch_index)
-            self._added += 1
-        finally:
-            lock.release()
+            if entry_id > record.hi or entry_id < record.lo or (len(record) == 1 and not self._members):
+                # Outside every pending id of the ledger, or the ledger's only slot (membership is
+                # exact) and no batch members anywhere: cannot be a duplicate elsewhere, and covers
+                # no pending message of its batch.
+                self._put(entry_id)
+                self._added += 1
+                return bucket
+        if fresh:
+            self._insert(entry_id, self._checked_batch_index(batch_index))
+        else:
+            self._add_checked(entry_id, batch_index)
+        self._added += 1
         return bucket
 
     def add_many(
@@ -1173,8 +1181,15 @@ class _HotIndex:
                     if len(record.buckets) <= _TRIM_SLOTS and record is not self._slot_record:
                         record.trim(single)
                 done += 1
-            if evicted and len(self._ledgers) <= self._narrow_at:
-                self._narrow_if_sparse()
+            if evicted:
+                # A dict keeps its grown table when entries leave: the buckets and ledgers that moved
+                # to the packed tier would leave ~40 B each behind (issue 23). O(live) when oversized.
+                if sys.getsizeof(self._schedule) > _OVERSIZED * (len(self._schedule) + 8):
+                    self._schedule = dict(self._schedule)
+                if sys.getsizeof(self._ledgers) > _OVERSIZED * (len(self._ledgers) + 8):
+                    self._ledgers = dict(self._ledgers)
+                if len(self._ledgers) <= self._narrow_at:
+                    self._narrow_if_sparse()
             if evicted and self._slot_record is not None:
                 # Slots of the add path's ledger left: its cached position may have moved.
                 assert self._slot_bucket is not None and self._slot_ledger is not None
