@@ -996,3 +996,21 @@ def test_packed_tier_forgets_ledgers_with_nothing_left() -> None:
     assert index.structure()["tier_ledgers"] <= 3 * 21
     assert len(index) == 2 * 20
     assert {d.ledger_id for d in index.pop_due(10_000)} == set(range(10_180, 10_200))
+
+
+def test_pop_due_merges_a_ledgers_ids_from_both_tiers_in_order_of_first_due() -> None:
+    """One DueIds per ledger however its ids are split between the tiers: batch members of one entry
+    from both merge, and ledgers come in the order of their earliest due bucket in either tier."""
+    index = TimeBucketIndex(0)
+    index.add(15, 3, 1)
+    index.add(20, 1, 5, batch_index=2)
+    index.add(20, 1, 4)
+    index.add(22, 9, 9)  # the add path moves on: 15 and 20 can be packed
+    assert index.compact() == 2 and index.structure()["tier_ids"] == 3
+    index.add(30, 1, 5, batch_index=3, fresh=True)  # later than every packed bucket: straight in, live
+    index.add(25, 2, 1)
+    index.add(30, 1, 6)
+    due = index.pop_due(100)
+    assert [d.ledger_id for d in due] == [3, 1, 9, 2]
+    assert due[1].entry_ids.tolist() == [4, 5, 6] and dict(due[1].batch_indexes) == {5: (2, 3)}
+    assert len(index) == 0 and index.bucket_count == 0
