@@ -244,6 +244,14 @@ _TRIM_SLOTS = 8
 #: them are in shared bitmaps, whose extremes cost O(P) to find.
 _ORDER_SHARED = 4
 
+#: What ``_HotIndex._evict`` counts a row of the packed tier (12 bytes of arrays, a few of membership
+#: bitmap), a compacted bucket's fixed part in the live tier (object, map entry, key, time), a slot's
+#: place in its ledger's arrays and record, and a batch member's dict entry (key and mask ints).
+_PACKED_ROW_BYTES = 15
+_BUCKET_BYTES = 300
+_SLOT_BYTES = 24
+_MEMBER_BYTES = 100
+
 #: compact() copies the bucket and ledger dicts when their tables hold this many bytes per entry (a
 #: right-sized table is ~40 B an entry; a dict shrinks on copy, never on delete).
 _OVERSIZED = 160
@@ -1182,12 +1190,17 @@ class _HotIndex:
                         record.trim(single)
                 done += 1
             if evicted:
-                # A dict keeps its grown table when entries leave: the buckets and ledgers that moved
-                # to the packed tier would leave ~40 B each behind (issue 23). O(live) when oversized.
+                # A dict keeps its grown table when entries leave: the buckets, ledgers and batch
+                # members that moved to the packed tier would leave ~40 B each behind (issue 23).
+                # O(live) when oversized.
                 if sys.getsizeof(self._schedule) > _OVERSIZED * (len(self._schedule) + 8):
                     self._schedule = dict(self._schedule)
                 if sys.getsizeof(self._ledgers) > _OVERSIZED * (len(self._ledgers) + 8):
                     self._ledgers = dict(self._ledgers)
+                if sys.getsizeof(self._members) > _OVERSIZED * (len(self._members) + 8):
+                    self._members = dict(self._members)
+                if sys.getsizeof(self._dense) > _OVERSIZED * (len(self._dense) + 8):
+                    self._dense = dict(self._dense)
                 if len(self._ledgers) <= self._narrow_at:
                     self._narrow_if_sparse()
             if evicted and self._slot_record is not None:
@@ -1229,6 +1242,7 @@ class _HotIndex:
                 return False
             found.extend((ledgers[key], ids) for key, ids in shared.items())
         moved: list[PackedSlot] = []
+        rows = members = 0
         for record, entry_ids in found:
             masks: dict[int, int] = {}
             if slots.members:
@@ -1238,7 +1252,12 @@ class _HotIndex:
                         if mask >> (MAX_PACKED_INDEX + 1):
                             return False
                         masks[entry_id] = mask
+                        rows += mask.bit_count() - 1
+                members += len(masks)
+            rows += len(entry_ids)
             moved.append((record.key, entry_ids, masks))
+        if rows * _PACKED_ROW_BYTES >= self._live_bytes(slots, len(found), members):
+            return False  # dense enough: cheaper as it is (shared bitmaps of many ids a bucket)
         if not store.accepts(bucket, (record.key for record, _ in found)):
             return False
         store.stage(bucket, moved)
@@ -1253,6 +1272,18 @@ class _HotIndex:
         del self._schedule[bucket]
         self._times.discard(bucket)
         return True
+
+    def _live_bytes(self, slots: _Bucket, ledgers: int, members: int) -> int:
+        """A compacted bucket's bytes in the live tier, roughly (what ``_evict`` weighs against packed
+        rows): its objects, map entries and key, each slot's place in its ledger's arrays, its bitmaps'
+        heap (shared: the fitted model; own: 2 B an id) and its batch members' dict entries.
+        O(slots)."""
+        total = _BUCKET_BYTES + ledgers * _SLOT_BYTES + members * _MEMBER_BYTES
+        if slots.packed is not None:
+            total += shared_bitmap64_heap_bytes(slots.packed, True)
+        for entries in slots.values():
+            total += 16 if isinstance(entries, _Run) else 200 + 2 * len(entries)
+        return total
 
     def _decode_shared(self, packed: BitMap64) -> dict[LedgerKey, list[int]]:
         """Ledger key → entry ids of one shared bitmap: plain Python for a small one (see

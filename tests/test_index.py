@@ -1014,3 +1014,17 @@ def test_pop_due_merges_a_ledgers_ids_from_both_tiers_in_order_of_first_due() ->
     assert [d.ledger_id for d in due] == [3, 1, 9, 2]
     assert due[1].entry_ids.tolist() == [4, 5, 6] and dict(due[1].batch_indexes) == {5: (2, 3)}
     assert len(index) == 0 and index.bucket_count == 0
+
+
+def test_compact_keeps_a_bucket_live_where_its_shared_bitmap_is_cheaper_than_packed_rows() -> None:
+    """100 ledgers × 30 consecutive ids in one bucket share Roaring containers at ~2 B an id: compact()
+    keeps that bucket live (packed rows cost ~15 B an id), and packs the next bucket's lone id."""
+    index = TimeBucketIndex(12)
+    for ledger in range(100):
+        index.add_many(np.full(30, 5_000), ledger, np.arange(ledger * 100, ledger * 100 + 30))
+    index.add(9_000, 1, 7)
+    index.add(20_000, 1, 8)  # the add path's bucket
+    assert index.compact() == 2
+    shape = index.structure()
+    assert shape["tier_ids"] == 1 and shape["buckets"] == 2 and shape["packed_runs"] == 100  # (live runs)
+    assert len(index) == 3002 and index.due_of(42, 4_229) == 4_096 and index.due_of(1, 7) == 8_192
