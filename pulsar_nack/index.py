@@ -1256,7 +1256,8 @@ class _HotIndex:
                 members += len(masks)
             rows += len(entry_ids)
             moved.append((record.key, entry_ids, masks))
-        if rows * _PACKED_ROW_BYTES >= self._live_bytes(slots, len(found), members):
+        packed_bytes = rows * _PACKED_ROW_BYTES  # (below a bucket's fixed part: packing wins, no estimate)
+        if packed_bytes >= _BUCKET_BYTES and packed_bytes >= self._live_bytes(slots, len(found), members):
             return False  # dense enough: cheaper as it is (shared bitmaps of many ids a bucket)
         if not store.accepts(bucket, (record.key for record, _ in found)):
             return False
