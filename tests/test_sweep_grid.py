@@ -128,3 +128,4 @@ def test_load_grid_errors(tmp_path: Path) -> None:
 def test_builtin_grids_parse() -> None:
     for name, spec in GRIDS.items():
         assert parse_grid(spec) == load_grid(name)
+

@@ -52,3 +52,4 @@ def test_findings_come_from_the_numbers(spark_rows: list[dict[str, Any]]) -> Non
     assert any(f"M = {worst['ids_per_bucket']:,}" in note for note in notes)
     hashmap = next(r for r in spark_rows if r["contender"] == "hashmap")
     assert any(f"holds {hashmap['bytes_per_id']:.1f} B/id" in note for note in notes)
+
