@@ -219,7 +219,7 @@ def _broker_row(result: dict[str, Any]) -> list[str]:
         point.delay_text(),
         str(point.k),
         f"{result['pending']:,}",
-        f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
+        f"{ours:.1f} (within the noise)" if ours <= 0 else f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
         "–" if native is None else f"{native:.1f}",
         "–" if not native or ours <= 0 else f"{native / ours:.2f}×",
     ]
@@ -272,7 +272,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--broker-pending", type=int, default=20_000, help="pending nacks per broker point (default 20,000)"
     )
+    parser.add_argument(
+        "--render", action="store_true", help="rewrite the docs section from the results file"
+    )
     args = parser.parse_args(argv)
+    if args.render:
+        report.write_section(
+            "nack-memory", render(json.loads((report.RESULTS / "nack_memory.json").read_text()))
+        )
+        return 0
     if args.pending < 1_000:
         parser.error(f"--pending: at least 1,000, got {args.pending}")
     if args.sample is not None and args.sample < 0:
@@ -305,41 +313,47 @@ def main(argv: list[str]) -> int:
                     f"native {on_broker[-1]['native_per_nack']} B/nack",
                     flush=True,
                 )
-    report.save_json(
-        "nack_memory",
-        {
-            "machine": facts,
-            "pending_target": args.pending,
-            "grid_points": len(grid()),
-            "native_bytes_per_nack": native,
-            "native_source": native_source,
-            "summary": totals,
-            "results": results,
-            "broker": on_broker,
-        },
-    )
+    data = {
+        "machine": facts,
+        "pending_target": args.pending,
+        "broker_pending_target": args.broker_pending,
+        "grid_points": len(grid()),
+        "native_bytes_per_nack": native,
+        "native_source": native_source,
+        "summary": totals,
+        "results": results,
+        "broker": on_broker,
+    }
+    report.save_json("nack_memory", data)
+    report.write_section("nack-memory", render(data))
+    return 0
+
+
+def render(data: dict[str, Any]) -> str:
+    """The docs/performance.md section of a results file."""
+    results, totals, native = data["results"], data["summary"], data["native_bytes_per_nack"]
     best, worst = totals["best"], totals["worst"]
     text = "\n\n".join(
         [
             "## Memory per pending nack, everything the wrapper keeps, over a grid of workloads",
             "`python bench/nack_memory.py` — issue 23's grid (topics × batching × nack share × delay × k, "
-            f"{len(grid())} points; this run: {len(results)} of them, {args.pending:,} pending nacks each). "
-            "Each point runs a real `NackTracker` (index, timer wheel, arrival filter) as "
-            "`pulsar-nack profile` drives it, in a fresh process: measured = heap retained from outside "
+            f"{data['grid_points']} points; this run: {len(results)} of them, {data['pending_target']:,} "
+            "pending nacks each). Each point runs a real `NackTracker` (index, timer wheel, arrival filter) "
+            "as `pulsar-nack profile` drives it, in a fresh process: measured = heap retained from outside "
             "(`PYTHONMALLOC=malloc`, glibc in-use bytes, CRoaring included) after the run minus after the "
             "tracker was built, per pending nack; reported = `nack_stats().memory_bytes`, its error against "
-            f"the measurement. Native: {native_source}. Goals: ≤ {GOAL_BYTES:g} B per pending nack, "
+            f"the measurement. Native: {data['native_source']}. Goals: ≤ {GOAL_BYTES:g} B per pending nack, "
             f"report within ±{GOAL_REPORT_ERROR:.0%}.",
-            report.machine_line(facts),
+            report.machine_line(data["machine"]),
             f"Within the goal: {totals['within_goal']} of {totals['points']} points; report within "
             f"±{GOAL_REPORT_ERROR:.0%}: {totals['reported_within']}. "
             f"Worst {worst['measured_per_nack']:.1f} B ({worst['point']}), "
             f"median {totals['median_per_nack']:.1f} B, best "
             f"{best['measured_per_nack']:.1f} B ({best['point']}).",
-            report.table(HEADERS, rows),
+            report.table(HEADERS, [_row(r, native) for r in results]),
         ]
     )
-    if on_broker:
+    if data["broker"]:
         text += "\n\n" + "\n\n".join(
             [
                 "### On a real broker, beside the official consumer",
@@ -347,12 +361,15 @@ def main(argv: list[str]) -> int:
                 "consumer (its native tracker, one delay: the workload's mean) in fresh processes, each on "
                 "its own subscription, paced at the rate: the consumer process's heap growth from just after "
                 "subscribing (`PYTHONMALLOC=malloc`, glibc in-use bytes) per pending nack, both in this run "
-                f"({args.broker_pending:,} pending nacks a point).",
-                report.table(BROKER_HEADERS, [_broker_row(r) for r in on_broker]),
+                f"({data['broker_pending_target']:,} pending nacks a point). The client library's own state "
+                "(receiver queues, ack grouping, unacked-message tracking) moves these process figures by "
+                "hundreds of KB either way: where our figure is not above that noise (≤ 0; the native client "
+                "far from its bench figure) the row says so — it takes more pending nacks than a paced "
+                "broker run of minutes holds to resolve tens of bytes per nack this way.",
+                report.table(BROKER_HEADERS, [_broker_row(r) for r in data["broker"]]),
             ]
         )
-    report.write_section("nack-memory", text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

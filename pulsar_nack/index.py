@@ -55,6 +55,7 @@ from pulsar_nack.memory import (
     release_free_heap,
     shared_bitmap64_heap_bytes,
 )
+from pulsar_nack.packed import MAX_PACKED_INDEX, PackedSlot, PackedStore
 
 __all__ = [
     "MAX_BATCH_INDEX",
@@ -243,6 +244,18 @@ _TRIM_SLOTS = 8
 #: them are in shared bitmaps, whose extremes cost O(P) to find.
 _ORDER_SHARED = 4
 
+#: What ``_HotIndex._evict`` counts a row of the packed tier (12 bytes of arrays, a few of membership
+#: bitmap), a compacted bucket's fixed part in the live tier (object, map entry, key, time), a slot's
+#: place in its ledger's arrays and record, and a batch member's dict entry (key and mask ints).
+_PACKED_ROW_BYTES = 15
+_BUCKET_BYTES = 300
+_SLOT_BYTES = 24
+_MEMBER_BYTES = 100
+
+#: compact() copies the bucket and ledger dicts when their tables hold this many bytes per entry (a
+#: right-sized table is ~40 B an entry; a dict shrinks on copy, never on delete).
+_OVERSIZED = 160
+
 #: Bucket times are kept in signed 64-bit arrays (ceil rounding may add up to 2**30 - 1): a later due
 #: time (~292 million years ahead) is filed as this one.
 MAX_DUE_MS: int = 2**63 - 2**MAX_PRECISION_BITS
@@ -303,22 +316,28 @@ class _Times:
         return self._head if chunk == self._keys[0] else 0
 
     def discard(self, time: int) -> None:
-        """Remove a bucket time (if present). O(log + chunk) memmove."""
+        """Remove a bucket time (if present). O(log + chunk) memmove. A chunk other than the first that
+        this empties leaves the dict (its number stays in the heap until it comes first: ``first`` and
+        ``pop_until`` skip numbers without a chunk): compact() moving sparse buckets to the packed tier
+        empties chunks all along the schedule, ~1 KB each (issue 23: 10 B a nack at k = 0, 1 h)."""
         chunk = time >> self._shift
         times = self._chunks.get(chunk)
         if times:
-            i = bisect_left(times, time, self._start(chunk))
+            start = self._start(chunk)
+            i = bisect_left(times, time, start)
             if i < len(times) and times[i] == time:
                 del times[i]
+                if not times and chunk != self._keys[0]:
+                    del self._chunks[chunk]
 
     def first(self) -> int | None:
         """The earliest time, or None. O(1), plus O(log chunks) per empty chunk dropped."""
         keys, chunks = self._keys, self._chunks
         while keys:
-            times = chunks[keys[0]]
-            if self._head < len(times):
+            times = chunks.get(keys[0])
+            if times is not None and self._head < len(times):
                 return times[self._head]
-            del chunks[heapq.heappop(keys)]
+            chunks.pop(heapq.heappop(keys), None)
             self._head = 0
         return None
 
@@ -329,7 +348,11 @@ class _Times:
         limit = now >> self._shift
         out: list[int] = []
         while keys and keys[0] <= limit:
-            times, head = chunks[keys[0]], self._head
+            times, head = chunks.get(keys[0]), self._head
+            if times is None:  # emptied by discard (see there)
+                heapq.heappop(keys)
+                self._head = 0
+                continue
             end = bisect_right(times, now, head)
             if end == len(times):
                 out.extend(times[head:].tolist() if head else times.tolist())
@@ -712,7 +735,7 @@ def _max(entries: Entries) -> int:
     return entries.hi if isinstance(entries, _Run) else int(entries.max())
 
 
-class TimeBucketIndex:
+class _HotIndex:
     """Pending nacks by due time: ``bucket_ms → ledger → entry ids``, as in Apache Pulsar's PIP-393.
 
     ``precision_bits`` (0..30) is *k*: due times are trimmed to multiples of ``2**k`` ms. ``rounding``
@@ -869,52 +892,46 @@ class TimeBucketIndex:
         bucket = (due_ms + self._round_up) & self._mask
         if type(entry_id) is not int or type(ledger_id) is not int:
             entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
-        lock = self._lock
-        lock.acquire()  # not `with`: its __exit__ costs ~0.1 µs more (this is the nack path)
-        try:
-            if not (
-                bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic
+        # (The caller, TimeBucketIndex.add, holds the lock: this is the nack path.)
+        if not (bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic):
+            self._select(bucket, ledger_id, topic)
+        if fresh and type(batch_index) is int and 0 <= batch_index <= MAX_BATCH_INDEX:
+            # The batched nack (the nack path; _insert's work, inlined). An entry already here
+            # without members is pending whole and covers the message.
+            record, slots = self._slot_record, self._slot_slots
+            assert record is not None and slots is not None
+            if self._put(entry_id) or (
+                slots.members and self._member_mask(bucket, record, entry_id) is not None
             ):
-                self._select(bucket, ledger_id, topic)
-            if fresh and type(batch_index) is int and 0 <= batch_index <= MAX_BATCH_INDEX:
-                # The batched nack (the nack path; _insert's work, inlined). An entry already here
-                # without members is pending whole and covers the message.
-                record, slots = self._slot_record, self._slot_slots
-                assert record is not None and slots is not None
-                if self._put(entry_id) or (
-                    slots.members and self._member_mask(bucket, record, entry_id) is not None
-                ):
-                    self._add_member(entry_id, batch_index)
+                self._add_member(entry_id, batch_index)
+            self._added += 1
+            return bucket
+        if batch_index == -1:
+            record = self._slot_record
+            assert record is not None
+            own = self._slot_own
+            if own is not None and record.lo <= record.hi < entry_id <= MAX_ENTRY_ID:
+                # The in-order nack into a slot with its own bitmap: above every pending id of the
+                # ledger, so new. (_put's work, inlined: this is the nack path.)
+                own.add(entry_id)
+                self._count += 1
+                record.hi = entry_id
+                if not self._slot_is_last:
+                    record.mins = None  # ranges may overlap now
                 self._added += 1
                 return bucket
-            if batch_index == -1:
-                record = self._slot_record
-                assert record is not None
-                own = self._slot_own
-                if own is not None and record.lo <= record.hi < entry_id <= MAX_ENTRY_ID:
-                    # The in-order nack into a slot with its own bitmap: above every pending id of the
-                    # ledger, so new. (_put's work, inlined: this is the nack path.)
-                    own.add(entry_id)
-                    self._count += 1
-                    record.hi = entry_id
-                    if not self._slot_is_last:
-                        record.mins = None  # ranges may overlap now
-                    self._added += 1
-                    return bucket
-                if entry_id > record.hi or entry_id < record.lo or (len(record) == 1 and not self._members):
-                    # Outside every pending id of the ledger, or the ledger's only slot (membership is
-                    # exact) and no batch members anywhere: cannot be a duplicate elsewhere, and covers
-                    # no pending message of its batch.
-                    self._put(entry_id)
-                    self._added += 1
-                    return bucket
-            if fresh:
-                self._insert(entry_id, self._checked_batch_index(batch_index))
-            else:
-                self._add_checked(entry_id, batch_index)
-            self._added += 1
-        finally:
-            lock.release()
+            if entry_id > record.hi or entry_id < record.lo or (len(record) == 1 and not self._members):
+                # Outside every pending id of the ledger, or the ledger's only slot (membership is
+                # exact) and no batch members anywhere: cannot be a duplicate elsewhere, and covers
+                # no pending message of its batch.
+                self._put(entry_id)
+                self._added += 1
+                return bucket
+        if fresh:
+            self._insert(entry_id, self._checked_batch_index(batch_index))
+        else:
+            self._add_checked(entry_id, batch_index)
+        self._added += 1
         return bucket
 
     def add_many(
@@ -964,8 +981,9 @@ class TimeBucketIndex:
 
     # -- popping, querying, removing --------------------------------------------------------------
 
-    def pop_due(self, now_ms: int) -> list[DueIds]:
-        """Remove and return every id whose bucket time is <= ``now_ms``, one ``DueIds`` per ledger.
+    def pop_due(self, now_ms: int) -> list[tuple[int, DueIds]]:
+        """Remove and return every id whose bucket time is <= ``now_ms``, one ``DueIds`` per ledger, each
+        with the ledger's first due bucket.
 
         Ledgers come in the order of their earliest due bucket. An entry due in several buckets comes
         once; if it is due as a whole in any of them it comes as a whole. Complexity: O(log B) to find the
@@ -1044,10 +1062,11 @@ class TimeBucketIndex:
                 partial = None
                 if masks and due_map is not None:
                     partial = self._due_members(record, gone, masks, due_map, parts)
+                first = record.buckets[record.head]
                 if partial:
-                    out.append(DueIds(topic, ledger_id, entry_ids, partial))
+                    out.append((first, DueIds(topic, ledger_id, entry_ids, partial)))
                 else:
-                    out.append(DueIds(topic, ledger_id, entry_ids))
+                    out.append((first, DueIds(topic, ledger_id, entry_ids)))
                 self._unlink_first(record, gone)
             if len(self._ledgers) <= self._narrow_at:
                 self._narrow_if_sparse()
@@ -1131,8 +1150,13 @@ class TimeBucketIndex:
             self._count = 0
             self._forget_slot()
 
-    def compact(self, max_buckets: int | None = None) -> int:
+    def compact(
+        self, max_buckets: int | None = None, store: PackedStore | None = None, pack_below: int = PROMOTE_AT
+    ) -> int:
         """Compact buckets the add path has moved away from; returns how many were compacted.
+
+        ``store``: a bucket whose slots all hold fewer than ``pack_below`` ids moves there whole (see
+        :meth:`_evict`) instead of being compacted here.
 
         A bitmap of its own holding one run of consecutive ids becomes a packed int (``_Run``); others
         are ``run_optimize``-d and ``shrink_to_fit``-ed; shared bitmaps see ``_compact_shared``. Adding
@@ -1141,6 +1165,7 @@ class TimeBucketIndex:
         the nack path, e.g. from the timer thread; never needed for correctness.
         """
         done = 0
+        evicted = False
         with self._lock:
             for bucket in list(self._cold):
                 if max_buckets is not None and done >= max_buckets:
@@ -1151,6 +1176,10 @@ class TimeBucketIndex:
                 slots: _Bucket | None = self._schedule.get(bucket)
                 if slots is None:
                     continue
+                if store is not None and self._evict(bucket, slots, store, pack_below):
+                    evicted = True
+                    done += 1
+                    continue
                 if slots.packed is not None:
                     self._compact_shared(bucket, slots, slots.packed)
                 self._freed += slots.compact_own()
@@ -1160,6 +1189,25 @@ class TimeBucketIndex:
                     if len(record.buckets) <= _TRIM_SLOTS and record is not self._slot_record:
                         record.trim(single)
                 done += 1
+            if evicted:
+                # A dict keeps its grown table when entries leave: the buckets, ledgers and batch
+                # members that moved to the packed tier would leave ~40 B each behind (issue 23).
+                # O(live) when oversized.
+                if sys.getsizeof(self._schedule) > _OVERSIZED * (len(self._schedule) + 8):
+                    self._schedule = dict(self._schedule)
+                if sys.getsizeof(self._ledgers) > _OVERSIZED * (len(self._ledgers) + 8):
+                    self._ledgers = dict(self._ledgers)
+                if sys.getsizeof(self._members) > _OVERSIZED * (len(self._members) + 8):
+                    self._members = dict(self._members)
+                if sys.getsizeof(self._dense) > _OVERSIZED * (len(self._dense) + 8):
+                    self._dense = dict(self._dense)
+                if len(self._ledgers) <= self._narrow_at:
+                    self._narrow_if_sparse()
+            if evicted and self._slot_record is not None:
+                # Slots of the add path's ledger left: its cached position may have moved.
+                assert self._slot_bucket is not None and self._slot_ledger is not None
+                assert self._slot_topic is not None
+                self._select(self._slot_bucket, self._slot_ledger, self._slot_topic)
             if not self._cold:
                 self._cold = {}  # a dict keeps its grown table when emptied (~1 KB per 40 buckets)
             if self._freed >= _RELEASE_AFTER:
@@ -1169,6 +1217,88 @@ class TimeBucketIndex:
                 self._freed = 0
                 release_free_heap()
         return done
+
+    def _evict(self, bucket: int, slots: _Bucket, store: PackedStore, below: int) -> bool:
+        """Move a bucket whose slots all hold fewer than ``below`` ids into the packed ``store`` and
+        forget it here; False (nothing changed) if a slot is larger, a batch index does not fit a packed
+        row, or the store cannot take the bucket. O(ids in the bucket) numpy plus O(slots + batch
+        members) Python."""
+        if slots._own:
+            for entries in slots._own.values():
+                if len(entries) >= below:
+                    return False
+        if slots._runs is not None:
+            for run in slots._runs:
+                if (run & MAX_ENTRY_ID) - (run >> 32) + 1 >= below:
+                    return False
+        ledgers = self._ledgers
+        found: list[tuple[_Ledger, list[int]]] = [
+            (ledgers[key], list(range(e.lo, e.hi + 1)) if isinstance(e, _Run) else list(e))
+            for key, e in slots.items()
+        ]
+        if slots.packed is not None:
+            shared = self._decode_shared(slots.packed)
+            if below < self._promote_at and any(len(ids) >= below for ids in shared.values()):
+                return False
+            found.extend((ledgers[key], ids) for key, ids in shared.items())
+        moved: list[PackedSlot] = []
+        rows = members = 0
+        for record, entry_ids in found:
+            masks: dict[int, int] = {}
+            if slots.members:
+                for entry_id in entry_ids:
+                    mask = self._member_mask(bucket, record, entry_id)
+                    if mask is not None:
+                        if mask >> (MAX_PACKED_INDEX + 1):
+                            return False
+                        masks[entry_id] = mask
+                        rows += mask.bit_count() - 1
+                members += len(masks)
+            rows += len(entry_ids)
+            moved.append((record.key, entry_ids, masks))
+        packed_bytes = rows * _PACKED_ROW_BYTES  # (below a bucket's fixed part: packing wins, no estimate)
+        if packed_bytes >= _BUCKET_BYTES and packed_bytes >= self._live_bytes(slots, len(found), members):
+            return False  # dense enough: cheaper as it is (shared bitmaps of many ids a bucket)
+        if not store.accepts(bucket, (record.key for record, _ in found)):
+            return False
+        store.stage(bucket, moved)
+        dense = self._dense
+        for (record, entry_ids), (_, _, masks) in zip(found, moved, strict=True):
+            for entry_id in masks:
+                self._members.pop(_member_key(bucket, record, entry_id), None)
+            if dense:
+                dense.pop(bucket << _SERIAL_BITS | record.serial, None)
+            self._count -= len(entry_ids)
+            self._unlink(record, record.position(bucket))
+        del self._schedule[bucket]
+        self._times.discard(bucket)
+        return True
+
+    def _live_bytes(self, slots: _Bucket, ledgers: int, members: int) -> int:
+        """A compacted bucket's bytes in the live tier, roughly (what ``_evict`` weighs against packed
+        rows): its objects, map entries and key, each slot's place in its ledger's arrays, its bitmaps'
+        heap (shared: the fitted model; own: 2 B an id) and its batch members' dict entries.
+        O(slots)."""
+        total = _BUCKET_BYTES + ledgers * _SLOT_BYTES + members * _MEMBER_BYTES
+        if slots.packed is not None:
+            total += shared_bitmap64_heap_bytes(slots.packed, True)
+        for entries in slots.values():
+            total += 16 if isinstance(entries, _Run) else 200 + 2 * len(entries)
+        return total
+
+    def _decode_shared(self, packed: BitMap64) -> dict[LedgerKey, list[int]]:
+        """Ledger key → entry ids of one shared bitmap: plain Python for a small one (see
+        :data:`_SMALL_SHARED`), else numpy. O(P)."""
+        if len(packed) > _SMALL_SHARED:
+            return {key: ids.tolist() for key, ids in self._decode_union([packed]).items()}
+        layout, ordinals = self._layout, self._ordinals
+        low, entry_mask, bits = layout.low, layout.entry_mask, layout.bits
+        out: dict[LedgerKey, list[int]] = {}
+        for code in packed:
+            record = ordinals[layout.ordinal(code & ~entry_mask | code & low)]
+            assert record is not None
+            out.setdefault(record.key, []).append((code & entry_mask) >> bits)
+        return out
 
     def _compact_shared(self, bucket: int, slots: _Bucket, packed: BitMap64) -> None:
         """Compact a bucket's shared bitmap: a slot holding one run of consecutive ids becomes a ``_Run``
@@ -1979,6 +2109,362 @@ class TimeBucketIndex:
         before = len(own)
         own.update(_u32(fresh))
         self._count += len(own) - before
+
+
+class TimeBucketIndex:
+    """Pending nacks by due time: ``bucket_ms → ledger → entry ids``, as in Apache Pulsar's PIP-393.
+
+    ``precision_bits`` (0..30) is *k*: due times are trimmed to multiples of ``2**k`` ms. ``rounding``
+    ``"floor"`` (Java's behaviour) puts an id in the bucket at or before its due time, so it may fire up to
+    ``2**k - 1`` ms early and never late; ``"ceil"`` uses the bucket at or after it: never early, up to
+    ``2**k - 1`` ms late.
+
+    Two tiers hold the ids, under one lock:
+
+    * the *live* tier (``_HotIndex``): buckets still receiving ids, and dense buckets (a slot of
+      :data:`PROMOTE_AT` ids or more) — Roaring bitmaps per slot, shared bitmaps per bucket;
+    * the *packed* tier (:class:`~pulsar_nack.packed.PackedStore`): buckets the add path has left whose
+      slots are all small, moved there by :meth:`compact` — ~12 bytes a row and a few bytes of membership
+      bitmap, no object per bucket or slot (issue 23: one or two ids a bucket at k = 0 or with long,
+      sparse delays cost ~300 bytes an id as bucket and slot objects).
+
+    An entry may have parts in both tiers (other buckets); a (bucket, entry) pair is in one of them. An
+    add, re-nack or remove of an entry the packed tier holds first takes its packed parts back into the
+    live tier (``_thaw``), where the usual dedupe (earliest due wins) applies.
+
+    Complexity: as ``_HotIndex`` for the live tier, plus — when the packed tier holds anything — O(1) per
+    :meth:`add` for the membership test (a dict and a bitmap probe), and O(n_p) numpy (n_p = packed rows)
+    for an add, :meth:`due_of`, :meth:`pending_mask` or :meth:`remove` of an entry the packed tier holds;
+    :meth:`pop_due` O(log n_p + due) per packed run; :meth:`next_due_ms` O(runs);
+    :attr:`bucket_count` O(n_p) numpy when the packed tier changed since the last call, else O(live
+    buckets log n_p).
+    """
+
+    def __init__(
+        self,
+        precision_bits: int = 8,
+        rounding: Rounding = "floor",
+        *,
+        promote_at: int = PROMOTE_AT,
+        pack_below: int = PROMOTE_AT,
+    ) -> None:
+        """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
+        bitmap of its own; 1 gives every slot its own bitmap from its first id. ``pack_below`` (>= 0):
+        :meth:`compact` moves a bucket to the packed tier when each of its slots holds fewer ids than
+        this; 0 keeps every bucket in the live tier. O(1)."""
+        if isinstance(pack_below, bool) or not isinstance(pack_below, int) or pack_below < 0:
+            raise ValueError(f"pack_below must be an int >= 0, got {pack_below!r}")
+        self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at)
+        self._pack_below = pack_below
+        self._mask, self._round_up = self._hot._mask, self._hot._round_up
+        self._lock = threading.RLock()
+        self._hot._lock = self._lock  # type: ignore[assignment]  # one lock: the live tier re-enters it
+        self._packed = PackedStore(self._hot.precision_bits)
+
+    @property
+    def precision_bits(self) -> int:
+        """*k*: bucket times are multiples of ``2**k`` ms. O(1)."""
+        return self._hot.precision_bits
+
+    @property
+    def rounding(self) -> Rounding:
+        """``"floor"`` or ``"ceil"``. O(1)."""
+        return self._hot.rounding
+
+    @property
+    def promote_at(self) -> int:
+        """Ids at which a slot moves to a bitmap of its own. O(1)."""
+        return self._hot.promote_at
+
+    @property
+    def added(self) -> int:
+        """Ids accepted by :meth:`add`/:meth:`add_many` so far, repeats included. O(1)."""
+        return self._hot.added
+
+    @property
+    def bucket_count(self) -> int:
+        """Number of non-empty buckets. O(1) without packed ids; else see the class."""
+        with self._lock:
+            packed = self._packed
+            live = len(self._hot._schedule)
+            if not len(packed):
+                return live
+            count = packed.bucket_count()
+            if live:
+                times = np.fromiter(self._hot._schedule, np.int64, live)
+                count -= int(np.isin(times, packed.bucket_times(), assume_unique=True).sum())
+            return live + count
+
+    def __len__(self) -> int:
+        """Pending ids, counting an entry once per bucket (batch messages of one entry count once). O(1)."""
+        return len(self._hot) + len(self._packed)
+
+    def bucket_of(self, due_ms: int) -> int:
+        """The bucket time an id due at ``due_ms`` is stored under (and popped at). O(1)."""
+        return self._hot.bucket_of(due_ms)
+
+    def next_due_ms(self) -> int | None:
+        """The earliest bucket time, or None when nothing is pending. O(1) amortized, plus O(runs)."""
+        with self._lock:
+            live = self._hot.next_due_ms()
+            if not len(self._packed):
+                return live
+            packed = self._packed.first()
+            return packed if live is None or (packed is not None and packed < live) else live
+
+    # -- adding -------------------------------------------------------------------------------------
+
+    def add(
+        self,
+        due_ms: int,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int = -1,
+        topic: str = "",
+        fresh: bool = False,
+    ) -> int:
+        """Schedule one id; returns the bucket time it was filed under.
+
+        A pending id keeps its earlier due time (earliest wins).
+
+        ``batch_index`` -1 means the whole entry; ``>= 0`` one message of a batch. A pending whole entry
+        covers its batch messages, so adding a batch message it covers is a no-op.
+        ``fresh``: the caller knows that neither this id nor its whole entry is pending (and, for a whole
+        entry, none of its batch messages), so the dedupe against the ledger's other buckets is skipped —
+        O(1) even for ids inside the ledger's pending range (the consumer's arrival filter knows this for
+        every nack). A wrong ``fresh`` makes an id pending twice.
+        A due time beyond :data:`MAX_DUE_MS` is filed as that one.
+        Raises ``ValueError``/``TypeError`` naming the bad parameter; the index is then unchanged.
+        Complexity: see the class.
+        """
+        lock = self._lock
+        lock.acquire()  # not `with`: its __exit__ costs ~0.1 µs more (this is the nack path)
+        try:
+            packed = self._packed
+            if packed.newest >= 0 and len(packed):
+                if type(due_ms) is not int or not 0 <= due_ms <= MAX_DUE_MS:
+                    due_ms = _check_due(due_ms)
+                if type(entry_id) is not int or type(ledger_id) is not int:
+                    entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
+                # A fresh id of a bucket later than every packed one (the in-order nack) needs no look
+                # at the packed tier: nothing it would merge with is pending, and its (bucket, entry)
+                # pair cannot be there. Else an entry with packed parts takes them back live first.
+                if (
+                    not (fresh and (due_ms + self._round_up) & self._mask > packed.newest)
+                    and type(topic) is str
+                    and packed.may_hold(_key(ledger_id, topic), entry_id)
+                ):
+                    self._thaw(ledger_id, entry_id, topic)
+                    fresh = False  # its parts are back in the live tier: dedupe against them
+            return self._hot.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
+        finally:
+            lock.release()
+
+    def _thaw(self, ledger_id: int, entry_id: int, topic: str) -> None:
+        """(Lock held.) Move an entry's packed parts back into the live tier, at their buckets. O(n_p)."""
+        hot = self._hot
+        before = hot.added
+        for bucket, mask in self._packed.take(_key(ledger_id, topic), entry_id):
+            if mask is None:
+                hot.add(bucket, ledger_id, entry_id, -1, topic)
+            else:
+                for index in batch_indexes(mask):
+                    hot.add(bucket, ledger_id, entry_id, index, topic)
+        hot._added = before  # (moves, not adds)
+
+    def add_many(
+        self,
+        due_ms: Any,
+        ledger_ids: Any,
+        entry_ids: Any,
+        batch_indexes: Any = None,
+        topic: str = "",
+    ) -> None:
+        """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
+
+        Same semantics as calling :meth:`add` for each position in order. All input is validated before
+        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: O(n) numpy
+        work plus O(1) Python work per run of ids sharing bucket and ledger (see ``_HotIndex``), plus
+        O(n) Python probes when the packed tier holds ids.
+        """
+        with self._lock:
+            if len(self._packed):
+                _, ledgers, entries, _ = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
+                if not isinstance(topic, str):
+                    raise TypeError(f"topic must be a str, got {type(topic).__name__}")
+                for ledger_id, entry_id in set(zip(ledgers.tolist(), entries.tolist(), strict=True)):
+                    if self._packed.may_hold(_key(ledger_id, topic), entry_id):
+                        self._thaw(ledger_id, entry_id, topic)
+            self._hot.add_many(due_ms, ledger_ids, entry_ids, batch_indexes, topic)
+
+    # -- popping, querying, removing --------------------------------------------------------------
+
+    def pop_due(self, now_ms: int) -> list[DueIds]:
+        """Remove and return every id whose bucket time is <= ``now_ms``, one ``DueIds`` per ledger.
+
+        Ledgers come in the order of their earliest due bucket. An entry due in several buckets comes
+        once; if it is due as a whole in any of them it comes as a whole. Complexity: the live tier's
+        (O(log B) plus O(due ids log due ids) numpy/CRoaring and O(1) Python per due bucket and ledger),
+        plus O(log n_p + due) per packed run and O(1) Python per due packed ledger and batch member.
+        """
+        if type(now_ms) is not int or now_ms < 0:
+            now_ms = _check_due(now_ms, "now_ms", bounded=False)
+        with self._lock:
+            live = self._hot.pop_due(now_ms)
+            if not len(self._packed):
+                return [due for _, due in live]
+            packed = self._packed.pop(now_ms)
+            if not packed:
+                return [due for _, due in live]
+            merged: dict[LedgerKey, tuple[int, DueIds]] = {
+                _key(due.ledger_id, due.topic): (first, due) for first, due in live
+            }
+            for first, key, entry_ids, partial in packed:
+                topic, ledger_id = _split_key(key)
+                mine = (
+                    DueIds(topic, ledger_id, entry_ids, partial)
+                    if partial
+                    else DueIds(topic, ledger_id, entry_ids)
+                )
+                other = merged.get(key)
+                merged[key] = (
+                    (first, mine) if other is None else (min(first, other[0]), _merge_due(other[1], mine))
+                )
+            return [due for _, due in sorted(merged.values(), key=_by_first)]
+
+    def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
+        """The batch indexes of this entry pending in any bucket, as a bitmask; -1 if the whole entry is
+        pending, 0 if nothing is. Complexity as :meth:`due_of`."""
+        with self._lock:
+            mask = self._hot.pending_mask(ledger_id, entry_id, topic)
+            if mask == -1 or not len(self._packed):
+                return mask
+            for _, part in self._packed.parts(_key(ledger_id, topic), entry_id):
+                if part is None:
+                    return -1
+                mask |= part
+            return mask
+
+    def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
+        """The bucket time at which this id will be popped, or None if it is not pending.
+
+        With ``batch_index`` -1: the earliest bucket holding any part of the entry. With a batch index:
+        the earliest bucket holding that message or the whole entry. Live tier: O(1) if the entry lies
+        outside the ledger's pending range, O(log B_l) if the ledger's slots hold ordered ranges, else
+        O(B_l) bitmap probes; packed tier: O(1), or O(n_p) numpy if the entry may be there.
+        """
+        with self._lock:
+            due = self._hot.due_of(ledger_id, entry_id, batch_index, topic)
+            if not len(self._packed):
+                return due
+            for bucket, mask in self._packed.parts(_key(ledger_id, topic), entry_id):  # earliest first
+                if batch_index < 0 or mask is None or mask >> batch_index & 1:
+                    return bucket if due is None or bucket < due else due
+            return due
+
+    def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
+        """Forget a pending id; True if something was removed. Complexity as :meth:`due_of`, plus
+        O(log B_l) per live slot the id leaves.
+
+        ``batch_index`` -1 removes every pending part of the entry. A batch index removes that message
+        where it is pending on its own (a message covered by a pending whole entry stays).
+        """
+        with self._lock:
+            removed = self._hot.remove(ledger_id, entry_id, batch_index, topic)
+            if len(self._packed) and self._packed.remove(_key(ledger_id, topic), entry_id, batch_index):
+                removed = True
+            return removed
+
+    def clear(self) -> None:
+        """Forget everything. O(B + ledgers) (the structures are dropped)."""
+        with self._lock:
+            self._hot.clear()
+            self._packed.clear()
+
+    def compact(self, max_buckets: int | None = None) -> int:
+        """Compact buckets the add path has moved away from; returns how many were compacted.
+
+        A bucket whose slots are all small (fewer than :data:`PROMOTE_AT` ids) moves to the packed tier;
+        in others a bitmap of its own holding one run of consecutive ids becomes a packed int
+        (``_Run``), other bitmaps are ``run_optimize``-d and ``shrink_to_fit``-ed. Adding to a compacted
+        bucket later is fine. O(ids in the compacted buckets) numpy and CRoaring, plus the packed tier's
+        merge (O(log n_p) amortized per row moved). Call it off the nack path, e.g. from the timer
+        thread; never needed for correctness.
+        """
+        with self._lock:
+            store = self._packed if self._pack_below else None
+            done = self._hot.compact(max_buckets, store, self._pack_below)
+            self._packed.flush()
+            return done
+
+    def __iter__(self) -> Iterator[tuple[int, str, int, npt.NDArray[np.uint32]]]:
+        """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` per slot in bucket order (a snapshot).
+        O(n + B log B)."""
+        with self._lock:
+            slots: dict[tuple[int, LedgerKey], npt.NDArray[np.uint32]] = {}
+            for bucket, topic, ledger_id, entry_ids in self._hot:
+                slots[bucket, _key(ledger_id, topic)] = entry_ids
+            for bucket, key, entry_ids in self._packed.slots():
+                other = slots.get((bucket, key))
+                slots[bucket, key] = entry_ids if other is None else np.union1d(other, entry_ids)
+            snapshot = sorted(slots.items(), key=_slot_time)
+        for (bucket, key), entry_ids in snapshot:
+            topic, ledger_id = _split_key(key)
+            yield bucket, topic, ledger_id, entry_ids
+
+    def structure(self) -> dict[str, int]:
+        """The live tier's shape (see ``_HotIndex.structure``: ``buckets`` and ``slots`` there are the
+        live tier's) and the packed tier's (``packed_ids``, ``packed_rows``, ``packed_runs``,
+        ``packed_ledgers``). O(live slots + containers + packed runs)."""
+        with self._lock:
+            return self._hot.structure() | self._packed.structure()
+
+    def memory_usage(self) -> MemoryUsage:
+        """Bytes held by the index: Python objects at the sizes the allocator hands out
+        (:func:`~pulsar_nack.memory.python_bytes`) and CRoaring's C heap, by part (``packed``: the packed
+        tier). O(objects in the live tier + Roaring containers + packed runs and ledgers).
+
+        Shared objects (a bucket's int key stored in several places, a topic string) count once; small
+        ints that CPython caches count nothing.
+        """
+        with self._lock:
+            live = self._hot._walk_memory()
+            python, roaring = self._packed.memory_bytes()
+            python += python_bytes(self) + python_bytes(self.__dict__)
+            parts = dict(live.breakdown, packed=python)
+            return MemoryUsage(live.python_bytes + python, live.roaring_bytes + roaring, len(self), parts)
+
+
+def _merge_due(a: DueIds, b: DueIds) -> DueIds:
+    """One ledger's due ids from both tiers: an entry is due whole if it is due whole in either. O(n)."""
+    entry_ids = np.union1d(a.entry_ids, b.entry_ids).astype(np.uint32)
+    if not a.batch_indexes and not b.batch_indexes:
+        return DueIds(a.topic, a.ledger_id, entry_ids)
+    partial: dict[int, tuple[int, ...]] = {}
+    for entry_id in sorted(a.batch_indexes.keys() | b.batch_indexes.keys()):
+        indexes: set[int] = set()
+        whole = False
+        for due in (a, b):
+            got = due.batch_indexes.get(entry_id)
+            if got is not None:
+                indexes.update(got)
+            elif bool(np.isin(entry_id, due.entry_ids)):
+                whole = True
+        if not whole:
+            partial[entry_id] = tuple(sorted(indexes))
+    return (
+        DueIds(a.topic, a.ledger_id, entry_ids, partial)
+        if partial
+        else DueIds(a.topic, a.ledger_id, entry_ids)
+    )
+
+
+def _by_first(item: tuple[int, DueIds]) -> int:
+    return item[0]
+
+
+def _slot_time(item: tuple[tuple[int, LedgerKey], npt.NDArray[np.uint32]]) -> int:
+    return item[0][0]
 
 
 def _member_key(bucket: int, record: _Ledger, entry_id: int) -> int:

@@ -439,7 +439,7 @@ def test_batch_members_of_many_ledgers_in_shared_slots(promote_at: int) -> None:
 
 
 def test_compact_gives_shared_runs_their_own_packed_int() -> None:
-    index = TimeBucketIndex(0)
+    index = TimeBucketIndex(0, pack_below=0)  # the live tier's compaction
     for entry in range(100, 120):  # a run of 20 (>= 16): gets a _Run
         index.add(10, 1, entry)
     for entry in (3, 9, 12):  # not a run: stays shared
@@ -471,7 +471,7 @@ def test_small_shared_bitmaps_compact_as_the_numpy_path_does(
     rng = np.random.default_rng(ledgers)
 
     def build() -> TimeBucketIndex:
-        index = TimeBucketIndex(0)
+        index = TimeBucketIndex(0, pack_below=0)  # the live tier's compaction
         for bucket in range(1, 60):
             for _ in range(int(rng.integers(1, 4))):
                 ledger = int(rng.integers(0, ledgers))
@@ -562,7 +562,7 @@ import gc, json, random
 from pulsar_nack import TimeBucketIndex
 from pulsar_nack.memory import heap_in_use
 def build(n):
-    index, rng = TimeBucketIndex(8), random.Random(7)
+    index, rng = TimeBucketIndex(8, pack_below=0), random.Random(7)  # the live tier's shared bitmaps
     for i in range(n):  # 100 topics, due times spread over 60 s in no order
         due = 3_600_000 + int(rng.uniform(0, 60_000))
         index.add(due, 1_000 + i % 100, i // 100, -1, f"t-{i % 100}", True)
@@ -767,7 +767,7 @@ def test_compact_trims_ledgers_of_few_slots_and_they_reopen() -> None:
     """compact() gives a ledger of few slots, all in bitmaps of their own, exact-size arrays and no size
     bytes (its record then costs ~250 B instead of ~420: issue 13's (x, k) = (8, 15) row); the ledger
     then takes new ids in a new shared slot, in its compacted slots and before its popped ones."""
-    index = TimeBucketIndex(4, promote_at=4)
+    index = TimeBucketIndex(4, promote_at=4, pack_below=0)
     for entry in range(10):
         index.add(100, 1, entry)  # an own slot of a run
     for entry in range(10, 20):
@@ -795,7 +795,7 @@ def test_compact_trims_ledgers_of_few_slots_and_they_reopen() -> None:
 def test_compacted_runs_of_many_ledgers_in_one_bucket_stay_exact(topic: str) -> None:
     """compact() keeps the runs of a bucket's first 32 ledgers in two arrays and the rest in its dict:
     lookups, removals, re-nacks into a run (thawed back to a bitmap) and pops see both alike."""
-    index = TimeBucketIndex(10)
+    index = TimeBucketIndex(10, pack_below=0)
     ledgers = range(100, 140)  # 40 ledgers with one run each: 32 inline, 8 in the dict
     for ledger in ledgers:
         index.add_many(np.full(20, 5_000), ledger, np.arange(ledger, ledger + 20), topic=topic)
@@ -921,7 +921,7 @@ def test_fresh_batch_message_is_covered_by_its_entry_pending_whole_in_the_same_s
     index.add(1000, 7, 2, 5, fresh=True)  # covered
     index.add(1000, 7, 1, 3, fresh=True)  # a second member of entry 1
     index.add(1000, 7, 4, 9, fresh=True)  # a new entry
-    assert (index._slot_own is not None) == own
+    assert (index._hot._slot_own is not None) == own
     (due,) = index.pop_due(2000)
     assert {1, 2, 4} <= set(due.entry_ids.tolist())
     assert dict(due.batch_indexes) == {1: (0, 3), 4: (9,)}
@@ -951,3 +951,115 @@ def test_pop_due_of_one_id_buckets_returns_sorted_unique_ids(order: str) -> None
         assert due.batch_indexes == {entry_id: (0, 1) for entry_id in sorted(set(entries))}
     else:
         assert not due.batch_indexes
+
+
+# -- the packed tier: sparse buckets the add path has left, as rows of numpy arrays ------------------
+
+
+def test_compact_packs_sparse_buckets_and_every_query_sees_them() -> None:
+    """A bucket of small slots moves to the packed tier; lookups, re-nacks (earlier and later), removals
+    and pops give what the live tier gave, and an entry with parts in two packed buckets keeps the later
+    one after the earlier is popped."""
+    index = TimeBucketIndex(0)
+    index.add(10, 1, 5, batch_index=2)  # a member at 10 ...
+    index.add(20, 2, 7, topic="t")
+    index.add(20, 1, 5)  # ... and the whole entry at 20: one entry, two packed buckets
+    assert index.compact() == 1  # 10 (20 is the add path's bucket)
+    index.add(30, 1, 9)
+    index.add(40, 1, 100)  # the add path's bucket: stays live
+    assert index.compact() == 2  # 20 and 30, in another run than 10
+    shape = index.structure()
+    assert shape["tier_ids"] == 4 and shape["buckets"] == 1 and index.bucket_count == 4 and len(index) == 5
+    assert index.due_of(1, 5) == 10 and index.due_of(1, 5, 3) == 20 and index.pending_mask(1, 5) == -1
+    assert index.due_of(2, 7, topic="t") == 20 and index.due_of(2, 7) is None
+    ((first,),) = [index.pop_due(10)]
+    assert (first.ledger_id, first.entry_ids.tolist(), dict(first.batch_indexes)) == (1, [5], {5: (2,)})
+    assert index.due_of(1, 5) == 20, "the entry's later packed bucket survives the pop of the earlier"
+    index.add(50, 1, 9)  # later than pending: no-op (taken back live at 30)
+    index.add(15, 2, 7, topic="t")  # earlier: moves
+    assert index.due_of(1, 9) == 30 and index.due_of(2, 7, topic="t") == 15
+    assert index.remove(1, 5) and not index.remove(1, 5) and index.due_of(1, 5) is None
+    assert len(index) == 3 and index.bucket_count == 3 and index.next_due_ms() == 15
+    assert [(d.ledger_id, d.entry_ids.tolist()) for d in index.pop_due(100)] == [(2, [7]), (1, [9, 100])]
+    assert len(index) == 0 and index.bucket_count == 0 and index.next_due_ms() is None
+
+
+def test_packed_tier_forgets_ledgers_with_nothing_left() -> None:
+    """Ledgers come and go (a topic's ledger rolls over): the packed tier renumbers its ledgers when
+    runs merge into one, so its numbering does not grow with run time."""
+    index = TimeBucketIndex(0)
+    for step in range(200):
+        index.add(1_000 + step, 10_000 + step, 1)  # one id of a new ledger each ms
+        index.add(1_000 + step, 10_000 + step, 2)
+        index.compact()
+        index.pop_due(1_000 + step - 20)  # 20 ms of ids pending
+    assert index.structure()["tier_ledgers"] <= 3 * 21
+    assert len(index) == 2 * 20
+    assert {d.ledger_id for d in index.pop_due(10_000)} == set(range(10_180, 10_200))
+
+
+def test_pop_due_merges_a_ledgers_ids_from_both_tiers_in_order_of_first_due() -> None:
+    """One DueIds per ledger however its ids are split between the tiers: batch members of one entry
+    from both merge, and ledgers come in the order of their earliest due bucket in either tier."""
+    index = TimeBucketIndex(0)
+    index.add(15, 3, 1)
+    index.add(20, 1, 5, batch_index=2)
+    index.add(20, 1, 4)
+    index.add(22, 9, 9)  # the add path moves on: 15 and 20 can be packed
+    assert index.compact() == 2 and index.structure()["tier_ids"] == 3
+    index.add(30, 1, 5, batch_index=3, fresh=True)  # later than every packed bucket: straight in, live
+    index.add(25, 2, 1)
+    index.add(30, 1, 6)
+    due = index.pop_due(100)
+    assert [d.ledger_id for d in due] == [3, 1, 9, 2]
+    assert due[1].entry_ids.tolist() == [4, 5, 6] and dict(due[1].batch_indexes) == {5: (2, 3)}
+    assert len(index) == 0 and index.bucket_count == 0
+
+
+def test_compact_keeps_a_bucket_live_where_its_shared_bitmap_is_cheaper_than_packed_rows() -> None:
+    """100 ledgers × 30 consecutive ids in one bucket share Roaring containers at ~2 B an id: compact()
+    keeps that bucket live (packed rows cost ~15 B an id), and packs the next bucket's lone id."""
+    index = TimeBucketIndex(12)
+    for ledger in range(100):
+        index.add_many(np.full(30, 5_000), ledger, np.arange(ledger * 100, ledger * 100 + 30))
+    index.add(9_000, 1, 7)
+    index.add(20_000, 1, 8)  # the add path's bucket
+    assert index.compact() == 2
+    shape = index.structure()
+    assert shape["tier_ids"] == 1 and shape["buckets"] == 2 and shape["packed_runs"] == 100  # (live runs)
+    assert len(index) == 3002 and index.due_of(42, 4_229) == 4_096 and index.due_of(1, 7) == 8_192
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_packed_pops_of_few_rows_in_python_give_what_numpy_gives(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The packed tier pops a few due rows in plain Python (the timer's pops: numpy's calls cost ~100 µs
+    a pop) and many with numpy: the same ids, batch members, counts and buckets either way."""
+    import pulsar_nack.packed as packed_module
+
+    def run(small_pop: int) -> list[object]:
+        monkeypatch.setattr(packed_module, "_SMALL_POP", small_pop)
+        rng = np.random.default_rng(seed)
+        index = TimeBucketIndex(2)
+        for step in range(400):  # 20 ledgers, batch members and whole entries, due over 0..400 ms
+            ledger, entry = int(rng.integers(0, 20)), int(rng.integers(0, 50))
+            index.add(
+                step + int(rng.integers(0, 200)), ledger, entry, int(rng.integers(-1, 3)), "t" * (ledger % 2)
+            )
+            if step % 25 == 0:
+                index.compact()
+        index.compact()
+        assert index.structure()["tier_ids"] > 100
+        seen: list[object] = []
+        for now in range(0, 700, 35):
+            due = index.pop_due(now)
+            seen.append(
+                sorted(
+                    (d.topic, d.ledger_id, d.entry_ids.tolist(), sorted(d.batch_indexes.items())) for d in due
+                )
+            )
+            seen.append((len(index), index.bucket_count, index.next_due_ms()))
+        return seen
+
+    assert run(10**9) == run(-1)

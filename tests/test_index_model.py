@@ -97,11 +97,19 @@ class IndexMachine(RuleBasedStateMachine):
         k=st.integers(0, 4),
         rounding=st.sampled_from(["floor", "ceil"]),
         promote_at=st.sampled_from([1, 2, 3, PROMOTE_AT]),
+        pack_below=st.sampled_from([0, 2, 4, PROMOTE_AT]),
     )
-    def setup(self, k: int, rounding: str, promote_at: int) -> None:
+    def setup(self, k: int, rounding: str, promote_at: int, pack_below: int) -> None:
         # promote_at: 1 = every slot has its own bitmap; 2, 3 = slots move from the bucket's shared
         # bitmap to their own while the machine runs; PROMOTE_AT = all shared (entries 0..6 per ledger).
-        self.index = TimeBucketIndex(k, rounding, promote_at=promote_at)  # type: ignore[arg-type]
+        # pack_below: 0 = every bucket stays live; 2, 4 = compact() packs some buckets and keeps others
+        # live (slots of 2+ / 4+ ids), so an entry has parts in both tiers; PROMOTE_AT = packs them all.
+        self.index = TimeBucketIndex(
+            k,
+            rounding,  # type: ignore[arg-type]
+            promote_at=promote_at,
+            pack_below=pack_below,
+        )
         self.model = Model(k, rounding)
         self.now = 0
         self.added_since_pop = False
@@ -164,6 +172,26 @@ class IndexMachine(RuleBasedStateMachine):
     @rule()
     def compact(self) -> None:
         self.index.compact()
+
+    @rule(topic=st.sampled_from(TOPICS), ledger=st.sampled_from(LEDGERS), entry=ENTRIES)
+    def pending_mask(self, topic: str, ledger: int, entry: int) -> None:
+        model = self.model
+        expected = -1 if (topic, ledger, entry) in model.whole else 0
+        if not expected:
+            for member in model.member:
+                if member[:3] == (topic, ledger, entry):
+                    expected |= 1 << member[3]
+        assert self.index.pending_mask(ledger, entry, topic) == expected
+
+    @rule()
+    def slots_agree(self) -> None:
+        """Iterating the index yields each (bucket, ledger) slot once with its entries, both tiers merged."""
+        got = {
+            (bucket, topic, ledger, entry)
+            for bucket, topic, ledger, entries in self.index
+            for entry in entries.tolist()
+        }
+        assert got == self.model.slots()
 
     @rule(topic=st.sampled_from(TOPICS), ledger=st.sampled_from(LEDGERS), entry=ENTRIES, bi=BATCH)
     def due_of(self, topic: str, ledger: int, entry: int, bi: int) -> None:
