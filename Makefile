@@ -1,11 +1,12 @@
 # The two commands of the README. Each creates/updates .venv and installs what it needs.
 #   make run    — the main job
-#   make test   — lint, type-check and the whole test suite (what .ci/run calls)
+#   make test   — lint, type-check, the API reference site (--strict) and the whole test suite (what .ci/run calls)
+#   make docs   — the documentation site (mkdocs.yml: docs/*.md + the API reference) into build/site/
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench-index bench-broker bench-cost bench-consumer bench-timer
+.PHONY: run test docs bench-index bench-broker bench-cost bench-consumer bench-timer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +22,13 @@ run: $(VENV)/.installed-broker
 test: $(VENV)/.installed-test,dev
 	$(BIN)/ruff check pulsar_nack tests bench examples harness spark
 	$(BIN)/mypy
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	$(BIN)/python -m pytest -q -p no:cacheprovider --ignore=tests/test_chunked.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_chunked.py  # own process: docs/chunked.md, Known issues
+
+# The documentation site; --strict: a docstring reference that does not resolve, or a broken link, fails.
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 # Benchmarks (they write docs/performance.md)
 bench-index: $(VENV)/.installed-bench

@@ -6,7 +6,7 @@ one run:
 * **Lateness** = arrival − (nack time + delay) for 200 messages in three patterns — one burst; 10 groups
   spaced delay/2; a steady stream for 2 × delay — at delays 1 s, 3 s, 9 s. The native consumer and the
   wrapper run the same pattern at the same time on two topics. Goal: wrapper p99 ≤ 2^k + 50 ms (k = 8,
-  floor rounding, so arrivals may also be up to 2^k ms early).
+  the default rounding: ceil, never early since issue 24; floor before, up to 2^k ms early).
 * **Call cost** of ``negative_acknowledge(message)`` over 20,000 received messages. Goal: wrapper ≤ 1.0×.
 * **Memory per pending nack**, from outside in a fresh process (heap delta; the native tracker's C++
   allocations included): 200,000 nacks of rebuilt ids, due over one minute. Goal: ≥ 100× less at k = 8.
@@ -276,7 +276,14 @@ def main(argv: list[str]) -> int:
     delays = [int(d) for d in args.delays.split(",") if d]
     if not delays or min(delays) < 0:
         parser.error(f"--delays must be non-negative ms, got {args.delays!r}")
-    results: dict[str, Any] = {"machine": report.machine(), "brokers": {}, "precision_bits": PRECISION_BITS}
+    from pulsar_nack import NackOptions
+
+    results: dict[str, Any] = {
+        "machine": report.machine(),
+        "brokers": {},
+        "precision_bits": PRECISION_BITS,
+        "rounding": NackOptions().rounding,  # the wrapper's default, which the bench subscribes with
+    }
     for label, broker_type in _brokers(args.brokers.split(",")):
         print(f"starting {label} ...", file=sys.stderr)
         with broker_type() as broker:
@@ -387,14 +394,22 @@ def _mark(ok: bool) -> str:
     return "✓" if ok else "✗"
 
 
+def rounding_note(results: dict[str, Any]) -> str:
+    """How the wrapper rounded in a results file (files written before issue 24 ran floor rounding)."""
+    k = results.get("precision_bits", PRECISION_BITS)
+    if results.get("rounding", "floor") == "floor":
+        return f"floor rounding: up to {2**k} ms early by design"
+    return "ceil rounding: never early"
+
+
 def render(results: dict[str, Any]) -> str:
     goal = 2**PRECISION_BITS + 50
     parts = [
         "## Redelivery through a broker: pulsar-nack vs the native client",
         "",
         "`python bench/nack_lateness.py` — lateness = arrival − (nack time + delay), ms, over 200 "
-        f"messages; the wrapper at k = {PRECISION_BITS}, floor rounding (may be up to {2**PRECISION_BITS} ms "
-        "early, by design). Native and wrapper ran each pattern at the same time, on two topics. "
+        f"messages; the wrapper at k = {PRECISION_BITS}, {rounding_note(results)}. "
+        "Native and wrapper ran each pattern at the same time, on two topics. "
         f"Goal: wrapper p99 ≤ 2^k + 50 = {goal} ms.",
         "",
         report.machine_line(results["machine"]),

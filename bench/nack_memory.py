@@ -1,24 +1,30 @@
-"""Benchmark: memory per pending nack, everything the wrapper keeps included, in three workloads.
+"""Benchmark: memory per pending nack, everything the wrapper keeps included, over a grid of workloads.
 
-Each workload runs in a fresh process set up for heap measurement (``pulsar_nack.memory.MEASURING_ENV``)
-and drives a real :class:`~pulsar_nack.tracker.NackTracker` — its TimeBucket index, timer wheel and
-arrival filter — exactly as the consumer does: every arrival passes the filter, the application acks or
-nacks, nacks are filed with their due times, and the timer compacts buckets left behind. No broker: the
-ids are those a broker would deliver. Measured = retained heap from outside (pymalloc blocks + glibc
-in-use chunks, CRoaring's heap included) after the nacks minus before; reported = ``nack_stats()``
-(the index, the arrival filter and the tracker's timer wheel, as a consumer's tracker that owns its wheel
-reports them). Before measuring, the same workload runs once and is dropped (first-use allocations).
+Issue 23's grid: topics {1, 100, 1,000} × batching {none, batches of 10, batches of 100} × nack share
+{1 %, 10 %, 100 %} × delay {10 s, 60 s, 1 h; fixed, or uniform from it to 60 s more} × k {0, 8, 12} —
+486 points. Each point is a :class:`pulsar_nack.profile.Workload` whose messages arrive over the shortest
+delay, so that at the end nothing has come due and every nack is pending (``--pending``, 100,000 by
+default): ``pending / nack share`` messages through a real :class:`~pulsar_nack.tracker.NackTracker` — its
+index, timer wheel and arrival filter — exactly as ``pulsar-nack profile`` drives it (every arrival passes
+the filter, the application acks or nacks, the timer compacts buckets left behind), in a fresh process with
+``PYTHONMALLOC=malloc`` and glibc's in-use bytes (tcache off): *measured* = the heap the process retains
+after the run minus just after the tracker was built, divided by the pending nacks — an upper bound of the
+marginal cost (the tracker's fixed cost is before the baseline); *reported* = ``nack_stats().memory_bytes``
+of the same tracker. The native client's bytes per pending nack come from ``bench/nack_lateness.py``'s
+measurement on a real broker (``bench/results/nack_lateness.json``).
 
-* ``one topic, every message nacked`` — 200,000 non-batched messages, 50,000 entries per ledger, each
-  nacked on arrival, due times in arrival order over 60 s (a steady stream);
-* ``100 topics, due over 60 s`` — 200,000 non-batched messages over 100 topics, each nacked with a random
-  delay, so due times are spread over 60 s in no order;
-* ``one nack per 100-message batch`` — 20,000 entries of 100 batched messages: 99 acked, 1 nacked.
+On a real broker (pulsar-lite, embedded), a sample of the grid runs through
+:func:`pulsar_nack.profile_broker.profile_broker`: the workload is produced, then consumed in fresh
+processes by the wrapper and by the official consumer with its native tracker, each on its own
+subscription, paced at the workload's rate; the consumer process's heap growth (``PYTHONMALLOC=malloc``)
+divided by its pending nacks, for both in the same run. ``--no-broker`` skips it.
 
-Goals (issue 9): ≤ 4, ≤ 12 and ≤ 24 B per pending nack; ``nack_stats().memory_bytes`` within ±10 % of
-the measurement. The native client's bytes per pending nack are measured by ``bench/nack_lateness.py``.
+The whole grid runs for hours (a 1 % point is 10 million messages), so by default a fixed sample of it
+runs — the fleet shape of issue 23 (100 topics, batches of 10, 10 % nacked, 1 h, k = 8) and points drawn
+with a fixed seed — and ``--all`` runs all of it. Goals (issue 23): ≤ 16 B per pending nack at every point,
+``nack_stats`` within ±10 %.
 
-    python bench/nack_memory.py
+    python bench/nack_memory.py [--all | --sample N] [--pending N] [--points SUBSTRING]
 
 Writes ``bench/results/nack_memory.json`` and the ``nack-memory`` section of docs/performance.md.
 """
@@ -28,141 +34,323 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
-from pathlib import Path
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import report
 
-SCRIPT = Path(__file__).resolve()
-WORKLOADS = {
-    "one-topic": ("one topic, every message nacked", 4.0),
-    "topics-100": ("100 topics, due over 60 s", 12.0),
-    "batch-100": ("one nack per 100-message batch, rest acked", 24.0),
-}
-HEADERS = ["workload", "pending", "buckets", "measured B/nack", "goal", "reported B/nack", "reported error"]
-SPREAD_MS = 60_000
-DELAY_MS = 3_600_000
+from pulsar_nack.profile import Delay, Workload, _run_probe
+
+GOAL_BYTES = 16.0
+GOAL_REPORT_ERROR = 0.10
+TOPICS = (1, 100, 1_000)
+BATCHES = (1, 10, 100)
+SHARES = (0.01, 0.10, 1.0)
+DELAYS_S = (10, 60, 3_600)
+SPREADS = ("fixed", "uniform")
+PRECISION_BITS = (0, 8, 12)
+SPREAD_S = 60  # a uniform delay runs from the delay to this much more
+FLEET = (100, 10, 0.10, 3_600, "fixed", 8)  # issue 23's fleet-shaped workload
+# The broker sample: delays short enough to consume in minutes (the consumer is paced at the rate).
+BROKER_POINTS = (
+    (100, 10, 0.10, 60, "fixed", 8),
+    (1, 1, 1.0, 10, "fixed", 8),
+    (100, 1, 0.10, 60, "uniform", 8),
+)
+BROKER_HEADERS = [
+    "topics",
+    "batch",
+    "nacked",
+    "delay",
+    "k",
+    "pending",
+    "pulsar-nack B/nack",
+    "native B/nack",
+    "native ÷ ours",
+]
+HEADERS = [
+    "topics",
+    "batch",
+    "nacked",
+    "delay",
+    "k",
+    "pending",
+    "buckets",
+    "measured B/nack",
+    "reported",
+    "native B/nack",
+    "native ÷ ours",
+]
 
 
-def probe(payload: dict[str, Any]) -> dict[str, Any]:
-    """In a fresh process: build the workload and measure the retained heap."""
-    import gc
+@dataclass(frozen=True)
+class Point:
+    topics: int
+    batch: int
+    share: float
+    delay_s: int
+    spread: str
+    k: int
 
-    from pulsar_nack.memory import heap_in_use
-    from pulsar_nack.timer import TimerWheel
-    from pulsar_nack.tracker import NackTracker
+    @property
+    def name(self) -> str:
+        delay = f"{self.delay_s}s" if self.spread == "fixed" else f"{self.delay_s}s+U{SPREAD_S}s"
+        return f"t{self.topics}-b{self.batch}-n{self.share:g}-d{delay}-k{self.k}"
 
-    name = payload["workload"]
-    if name not in WORKLOADS:
-        raise SystemExit(f"unknown workload {name!r}")
-    now = 1_000_000.0
+    def delay_text(self) -> str:
+        base = f"{self.delay_s // 3600} h" if self.delay_s >= 3600 else f"{self.delay_s} s"
+        return base if self.spread == "fixed" else f"{base} + U(0, {SPREAD_S} s)"
 
-    def build(wheel: TimerWheel) -> NackTracker:
-        tracker = NackTracker(lambda _due: None, clock=lambda: now, wheel=wheel)
-        _drive(name, tracker, now)
-        tracker.index.compact()  # what the timer does ~1 s after nacks move on from a bucket
-        return tracker
+    def workload(self, pending: int) -> Workload:
+        """Messages over the shortest delay, so that every nack is still pending at the end."""
+        low = self.delay_s * 1_000.0
+        delay = (
+            Delay("fixed", low, low)
+            if self.spread == "fixed"
+            else Delay("uniform", low, low + SPREAD_S * 1e3)
+        )
+        messages = round(pending / self.share)
+        duration_s = float(self.delay_s)
+        return Workload(
+            rate=messages / duration_s,
+            delay=delay,
+            duration_s=duration_s,
+            topics=self.topics,
+            batch_size=self.batch,
+            nack_share=self.share,
+            precision_bits=self.k,
+        )
 
-    # The same workload once before measuring, then dropped: first-use allocations are not per-nack cost
-    # — among them numpy's cache of freed small data blocks (up to 7 per byte size below 1 KiB), which
-    # compact()'s per-bucket numpy work fills to ~100 KB on its first run and reuses afterwards.
-    warm = build(TimerWheel(clock=lambda: now, start=False))
-    del warm
-    gc.collect()
-    before = heap_in_use()
-    # A consumer's tracker owns its wheel and reports it; here the wheel is passed in (so that no timer
-    # thread runs), and its bytes are added to the report as the owning tracker would add them.
-    wheel = TimerWheel(clock=lambda: now, start=False)
-    tracker = build(wheel)
-    gc.collect()
-    retained = heap_in_use() - before
-    stats = tracker.stats(with_memory=True)
-    assert stats.memory_bytes is not None, "measured: with_memory=True"
-    reported = stats.memory_bytes + wheel.memory_bytes()
+
+def grid() -> list[Point]:
+    return [
+        Point(t, b, n, d, s, k)
+        for t in TOPICS
+        for b in BATCHES
+        for n in SHARES
+        for d in DELAYS_S
+        for s in SPREADS
+        for k in PRECISION_BITS
+    ]
+
+
+def choose(points: list[Point], sample: int | None, pattern: str | None) -> list[Point]:
+    """The fleet shape first, then ``sample`` more drawn with a fixed seed (all of them for None)."""
+    fleet = Point(*FLEET)
+    if pattern:
+        return [p for p in points if pattern in p.name]
+    if sample is None:
+        return points
+    rest = [p for p in points if p != fleet]
+    return [fleet, *random.Random(23).sample(rest, min(sample, len(rest)))]
+
+
+def native_bytes_per_nack() -> tuple[float | None, str]:
+    """The native client's bytes per pending nack as bench/nack_lateness.py measured them (worst broker)."""
+    path = report.RESULTS / "nack_lateness.json"
+    if not path.exists():
+        return None, "no bench/results/nack_lateness.json: run bench/nack_lateness.py"
+    data = json.loads(path.read_text())
+    value = max(b["memory"]["native"]["bytes_per_nack"] for b in data["brokers"].values())
+    return value, f"bench/nack_lateness.py ({data['machine']['date']}, commit {data['machine']['commit']})"
+
+
+def measure(point: Point, pending: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = _run_probe("malloc", point.workload(pending), lambda _done: None)
+    per_nack = result["bytes"] / result["pending"]
     return {
-        "workload": name,
-        "pending": stats.pending,
-        "buckets": stats.buckets,
-        "measured_bytes": retained,
-        "reported_bytes": reported,
-        "measured_per_nack": retained / stats.pending,
-        "reported_per_nack": reported / stats.pending,
+        "point": point.name,
+        "topics": point.topics,
+        "batch": point.batch,
+        "share": point.share,
+        "delay_s": point.delay_s,
+        "spread": point.spread,
+        "k": point.k,
+        "pending": result["pending"],
+        "buckets": result["buckets"],
+        "measured_bytes": result["bytes"],
+        "reported_bytes": result["reported"],
+        "measured_per_nack": per_nack,
+        "reported_error": result["reported"] / result["bytes"] - 1 if result["bytes"] > 0 else 0.0,
+        "seconds": time.perf_counter() - started,
     }
 
 
-def _drive(name: str, tracker: Any, now: float) -> None:
-    """Admit and nack the workload's messages as the consumer does."""
-    arrivals = tracker.arrivals
-    rng = random.Random(7)
-    if name == "one-topic":
-        count = 200_000
-        for i in range(count):
-            ledger_id, entry_id = divmod(i, 50_000)
-            arrivals.admit(ledger_id, entry_id, -1, "t", 0)
-            tracker.schedule(now + DELAY_MS + i * SPREAD_MS / count, ledger_id, entry_id, -1, "t")
-    elif name == "topics-100":
-        count = 200_000
-        for i in range(count):
-            topic = f"persistent://public/default/topic-{i % 100}"
-            ledger_id, entry_id = 1_000 + i % 100, i // 100
-            arrivals.admit(ledger_id, entry_id, -1, topic, 0)
-            tracker.schedule(now + DELAY_MS + rng.uniform(0, SPREAD_MS), ledger_id, entry_id, -1, topic)
-    else:  # batch-100
-        count = 20_000
-        for entry_id in range(count):
-            ledger_id = 5
-            for index in range(100):
-                arrivals.admit(ledger_id, entry_id, index, "t", 100)
-            nacked = rng.randrange(100)
-            for index in range(100):
-                if index != nacked:
-                    arrivals.acked(ledger_id, entry_id, index, "t")
-            tracker.schedule(now + DELAY_MS + entry_id * SPREAD_MS / count, ledger_id, entry_id, nacked, "t")
+def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str, Any]:
+    """The wrapper and the official consumer on the same produced messages, in fresh processes."""
+    from pulsar_nack.profile_broker import profile_broker
+
+    started = time.perf_counter()
+    result = profile_broker(point.workload(pending), service_url, java=False, timeout_s=900.0)
+    native = result.native or {}
+    return {
+        "point": point.name,
+        "topics": point.topics,
+        "batch": point.batch,
+        "share": point.share,
+        "delay_s": point.delay_s,
+        "spread": point.spread,
+        "k": point.k,
+        "pending": result.pending,
+        "wrapper_bytes": result.memory["malloc"],
+        "wrapper_per_nack": result.per_pending("malloc"),
+        "reported_bytes": result.memory["reported"],
+        "native_pending": native.get("pending"),
+        "native_bytes": native.get("bytes"),
+        "native_per_nack": native.get("bytes_per_nack"),
+        "broker": result.broker,
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _broker_row(result: dict[str, Any]) -> list[str]:
+    point = Point(
+        result["topics"], result["batch"], result["share"], result["delay_s"], result["spread"], result["k"]
+    )
+    ours, native = result["wrapper_per_nack"], result["native_per_nack"]
+    return [
+        f"{point.topics:,}",
+        "–" if point.batch == 1 else str(point.batch),
+        f"{point.share:.0%}",
+        point.delay_text(),
+        str(point.k),
+        f"{result['pending']:,}",
+        f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
+        "–" if native is None else f"{native:.1f}",
+        "–" if not native or ours <= 0 else f"{native / ours:.2f}×",
+    ]
+
+
+def _row(result: dict[str, Any], native: float | None) -> list[str]:
+    ours, error = result["measured_per_nack"], result["reported_error"]
+    point = Point(
+        result["topics"], result["batch"], result["share"], result["delay_s"], result["spread"], result["k"]
+    )
+    return [
+        f"{point.topics:,}",
+        "–" if point.batch == 1 else str(point.batch),
+        f"{point.share:.0%}",
+        point.delay_text(),
+        str(point.k),
+        f"{result['pending']:,}",
+        f"{result['buckets']:,}",
+        f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
+        f"{error:+.0%} {'✓' if abs(error) <= GOAL_REPORT_ERROR else '✗'}",
+        "–" if native is None else f"{native:.0f}",
+        "–" if native is None or ours <= 0 else f"{native / ours:.2f}×",
+    ]
+
+
+def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Worst, median and best measured bytes per pending nack of a run, with their points."""
+    ordered = sorted(results, key=lambda r: r["measured_per_nack"])
+    median = statistics.median(r["measured_per_nack"] for r in ordered)
+    return {
+        "points": len(ordered),
+        "best": ordered[0],
+        "median_per_nack": median,
+        "worst": ordered[-1],
+        "within_goal": sum(r["measured_per_nack"] <= GOAL_BYTES for r in ordered),
+        "reported_within": sum(abs(r["reported_error"]) <= GOAL_REPORT_ERROR for r in ordered),
+    }
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--probe", help=argparse.SUPPRESS)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="every point of the grid (hours)")
+    which.add_argument("--sample", type=int, default=12, help="points besides the fleet shape (default 12)")
+    which.add_argument("--points", help="only points whose name contains this, e.g. t100-b10")
+    parser.add_argument(
+        "--pending", type=int, default=100_000, help="pending nacks per point (default 100,000)"
+    )
+    parser.add_argument("--no-broker", action="store_true", help="skip the sample on a real broker")
+    parser.add_argument(
+        "--broker-pending", type=int, default=20_000, help="pending nacks per broker point (default 20,000)"
+    )
     args = parser.parse_args(argv)
-    if args.probe:
-        print(json.dumps(probe(json.loads(args.probe))))
-        return 0
+    if args.pending < 1_000:
+        parser.error(f"--pending: at least 1,000, got {args.pending}")
+    if args.sample is not None and args.sample < 0:
+        parser.error(f"--sample: at least 0, got {args.sample}")
     facts = report.machine()
-    rows, results = [], []
-    for name in args.workloads.split(","):
-        result = report.run_probe(SCRIPT, {"workload": name})
+    points = choose(grid(), None if args.all else args.sample, args.points)
+    if not points:
+        parser.error(f"--points: no point's name contains {args.points!r}")
+    native, native_source = native_bytes_per_nack()
+    results, rows = [], []
+    for number, point in enumerate(points, 1):
+        result = measure(point, args.pending)
         results.append(result)
-        title, goal = WORKLOADS[name]
-        error = result["reported_bytes"] / result["measured_bytes"] - 1
-        rows.append(
-            [
-                title,
-                f"{result['pending']:,}",
-                f"{result['buckets']:,}",
-                f"{result['measured_per_nack']:.1f}",
-                f"≤ {goal:g} {'✓' if result['measured_per_nack'] <= goal else '✗'}",
-                f"{result['reported_per_nack']:.1f}",
-                f"{error:+.0%} {'✓' if abs(error) <= 0.10 else '✗'}",
-            ]
+        rows.append(_row(result, native))
+        print(
+            f"[{number}/{len(points)}] {point.name}: {result['measured_per_nack']:.1f} B/nack "
+            f"(reported {result['reported_error']:+.0%}, {result['seconds']:.0f} s)",
+            flush=True,
         )
-        print(rows[-1], flush=True)
-    report.save_json("nack_memory", {"machine": facts, "results": results})
+    totals = summary(results)
+    on_broker: list[dict[str, Any]] = []
+    if not args.no_broker:
+        from pulsar_nack.testing import PulsarLite
+
+        with PulsarLite() as broker:
+            for point in (Point(*shape) for shape in BROKER_POINTS):
+                on_broker.append(measure_on_broker(point, args.broker_pending, broker.service_url))
+                print(
+                    f"[broker] {point.name}: pulsar-nack {on_broker[-1]['wrapper_per_nack']:.1f} B/nack, "
+                    f"native {on_broker[-1]['native_per_nack']} B/nack",
+                    flush=True,
+                )
+    report.save_json(
+        "nack_memory",
+        {
+            "machine": facts,
+            "pending_target": args.pending,
+            "grid_points": len(grid()),
+            "native_bytes_per_nack": native,
+            "native_source": native_source,
+            "summary": totals,
+            "results": results,
+            "broker": on_broker,
+        },
+    )
+    best, worst = totals["best"], totals["worst"]
     text = "\n\n".join(
         [
-            "## Memory per pending nack, everything the wrapper keeps",
-            "`python bench/nack_memory.py` — a real `NackTracker` (index, timer wheel, arrival filter) "
-            "driven as the consumer drives it, in a fresh process per workload; measured = retained heap "
-            "from outside (pymalloc + glibc in use, CRoaring included), reported = "
-            "`nack_stats().memory_bytes` (index, arrival filter and the tracker's timer wheel). The "
-            "workload runs once before the measured run (first-use allocations, e.g. numpy's cache of "
-            "small blocks, are not per-nack cost). Goals from issue 9. The native client's bytes per "
-            "pending nack: `bench/nack_lateness.py` measures them (section broker-nacks).",
+            "## Memory per pending nack, everything the wrapper keeps, over a grid of workloads",
+            "`python bench/nack_memory.py` — issue 23's grid (topics × batching × nack share × delay × k, "
+            f"{len(grid())} points; this run: {len(results)} of them, {args.pending:,} pending nacks each). "
+            "Each point runs a real `NackTracker` (index, timer wheel, arrival filter) as "
+            "`pulsar-nack profile` drives it, in a fresh process: measured = heap retained from outside "
+            "(`PYTHONMALLOC=malloc`, glibc in-use bytes, CRoaring included) after the run minus after the "
+            "tracker was built, per pending nack; reported = `nack_stats().memory_bytes`, its error against "
+            f"the measurement. Native: {native_source}. Goals: ≤ {GOAL_BYTES:g} B per pending nack, "
+            f"report within ±{GOAL_REPORT_ERROR:.0%}.",
             report.machine_line(facts),
+            f"Within the goal: {totals['within_goal']} of {totals['points']} points; report within "
+            f"±{GOAL_REPORT_ERROR:.0%}: {totals['reported_within']}. "
+            f"Worst {worst['measured_per_nack']:.1f} B ({worst['point']}), "
+            f"median {totals['median_per_nack']:.1f} B, best "
+            f"{best['measured_per_nack']:.1f} B ({best['point']}).",
             report.table(HEADERS, rows),
         ]
     )
+    if on_broker:
+        text += "\n\n" + "\n\n".join(
+            [
+                "### On a real broker, beside the official consumer",
+                "The same workloads produced to pulsar-lite and consumed by the wrapper and by the official "
+                "consumer (its native tracker, one delay: the workload's mean) in fresh processes, each on "
+                "its own subscription, paced at the rate: the consumer process's heap growth from just after "
+                "subscribing (`PYTHONMALLOC=malloc`, glibc in-use bytes) per pending nack, both in this run "
+                f"({args.broker_pending:,} pending nacks a point).",
+                report.table(BROKER_HEADERS, [_broker_row(r) for r in on_broker]),
+            ]
+        )
     report.write_section("nack-memory", text)
     return 0
 

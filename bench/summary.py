@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 import report
+from nack_lateness import rounding_note
 
 README = report.ROOT / "README.md"
 
@@ -29,6 +30,19 @@ def _stamp(data: dict[str, Any]) -> str:
     return f"{facts['date'][:10]}, {facts['commit']}"
 
 
+def _shape(point: dict[str, Any]) -> str:
+    """A grid point of bench/nack_memory.py in words."""
+    batch = "not batched" if point["batch"] == 1 else f"batches of {point['batch']}"
+    delay = point["delay_s"]
+    delay_text = f"{delay // 3600} h" if delay >= 3600 else f"{delay} s"
+    if point["spread"] != "fixed":
+        delay_text += " + up to 60 s"
+    return (
+        f"{point['topics']:,} topic{'s' if point['topics'] > 1 else ''}, {batch}, "
+        f"{point['share']:.0%} nacked, {delay_text}, k = {point['k']}"
+    )
+
+
 def rows() -> list[list[str]]:
     out: list[list[str]] = []
     lateness, memory = _load("nack_lateness"), _load("nack_memory")
@@ -37,17 +51,22 @@ def rows() -> list[list[str]]:
         natives = [b["memory"]["native"]["bytes_per_nack"] for b in lateness["brokers"].values()]
         native_bytes = max(natives)
     if memory:
-        titles = {
-            "one-topic": "memory per pending nack: every message nacked, one topic",
-            "topics-100": "memory per pending nack: 100 topics, due over 60 s",
-            "batch-100": "memory per pending nack: one nack per 100-message batch",
-        }
-        for result in memory["results"]:
-            ours = result["measured_per_nack"]
-            native = f"{native_bytes:.0f} B" if native_bytes else "–"
-            ratio = f" — {native_bytes / ours:.0f}× less" if native_bytes else ""
+        totals = memory["summary"]
+        native = memory.get("native_bytes_per_nack") or native_bytes
+        grid = f"{totals['points']} of {memory['grid_points']} grid points"
+        picks = [
+            ("worst", totals["worst"]["measured_per_nack"], f" ({_shape(totals['worst'])})"),
+            ("median", totals["median_per_nack"], ""),
+            ("best", totals["best"]["measured_per_nack"], f" ({_shape(totals['best'])})"),
+        ]
+        for label, ours, shape in picks:
+            ratio = ""
+            if native and ours > 0:
+                ratio = f" — {native / ours:.0f}× less" if ours < native else f" — {ours / native:.2f}× MORE"
             out.append([
-                titles[result["workload"]], native, f"{ours:.1f} B{ratio}",
+                f"memory per pending nack, {label} of {grid}{shape}",
+                f"{native:.0f} B" if native else "–",
+                f"{ours:.1f} B{ratio}",
                 f"nack_memory, nack_lateness ({_stamp(memory)})",
             ])
     if lateness:
@@ -62,7 +81,7 @@ def rows() -> list[list[str]]:
         out.append([
             f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
             f"{native_p99 / 1000:.1f} s late",
-            f"{wrapper_p99:+.1f} ms (k = {k}, floor rounding: up to {2**k} ms early by design)",
+            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)})",
             f"nack_lateness ({_stamp(lateness)})",
         ])
     if lateness:

@@ -44,14 +44,16 @@ from pulsar_nack.chunks import AsyncDeadLetters, HeldMessage
 from pulsar_nack.consumer import (
     NackBridge,
     NackOptions,
+    nack_parameters,
     subscribe_arguments,
     subscribe_signature,
     with_signature,
+    wrap_options,
 )
 from pulsar_nack.snapshot.wiring import SubscriptionStorage, arguments_snapshots
 from pulsar_nack.tracker import NackStats
 
-__all__ = ["Client", "NackConsumer"]
+__all__ = ["Client", "NackConsumer", "wrap"]
 
 _Receive = tuple[int, "asyncio.Future[Any]"]  # (request number, the native receive's future)
 #: An async ``message_listener``: awaited with the consumer and each message, one message at a time.
@@ -371,6 +373,41 @@ _LISTENER = inspect.Parameter(
     "message_listener", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="AsyncListener | None"
 )
 with_signature(subscribe_signature(_SUBSCRIBE, _LISTENER, returns="NackConsumer"))(Client.subscribe)
+
+
+def wrap(consumer: pulsar.asyncio.Consumer, *, native_delay_ms: int, **options: Any) -> NackConsumer:
+    """Wrap an existing ``pulsar.asyncio.Consumer``: :func:`pulsar_nack.wrap` for asyncio — its nacks go
+    through the PIP-393 tracker from now on.
+
+    ``native_delay_ms`` (required) is the ``negative_ack_redelivery_delay_ms`` the consumer was subscribed
+    with, and redelivery is as late as :func:`pulsar_nack.wrap` says for it: subscribe with
+    ``pulsar_nack.NATIVE_DELAY_MS`` (102) for ~70 ms, or use :meth:`Client.subscribe`. Raises ``TypeError``
+    for anything but an unwrapped ``pulsar.asyncio.Consumer`` (also the same consumer wrapped twice), and as
+    :meth:`NackOptions.from_arguments` does for bad options; nothing is taken over then. The options are
+    those of :meth:`Client.subscribe`: see ``inspect.signature(pulsar_nack.aio.wrap)``.
+    """
+    if not isinstance(consumer, pulsar.asyncio.Consumer):
+        raise TypeError(f"aio.wrap() takes a pulsar.asyncio.Consumer, got {type(consumer).__name__}")
+    if isinstance(consumer, NackConsumer):
+        raise TypeError("this consumer is already wrapped")
+    nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="aio.wrap")
+    wrapped = NackConsumer(consumer, nack, snapshots)
+    wrapped._nacks.marks_all = False  # messages received before aio.wrap() carry no mark
+    return wrapped
+
+
+with_signature(
+    inspect.Signature(
+        [
+            inspect.Parameter(
+                "consumer", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="pulsar.asyncio.Consumer"
+            ),
+            inspect.Parameter("native_delay_ms", inspect.Parameter.KEYWORD_ONLY, annotation="int"),
+            *nack_parameters(),
+        ],
+        return_annotation="NackConsumer",
+    )
+)(wrap)
 
 
 def _settle(future: asyncio.Future[Any], result: Any, value: Any) -> None:

@@ -50,6 +50,7 @@ from pyroaring import BitMap
 
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.index import batch_mask
+from pulsar_nack.lateness import DueSample, LatenessHistogram
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
 __all__ = ["ACK_TIMEOUT_SLACK_MS", "NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
@@ -87,51 +88,20 @@ _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
 
 
-class LatenessWindow:
-    """The lateness (ms) of the last ``size`` redeliveries, in one float array allocated at the first
-    sample: 8 bytes a sample, where a deque of floats takes 32 (a float object and a slot)."""
-
-    __slots__ = ("_count", "_samples", "size")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._samples: npt.NDArray[np.float64] | None = None
-        self._count = 0
-
-    def add(self, value: float) -> None:
-        """Record one sample, replacing the oldest once full. O(1)."""
-        if self._samples is None:
-            self._samples = np.empty(self.size, dtype=np.float64)
-        self._samples[self._count % self.size] = value
-        self._count += 1
-
-    def values(self) -> npt.NDArray[np.float64]:
-        """A copy of the samples held (in no particular order). O(size)."""
-        if self._samples is None:
-            return np.empty(0, dtype=np.float64)
-        return self._samples[: min(self._count, self.size)].copy()
-
-    def __len__(self) -> int:
-        return min(self._count, self.size)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: the array and this object. O(1)."""
-        held = self._samples
-        return python_bytes(self) + (0 if held is None else python_bytes(held))  # the array owns its data
-
-
 class _Flight:
     """One forwarded message (or non-batched entry) until a copy of it has been handed out."""
 
-    __slots__ = ("acked", "at", "reforwards", "target")
+    __slots__ = ("acked", "at", "due", "reforwards", "target")
     reforwards: int
 
     def __init__(self, at: float, target: int, previous: _Flight | None) -> None:
         self.at = at  # when it was forwarded (clock ms); _NEVER while a new forward is awaited
-        self.target = target  # the bucket time it was due at: never hand it out earlier
+        self.target = target  # no earlier than its bucket time: never hand it out earlier
         # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
-        self.reforwards = previous.reforwards + 1 if previous is not None and previous.at == _NEVER else 0
+        again = previous is not None and previous.at == _NEVER
+        self.reforwards = previous.reforwards + 1 if again else 0  # type: ignore[union-attr]
+        # the due time the application asked for, if sampled (DueSample); a repeat keeps the first's
+        self.due: float | None = previous.due if again else None  # type: ignore[union-attr]
         self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
 
 
@@ -355,7 +325,9 @@ class ArrivalFilter:
         self._watch: dict[tuple[str, int], BitMap] = {}
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
         self._forwards: deque[tuple[float, str, int, EntryIds]] = deque()
-        self.lateness = LatenessWindow(lateness_window)
+        # lateness (arrival − the due time asked for) of a bounded sample of redeliveries (issue 24)
+        self.lateness = LatenessHistogram(lateness_window)
+        self.dues = DueSample()
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
@@ -403,14 +375,19 @@ class ArrivalFilter:
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per nack)
         try:
-            fresh = self._record((topic, ledger_id, entry_id), ledger_id, entry_id, batch_index, topic)
+            key = (topic, ledger_id, entry_id)
+            fresh = self._record(key, ledger_id, entry_id, batch_index, topic)
             if fresh is None:
                 return None
             try:
-                return self._add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
+                bucket = self._add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
             except BaseException:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
+            dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
+            if not due_ms & dues.every:
+                dues.note(hash(key) ^ batch_index, due_ms)
+            return bucket
         finally:
             lock.release()
 
@@ -488,13 +465,18 @@ class ArrivalFilter:
             if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
                 entry_ids = entry_ids.copy()  # not a view: it would keep its buffer and 3 objects alive
             self._forwards.append((now, topic, ledger_id, entry_ids))  # batch indexes: in the entries
+            dues = self.dues
+            take = dues.take
             for entry_id in _ints(entry_ids):
                 key = (topic, ledger_id, entry_id)
                 entry = self._entries.get(key)
                 if entry is None and self._is_quiet(topic, ledger_id, entry_id):
                     entry = self._expand(key, batch_mask(batch_indexes.get(entry_id, ())))
                 if entry is None:  # a non-batched message
-                    self._flights[key] = _Flight(now, target, self._flights.get(key))
+                    flight = self._flights[key] = _Flight(now, target, self._flights.get(key))
+                    due = take(hash(key) ^ -1, target) if dues.used else None
+                    if flight.due is None:
+                        flight.due = due
                     watch = self._watch.get((topic, ledger_id))
                     if watch is None:
                         watch = self._watch[(topic, ledger_id)] = BitMap()
@@ -518,8 +500,12 @@ class ArrivalFilter:
                 entry.pending &= ~mask
                 flights = entry.flights if entry.flights is not None else {}
                 entry.flights = flights
+                code = hash(key)
                 for index in batch_index_bits(mask & ~entry.acked):
-                    flights[index] = _Flight(now, target, flights.get(index))
+                    flight = flights[index] = _Flight(now, target, flights.get(index))
+                    due = take(code ^ index, target) if dues.used else None
+                    if flight.due is None:
+                        flight.due = due
                 entry.last_forward = now
             if bitmap is not None and not bitmap:
                 del self._pending[(topic, ledger_id)]
@@ -785,7 +771,8 @@ class ArrivalFilter:
         asked_by_us = now >= flight.at + NATIVE_MIN_DELAY_MS
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
-            self.lateness.add(now - flight.target)
+            if flight.due is not None:
+                self.lateness.add(now - flight.due)
             return _DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
@@ -1117,6 +1104,7 @@ class ArrivalFilter:
             self._forwards.clear()
             self._quiet.clear()
             self._watch.clear()
+            self.dues.clear()
             self._recent = _Recent(self._clock())
 
     def counts(self) -> FilterCounts:
@@ -1145,7 +1133,7 @@ class ArrivalFilter:
                 total += _TUPLE4 + python_bytes(record[0]) + _ids_bytes(record[3])
             total += _scaled(self._entries, sample, _entry_bytes)
             total += _scaled(self._flights, sample, _flight_bytes)
-            total += self.lateness.nbytes
+            total += self.lateness.nbytes + self.dues.nbytes
         return total
 
 

@@ -47,12 +47,14 @@ class MultiplierRedeliveryBackoff:
     or above ``max_delay_ms`` (mind ``max_redelivery_delay_ms``: use ``on_delay_limit="clamp"`` or leave
     room). ``seed`` makes the jitter reproducible (``random.Random(seed)``; None: seeded from the OS).
 
-    >>> b = MultiplierRedeliveryBackoff(1000, 600_000)
-    >>> [b.next(n) for n in (-1, 0, 1, 4, 100)]
-    [1000, 1000, 2000, 16000, 600000]
-    >>> j = MultiplierRedeliveryBackoff(1000, 600_000, jitter_percent=20, seed=1)
-    >>> all(900 <= j.next(0) < 1100 for _ in range(100))
-    True
+    Example (an indented block: a code block on the API reference site too)::
+
+        >>> b = MultiplierRedeliveryBackoff(1000, 600_000)
+        >>> [b.next(n) for n in (-1, 0, 1, 4, 100)]
+        [1000, 1000, 2000, 16000, 600000]
+        >>> j = MultiplierRedeliveryBackoff(1000, 600_000, jitter_percent=20, seed=1)
+        >>> all(900 <= j.next(0) < 1100 for _ in range(100))
+        True
     """
 
     __slots__ = (

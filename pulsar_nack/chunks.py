@@ -39,7 +39,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pulsar
@@ -52,7 +52,6 @@ __all__ = [
     "DEFAULT_MAX_HELD_CHUNKED_BYTES",
     "AsyncDeadLetters",
     "ChunkHold",
-    "ChunkedNackStats",
     "DeadLetters",
     "HeldDelivery",
     "HeldMessage",
@@ -93,20 +92,6 @@ class DeadLetter:
     message: pulsar.Message
     count: int
     key: Key
-
-
-@dataclass(frozen=True)
-class ChunkedNackStats(NackStats):
-    """:class:`~pulsar_nack.tracker.NackStats` plus the chunked messages (see :mod:`pulsar_nack.chunks`).
-    ``memory_bytes``, when measured, includes the held payloads."""
-
-    chunked_held: int = 0  # nacked chunked messages kept in memory now
-    chunked_held_bytes: int = 0  # their payload bytes (bounded by max_held_chunked_bytes)
-    chunked_redelivered: int = 0  # handed out again from memory
-    chunked_dead_lettered: int = 0  # sent to the dead-letter topic by the wrapper
-    chunked_over_bound: int = 0  # nacks not held because max_held_chunked_bytes was reached
-    chunked_native: int = 0  # nacks sent to the broker as a nack of every chunk entry (over the bound too)
-    chunked_copies_dropped: int = 0  # broker copies of a held message (a reconnect) not handed out
 
 
 @dataclass
@@ -254,13 +239,18 @@ class ChunkHold:
             per_entry = python_bytes(_Held(0.0, None, 0, 0)) + sys.getsizeof((0.0, 0, None, None))
             return total + len(self.held) * per_entry
 
-    def stats(self, base: NackStats, *, with_memory: bool = False) -> ChunkedNackStats:
-        """``base`` with this hold's counters (and its memory added to ``base.memory_bytes``). O(1)."""
-        values = {f.name: getattr(base, f.name) for f in fields(NackStats)}
+    def stats(self, base: NackStats, *, with_memory: bool = False) -> NackStats:
+        """``base`` with this hold's ``chunked_*`` counters (and its memory added to ``base.memory_bytes``,
+        when measured). O(1), or O(held) with ``with_memory``."""
         if with_memory and base.memory_bytes is not None:
-            values["memory_bytes"] = base.memory_bytes + self.memory_bytes()
-        return ChunkedNackStats(
-            **values,
+            held = self.memory_bytes()
+            base = replace(
+                base,
+                memory_bytes=base.memory_bytes + held,
+                memory_parts=(*(base.memory_parts or ()), ("held chunked", held)),
+            )
+        return replace(
+            base,
             chunked_held=len(self.held),
             chunked_held_bytes=self._bytes,
             chunked_redelivered=self.redelivered,

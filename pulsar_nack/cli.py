@@ -14,24 +14,106 @@ subcommand that needs them.
                          [--batch-size N] [--nack-share F] [--topics T] [--fit FILE] [--json FILE]
                                                                                     (pulsar_nack.estimate)
     pulsar-nack sweep [--grid default|small|FILE] [--master local[*]|spark://HOST:PORT] [--out DIR]
-                      [--java-results FILE|none]
+                      [--java-results FILE|none] [--files]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import shutil
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from pulsar_nack import demo
+from pulsar_nack import __version__, demo
+from pulsar_nack.progress import ProgressStream
 
-__all__ = ["UsageError", "build_parser", "main"]
+__all__ = [
+    "RunError",
+    "UsageError",
+    "build_parser",
+    "check_reachable",
+    "check_service_url",
+    "main",
+]
 
 
 class UsageError(Exception):
-    """Bad command-line input, found after parsing; the message names the parameter."""
+    """Bad command-line input, found after parsing; the message names the parameter. Exit status 2."""
+
+
+class RunError(Exception):
+    """The run cannot go on — a broker or Spark master out of reach, a missing extra, a failed
+    operation; the message names the cause (and the URL or option involved). Exit status 1."""
+
+
+# -- checks shared by the subcommands ------------------------------------------------------------------
+
+#: URL scheme → default port, for the URLs the subcommands take.
+_DEFAULT_PORTS = {"pulsar": 6650, "pulsar+ssl": 6651, "http": 80, "https": 443, "spark": 7077}
+
+
+def _host_ports(option: str, url: str, schemes: tuple[str, ...]) -> list[tuple[str, int]]:
+    """The (host, port) pairs of ``scheme://HOST[:PORT][,HOST[:PORT]...][/PATH]``; UsageError naming
+    ``option`` for another scheme, an empty host or a bad port. O(len(url))."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in schemes:
+        expected = ", ".join(f"{name}://" for name in schemes)
+        raise UsageError(f"{option}: expected a {expected} URL, got {url!r}")
+    pairs = []
+    for part in rest.split("/", 1)[0].split(","):
+        host, colon, port = part.rpartition(":")
+        if not colon or host.endswith(":"):  # no port, or a bare IPv6 address
+            host, port = part, str(_DEFAULT_PORTS[scheme])
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"{option}: expected HOST:PORT after {scheme}://, got {part!r} in {url!r}")
+        pairs.append((host, int(port)))
+    return pairs
+
+
+def check_service_url(option: str, url: str) -> str:
+    """``url`` if it is a Pulsar service URL (pulsar://, pulsar+ssl://, http://, https://, one or more
+    HOST:PORT), else UsageError naming ``option``. Checks the text only. O(len(url))."""
+    _host_ports(option, url, ("pulsar", "pulsar+ssl", "http", "https"))
+    return url
+
+
+def check_reachable(option: str, url: str, timeout_s: float, schemes: tuple[str, ...]) -> None:
+    """RunError naming ``option`` and ``url`` unless one of its HOST:PORTs accepts a TCP connection within
+    ``timeout_s`` each. A wrong host or port then fails at once, with the URL in the message, instead of
+    a client retrying it for its whole operation timeout (or Spark for a minute) and ending in a
+    traceback. O(hosts) connection attempts."""
+    reasons = []
+    for host, port in _host_ports(option, url, schemes):
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except OSError as error:
+            reasons.append(f"{host}:{port}: {error.strerror or error}")
+    raise RunError(f"{option}: cannot connect to {url} ({'; '.join(reasons)})")
+
+
+def check_writable(option: str, path: Path | None) -> None:
+    """UsageError naming ``option`` unless ``path`` can be written — checked by opening it for appending
+    (and removing it again if that created it), so that an unwritable path fails before the run, not
+    after it. None passes. O(1)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise UsageError(f"{option}: {path} is a folder")
+    existed = path.exists()
+    try:
+        with path.open("a"):
+            pass
+    except OSError as error:
+        raise UsageError(f"{option}: cannot write {path}: {error.strerror or error}") from None
+    if not existed:
+        path.unlink()
 
 
 # -- sweep ---------------------------------------------------------------------------------------------
@@ -65,10 +147,29 @@ def _register_sweep(subcommands: argparse._SubParsersAction[argparse.ArgumentPar
         metavar="FILE|none",
         help="results file of bench/index_memory.py with the Java PIP-393 figures the report's Java bars "
         "come from; 'none' for no Java bars (default: the repository's bench/results/index_memory.json "
-        "when it exists, else none)",
+        "in a checkout, else the copy the package carries)",
     )
     parser.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    parser.add_argument(
+        "--files",
+        action="store_true",
+        help="print where the spark-submit job (spark/sweep_job.py), the notebook "
+        "(spark/memory_sweep.ipynb), their README and the results files are — in a checkout or in the "
+        "installed package — and exit",
+    )
     parser.set_defaults(run=_sweep)
+
+
+def _sweep_files() -> int:
+    """``sweep --files``: one ``name: path`` line per shipped file of the Spark recipe. O(1)."""
+    from pulsar_nack.shipped import SPARK_FILES, repository_file
+
+    for name in (*SPARK_FILES, "bench/results/index_memory.json", "bench/results/seeds.json"):
+        path = repository_file(name)
+        if path is None:
+            raise RunError(f"{name} is neither in a checkout nor in this install")
+        print(f"{name}: {path}")
+    return 0
 
 
 def _java_results(value: str | None) -> Path | None:
@@ -88,33 +189,53 @@ def _java_results(value: str | None) -> Path | None:
 
 
 def _sweep(args: argparse.Namespace) -> int:
+    if args.files:
+        return _sweep_files()
     from pulsar_nack.sweep.grid import GridError, load_grid
 
     try:
         points = load_grid(args.grid)
     except GridError as error:
         raise UsageError(f"--grid: {error}") from None
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started us: its JVM, its master
     if args.master is not None:
         from pulsar_nack.sweep.spark import check_master
 
+        if submitted:
+            raise UsageError("--master: spark-submit's --master sets it; do not pass one under spark-submit")
         try:
             check_master(args.master)
         except ValueError as error:
             raise UsageError(f"--master: {error}") from None
     if args.out.exists() and not args.out.is_dir():
         raise UsageError(f"--out: {args.out} exists and is not a folder")
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--out: cannot create {args.out}: {error.strerror or error}") from None
     java_results = _java_results(args.java_results)
+    if importlib.util.find_spec("pyspark") is None:
+        raise RunError("the sweep needs pyspark: pip install 'pulsar-nack[spark]'")
+    if not submitted and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        raise RunError("Spark needs Java 17 or newer: put java on PATH or set JAVA_HOME")
+    if args.master is not None and args.master.startswith("spark://"):
+        check_reachable("--master", args.master, 10.0, ("spark",))
+
+    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
 
     from pulsar_nack.sweep.spark import run
 
-    result = run(
-        args.grid,
-        points,
-        args.out,
-        master=args.master,
-        progress=not args.no_progress,
-        java_results=java_results,
-    )
+    try:
+        result = run(
+            args.grid,
+            points,
+            args.out,
+            master=args.master,
+            progress=not args.no_progress,
+            java_results=java_results,
+        )
+    except Py4JError as error:  # Spark's own failure: its log above says why; the Java trace adds nothing
+        raise RunError(f"Spark failed (master {args.master or 'default'}): {_first_line(error)}") from None
     info = result.info
     print(
         f"{info.points} points ({info.ids:,} ids) on {info.master}: {info.total_s:.1f} s "
@@ -124,6 +245,18 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"wrote {result.parquet}, {result.report} and {result.report.with_suffix('.html')}")
     print(f"Java bars: {java_results}" if java_results else "Java bars: none (no --java-results file)")
     return 0
+
+
+def _first_line(error: Exception) -> str:
+    """The first line of a py4j error's message — without calling into a JVM that may be gone."""
+    try:
+        text = str(error)
+    except Exception:  # the gateway is closed: py4j's own summary
+        text = str(getattr(error, "errmsg", "") or type(error).__name__)
+    lines = [line.strip(" :") for line in text.splitlines() if line.strip(" :")]
+    if len(lines) > 1 and lines[0].startswith("An error occurred"):  # py4j's "while calling X"; then why
+        return lines[1]
+    return lines[0] if lines else type(error).__name__
 
 
 # -- profile -------------------------------------------------------------------------------------------
@@ -238,8 +371,7 @@ def _profile_workload(args: argparse.Namespace) -> Any:
 
 def _profile(args: argparse.Namespace) -> int:
     workload = _profile_workload(args)
-    if args.json is not None and args.json.is_dir():
-        raise UsageError(f"--json: {args.json} is a folder")
+    check_writable("--json", args.json)
     if args.broker is not None:
         return _profile_broker(args, workload)
     from pulsar_nack.profile import profile
@@ -248,7 +380,9 @@ def _profile(args: argparse.Namespace) -> int:
     if not args.no_progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=3 * workload.messages + 1, unit="msg", unit_scale=True, file=sys.stderr)
+        bar = tqdm(
+            total=3 * workload.messages + 1, unit="msg", unit_scale=True, file=ProgressStream(sys.stderr)
+        )
     offsets = {"default": 0, "malloc": workload.messages, "tracemalloc": 2 * workload.messages}
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -282,17 +416,40 @@ def _print_profile(result: Any, json_path: Path | None) -> int:
 def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
     """``profile --broker URL``: :func:`pulsar_nack.profile_broker.profile_broker`."""
     from pulsar_nack.profile import ProfileError, parse_duration_ms
-    from pulsar_nack.profile_broker import BROKER_MODES, profile_broker
+    from pulsar_nack.profile_broker import BROKER_MODES, check_broker_run, profile_broker
 
     options = {"broker": "--broker", "timeout_s": "--broker-timeout", "partitions": "--partitions"}
+
+    def usage(error: ProfileError) -> UsageError:
+        field, _, reason = str(error).partition(":")
+        named = " × ".join(options.get(part.strip(), _option(part.strip())) for part in field.split("×"))
+        return UsageError(f"{named}:{reason}")
+
     stages = ("produce", *BROKER_MODES)
     bar: Any = None
+    _host_ports("--broker", args.broker, ("pulsar", "pulsar+ssl"))
     try:
         timeout_s = parse_duration_ms(args.broker_timeout, "timeout_s") / 1_000
+    except ProfileError as error:
+        raise UsageError(f"--broker-timeout:{str(error).partition(':')[2]}") from None
+    try:  # every argument is checked before the broker is contacted
+        check_broker_run(workload, args.broker, timeout_s)
+    except ProfileError as error:
+        raise usage(error) from None
+    # The client's operation timeout (30 s) bounds the connection attempt.
+    check_reachable("--broker", args.broker, 30.0, ("pulsar", "pulsar+ssl"))
+    import pulsar
+
+    try:
         if not args.no_progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=len(stages) * workload.messages, unit="msg", unit_scale=True, file=sys.stderr)
+            bar = tqdm(
+                total=len(stages) * workload.messages,
+                unit="msg",
+                unit_scale=True,
+                file=ProgressStream(sys.stderr),
+            )
 
         def progress(stage: str, done: int, total: int) -> None:
             if bar is not None and stage in stages:
@@ -304,9 +461,11 @@ def _profile_broker(args: argparse.Namespace, workload: Any) -> int:
             workload, args.broker, java=not args.no_java, timeout_s=timeout_s, progress=progress
         )
     except ProfileError as error:
-        field, _, reason = str(error).partition(":")
-        named = " × ".join(options.get(part.strip(), _option(part.strip())) for part in field.split("×"))
-        raise UsageError(f"{named}:{reason}") from None
+        raise usage(error) from None
+    except pulsar.Interrupted:  # Ctrl-C inside a blocking client call: a Ctrl-C
+        raise KeyboardInterrupt from None
+    except pulsar.PulsarException as error:
+        raise RunError(f"--broker {args.broker}: {error}") from None
     finally:
         if bar is not None:
             bar.close()
@@ -360,8 +519,7 @@ def _estimate(args: argparse.Namespace) -> int:
     except ProfileError as error:
         field, _, reason = str(error).partition(":")
         raise UsageError(f"{_option(field.strip())}:{reason}") from None
-    if args.json is not None and args.json.is_dir():
-        raise UsageError(f"--json: {args.json} is a folder")
+    check_writable("--json", args.json)
     try:
         fit = load_fit(args.fit)
     except FitError as error:
@@ -387,9 +545,17 @@ _SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser
 )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: the message and where help is, not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``pulsar-nack`` parser with every subcommand registered."""
-    parser = argparse.ArgumentParser(prog="pulsar-nack", description="PIP-393 nack tracking tools.")
+    parser: argparse.ArgumentParser = _Parser(prog="pulsar-nack", description="PIP-393 nack tracking tools.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in _SUBCOMMANDS:
         register(subcommands)
@@ -399,16 +565,29 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``pulsar-nack`` with ``argv`` (default: the process's arguments); returns the exit status.
 
-    Bad input exits with status 2 and a message naming the parameter (argparse's convention).
+    Bad input exits with status 2 and one line on stderr naming the parameter (argparse's convention),
+    checked before a broker or Spark starts; a run that cannot go on (:class:`RunError`: a broker out of
+    reach, a missing extra) exits with status 1 and one line naming the cause; Ctrl-C exits with 130,
+    without a traceback.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = args.run
     try:
+        args = parser.parse_args(argv)
+        run: Callable[[argparse.Namespace], int] = args.run
         return run(args)
     except UsageError as error:
         parser.exit(2, f"{parser.prog} {args.command}: error: {error}\n")
+    except RunError as error:
+        parser.exit(1, f"{parser.prog} {args.command}: {error}\n")
+    except KeyboardInterrupt:
+        # Ctrl-C: the ``with`` blocks on the way out have stopped what the run started (brokers, Spark,
+        # child processes); 128 + SIGINT is the status a shell gives an interrupted command.
+        return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m pulsar_nack.cli``: run the imported module's main, whose UsageError / RunError are the
+    # classes the subcommands raise (this file's copy as ``__main__`` has classes of its own).
+    from pulsar_nack.cli import main as _main
+
+    sys.exit(_main())

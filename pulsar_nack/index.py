@@ -50,7 +50,6 @@ from pyroaring import BitMap, BitMap64
 
 from pulsar_nack.memory import (
     MemoryUsage,
-    bitmap64_heap_bytes,
     bitmap_heap_bytes,
     python_bytes,
     release_free_heap,
@@ -96,148 +95,19 @@ class DueIds(NamedTuple):
     batch_indexes: Mapping[int, tuple[int, ...]] = {}
 
 
-#: Batch indexes below 2**10 are stored as the low bits of a member id, so that the members of
-#: consecutive entries share Roaring containers; larger ones (batches over 1024 messages) in a dict.
+#: The snapshot format stores a batch member as ``entry_id << MEMBER_BITS | batch_index``.
 MEMBER_BITS = 10
 MAX_BATCH_INDEX = 2**31 - 1
 
-
-class _Members:
-    """One slot's batch members — entry id → bitmask of its pending batch indexes — stored as one Roaring
-    bitmap of ``entry_id << 10 | batch_index``: a few bytes per member, where a dict of Python ints took
-    ~100. The bitmap is 32-bit while every entry id is below 2**22 (managedLedgerMaxEntriesPerLedger is
-    50,000 by default) and becomes 64-bit for a larger one: measured in glibc's in-use bytes, a slot of
-    85 members (one nack per 100-message batch, 256-ms buckets) costs ~480 bytes in a 32-bit bitmap and
-    ~830 in a 64-bit one, whose radix tree is the difference. Indexes of 1024 and above go to a dict
-    (batches that large are rare). The dict operations the index uses; each is O(log members + batch
-    indexes of the entry)."""
-
-    __slots__ = ("_bits", "_wide")
-
-    def __init__(self) -> None:
-        self._bits: BitMap | BitMap64 = BitMap()
-        self._wide: dict[int, int] | None = None  # entry id → mask of its indexes >= 2**MEMBER_BITS
-
-    def _holds(self, entry_id: int) -> bool:
-        """Whether the bitmap can hold codes of ``entry_id`` (if not, it has none). O(1)."""
-        return entry_id < _NARROW_ENTRIES or type(self._bits) is BitMap64
-
-    def _bitmap_for(self, entry_id: int) -> BitMap | BitMap64:
-        """The bitmap, made 64-bit first if ``entry_id``'s codes do not fit 32 bits. O(members) then."""
-        if entry_id >= _NARROW_ENTRIES and type(self._bits) is BitMap:
-            self._bits = BitMap64(self._bits)
-        return self._bits
-
-    def get(self, entry_id: int, default: int | None = None) -> int | None:
-        mask = 0
-        if self._holds(entry_id):
-            low = entry_id << MEMBER_BITS
-            high = low + (1 << MEMBER_BITS)
-            for value in self._bits.iter_equal_or_larger(low):
-                if value >= high:
-                    break
-                mask |= 1 << (value - low)
-        if self._wide:
-            mask |= self._wide.get(entry_id, 0)
-        return mask if mask else default
-
-    def __getitem__(self, entry_id: int) -> int:
-        mask = self.get(entry_id)
-        if mask is None:
-            raise KeyError(entry_id)
-        return mask
-
-    def __setitem__(self, entry_id: int, mask: int) -> None:
-        self._clear(entry_id)
-        low = entry_id << MEMBER_BITS
-        narrow = mask & _NARROW_MASK
-        bits = self._bitmap_for(entry_id) if narrow else self._bits
-        index = 0
-        while narrow:
-            if narrow & 1:
-                bits.add(low | index)
-            narrow >>= 1
-            index += 1
-        if mask >> _NARROW_INDEXES:
-            if self._wide is None:
-                self._wide = {}
-            self._wide[entry_id] = mask & ~_NARROW_MASK
-
-    def add_index(self, entry_id: int, batch_index: int) -> None:
-        """Mark one batch index of the entry pending. O(log members)."""
-        if batch_index < _NARROW_INDEXES:
-            self._bitmap_for(entry_id).add(entry_id << MEMBER_BITS | batch_index)
-        else:
-            if self._wide is None:
-                self._wide = {}
-            self._wide[entry_id] = self._wide.get(entry_id, 0) | 1 << batch_index
-
-    def discard_index(self, entry_id: int, batch_index: int) -> None:
-        """Unmark one batch index of the entry. O(log members)."""
-        if batch_index < _NARROW_INDEXES:
-            if self._holds(entry_id):
-                self._bits.discard(entry_id << MEMBER_BITS | batch_index)
-        elif self._wide and entry_id in self._wide:
-            mask = self._wide[entry_id] & ~(1 << batch_index)
-            if mask:
-                self._wide[entry_id] = mask
-            else:
-                del self._wide[entry_id]
-
-    def _clear(self, entry_id: int) -> None:
-        if self._holds(entry_id):
-            low = entry_id << MEMBER_BITS
-            self._bits.remove_range(low, low + (1 << MEMBER_BITS))
-        if self._wide:
-            self._wide.pop(entry_id, None)
-
-    def __delitem__(self, entry_id: int) -> None:
-        if self.pop(entry_id) is None:
-            raise KeyError(entry_id)
-
-    def pop(self, entry_id: int, default: int | None = None) -> int | None:
-        mask = self.get(entry_id)
-        if mask is None:
-            return default
-        self._clear(entry_id)
-        return mask
-
-    def __contains__(self, entry_id: object) -> bool:
-        if not isinstance(entry_id, int):
-            return False
-        low = entry_id << MEMBER_BITS
-        found = self._holds(entry_id) and self._bits.range_cardinality(low, low + (1 << MEMBER_BITS))
-        return bool(found) or bool(self._wide and entry_id in self._wide)
-
-    def __bool__(self) -> bool:
-        return bool(self._bits) or bool(self._wide)
-
-    def items(self) -> Iterator[tuple[int, int]]:
-        """(entry id, mask) in entry order."""
-        masks: dict[int, int] = {}
-        for value in self._bits:
-            entry_id = value >> MEMBER_BITS
-            masks[entry_id] = masks.get(entry_id, 0) | 1 << (value & (_NARROW_INDEXES - 1))
-        for entry_id, wide in (self._wide or {}).items():
-            masks[entry_id] = masks.get(entry_id, 0) | wide
-        return iter(sorted(masks.items()))
-
-    @property
-    def bitmap(self) -> BitMap | BitMap64:
-        return self._bits
-
-    def heap_bytes(self) -> int:
-        """CRoaring's heap for the bitmap (walked when 32-bit, estimated when 64-bit). O(containers)."""
-        bits = self._bits
-        return bitmap_heap_bytes(bits) if type(bits) is BitMap else bitmap64_heap_bytes(bits)
-
-    @property
-    def wide(self) -> dict[int, int] | None:
-        return self._wide
-
-
-_NARROW_INDEXES = 1 << MEMBER_BITS  # batch indexes kept in the bitmap: 0 .. 1023
-_NARROW_ENTRIES = 1 << (32 - MEMBER_BITS)  # entry ids whose codes fit a 32-bit bitmap
+#: A batch member's key in ``TimeBucketIndex._members``: ``(bucket << 32 | entry id) << _SERIAL_BITS |
+#: ledger serial`` (see ``_Ledger.serial``).
+_SERIAL_BITS = 40
+_SERIAL_MASK = (1 << _SERIAL_BITS) - 1
+#: A slot with a bitmap of its own (dense: ``PROMOTE_AT`` ids or more) keeps the members of entries below
+#: 2**22 with batch indexes below 2**10 in a 32-bit Roaring bitmap of ``entry_id << 10 | batch_index``
+#: (``TimeBucketIndex._dense``): a few bytes a member when many share its containers.
+_NARROW_INDEXES = 1 << MEMBER_BITS
+_NARROW_ENTRIES = 1 << (32 - MEMBER_BITS)
 _NARROW_MASK = (1 << _NARROW_INDEXES) - 1
 
 
@@ -500,13 +370,14 @@ class _Bucket:
     Reading a run returns a new ``_Run``. Each operation O(1), plus O(runs) ≤ 32 to add or drop a run.
     """
 
-    __slots__ = ("_keys", "_own", "_runs", "packed")
+    __slots__ = ("_keys", "_own", "_runs", "members", "packed")
 
     def __init__(self) -> None:
         self._own: dict[LedgerKey, Entries] | None = None
         self._keys: tuple[LedgerKey, ...] = ()
         self._runs: array[int] | None = None
         self.packed: BitMap64 | None = None
+        self.members = 0  # TimeBucketIndex._members entries and _dense bitmaps of the bucket
 
     def own(self, key: LedgerKey) -> Entries:
         """The slot's entries (KeyError if the ledger has none of its own here). O(1)."""
@@ -668,13 +539,15 @@ class _Ledger:
         "key",
         "lo",
         "mins",
+        "serial",
         "sizes",
         "stale",
     )
 
-    def __init__(self, key: LedgerKey, base: int) -> None:
+    def __init__(self, key: LedgerKey, base: int, serial: int) -> None:
         self.key = key
         self.base = base
+        self.serial = serial  # names the ledger in batch members' keys; unlike ``base``, never renumbered
         self.buckets: array[int] | tuple[int, ...] = array("q")
         self.sizes: bytearray | None = bytearray()
         self.head = 0
@@ -911,9 +784,14 @@ class TimeBucketIndex:
         self._free: list[int] = []
         self._layout = _Layout(0)  # codes of the shared bitmaps: see _relayout
         self._narrow_at = -1  # no low ordinal bits: nothing to narrow
-        # (bucket, key) → {entry id → bitmask of pending batch indexes}, for entries that are pending
-        # only for some messages of their batch. Entries absent here are pending as a whole.
-        self._members: dict[tuple[int, LedgerKey], _Members] = {}
+        # Batch members: an entry pending in a slot for some messages of its batch only has the bitmask
+        # of those batch indexes here, under _member_key(bucket, ledger serial, entry id); an entry of a
+        # slot absent here is pending as a whole. One flat dict: ~100 bytes per such entry, where a
+        # dict entry, a tuple key and a Roaring bitmap per slot cost ~390 (issue 23).
+        self._members: dict[int, int] = {}
+        # Slots with bitmaps of their own: bucket << _SERIAL_BITS | serial → their narrow members.
+        self._dense: dict[int, BitMap] = {}
+        self._serial = 0  # the next ledger's serial
         # Buckets the add path has moved away from: candidates for compact(). Ordered set.
         self._cold: dict[int, None] = {}
         self._count = 0
@@ -998,27 +876,18 @@ class TimeBucketIndex:
                 bucket == self._slot_bucket and ledger_id == self._slot_ledger and topic == self._slot_topic
             ):
                 self._select(bucket, ledger_id, topic)
-            members = self._slot_members
-            if (
-                fresh
-                and members is not None
-                and type(batch_index) is int
-                and 0 <= batch_index < _NARROW_INDEXES
-                and 0 <= entry_id < _NARROW_ENTRIES
-                and type(members._bits) is BitMap
-            ):
-                # The batched nack into a slot with members (the nack path; _insert's work, inlined).
-                # An entry already here without members is pending whole and covers the message.
-                bits, code = members._bits, entry_id << MEMBER_BITS
-                if (
-                    self._put(entry_id)
-                    or bits.range_cardinality(code, code + _NARROW_INDEXES)
-                    or (members._wide and entry_id in members._wide)
+            if fresh and type(batch_index) is int and 0 <= batch_index <= MAX_BATCH_INDEX:
+                # The batched nack (the nack path; _insert's work, inlined). An entry already here
+                # without members is pending whole and covers the message.
+                record, slots = self._slot_record, self._slot_slots
+                assert record is not None and slots is not None
+                if self._put(entry_id) or (
+                    slots.members and self._member_mask(bucket, record, entry_id) is not None
                 ):
-                    bits.add(code | batch_index)
+                    self._add_member(entry_id, batch_index)
                 self._added += 1
                 return bucket
-            if batch_index == -1 and members is None:
+            if batch_index == -1:
                 record = self._slot_record
                 assert record is not None
                 own = self._slot_own
@@ -1032,9 +901,10 @@ class TimeBucketIndex:
                         record.mins = None  # ranges may overlap now
                     self._added += 1
                     return bucket
-                if entry_id > record.hi or entry_id < record.lo or len(record) == 1:
+                if entry_id > record.hi or entry_id < record.lo or (len(record) == 1 and not self._members):
                     # Outside every pending id of the ledger, or the ledger's only slot (membership is
-                    # exact): cannot be a duplicate elsewhere.
+                    # exact) and no batch members anywhere: cannot be a duplicate elsewhere, and covers
+                    # no pending message of its batch.
                     self._put(entry_id)
                     self._added += 1
                     return bucket
@@ -1154,7 +1024,12 @@ class TimeBucketIndex:
                 records = [ledgers[key] for key in (shared.keys() | owned.keys() if owned else shared)]
                 records.sort(key=_first_bucket)
             out = []
-            due_map = dict(zip(times, due, strict=True)) if self._members else None
+            # serial → bucket → {entry id: mask}: the due buckets' batch members, per ledger
+            due_masks: dict[int, dict[int, dict[int, int]]] = {}
+            for bucket, slots in zip(times, due):  # noqa: B905 (same length)
+                if slots.members:
+                    self._pop_members(bucket, slots, due_masks)
+            due_map = dict(zip(times, due, strict=True)) if due_masks else None
             for record in records:
                 key = record.key
                 gone = bisect_right(record.buckets, last, record.head) - record.head
@@ -1165,7 +1040,10 @@ class TimeBucketIndex:
                     self._count -= count
                 assert entry_ids is not None
                 topic, ledger_id = _split_key(key)
-                partial = self._due_members(record, gone, due_map, parts) if due_map is not None else None
+                masks = due_masks.get(record.serial)
+                partial = None
+                if masks and due_map is not None:
+                    partial = self._due_members(record, gone, masks, due_map, parts)
                 if partial:
                     out.append(DueIds(topic, ledger_id, entry_ids, partial))
                 else:
@@ -1184,8 +1062,7 @@ class TimeBucketIndex:
                 return 0
             mask = 0
             for bucket in self._holding(record, entry_id):
-                masks = self._members.get((bucket, record.key)) if self._members else None
-                member = masks.get(entry_id) if masks else None
+                member = self._member_mask(bucket, record, entry_id)
                 if member is None:
                     return -1
                 mask |= member
@@ -1204,8 +1081,7 @@ class TimeBucketIndex:
             if record is None:
                 return None
             for bucket in self._holding(record, entry_id):  # earliest first
-                masks = self._members.get((bucket, record.key)) if self._members else None
-                mask = masks.get(entry_id) if masks else None
+                mask = self._member_mask(bucket, record, entry_id)
                 if batch_index < 0 or mask is None or mask >> batch_index & 1:
                     return bucket
             return None
@@ -1222,18 +1098,15 @@ class TimeBucketIndex:
             record = self._ledgers.get(_key(ledger_id, topic))
             if record is None:
                 return False
-            key = record.key
             removed = False
             for bucket in self._holding(record, entry_id):
-                masks = self._members.get((bucket, key)) if self._members else None
-                mask = masks.get(entry_id) if masks else None
+                mask = self._member_mask(bucket, record, entry_id)
                 if batch_index >= 0:
                     if mask is None or not mask >> batch_index & 1:
                         continue
                     mask &= ~(1 << batch_index)
                     if mask:
-                        assert masks is not None
-                        masks.discard_index(entry_id, batch_index)
+                        self._set_mask(bucket, record, entry_id, mask)
                         removed = True
                         continue
                 self._discard(record, bucket, entry_id)
@@ -1253,6 +1126,7 @@ class TimeBucketIndex:
             self._layout = _Layout(0)
             self._narrow_at = -1
             self._members.clear()
+            self._dense.clear()
             self._cold.clear()
             self._count = 0
             self._forget_slot()
@@ -1488,12 +1362,12 @@ class TimeBucketIndex:
             if record.mins:
                 parts["ledgers"] += python_bytes(record.mins) + sum(once(m) for m in record.mins)
         parts["batch_members"] += python_bytes(self._members)
-        for slot, members in self._members.items():
-            parts["batch_members"] += once(slot) + once(slot[0]) + once(members) + once(members.bitmap)
-            roaring += members.heap_bytes()
-            if members.wide:
-                parts["batch_members"] += python_bytes(members.wide)
-                parts["batch_members"] += sum(once(e) + once(m) for e, m in members.wide.items())
+        for member, mask in self._members.items():
+            parts["batch_members"] += once(member) + once(mask)
+        parts["batch_members"] += python_bytes(self._dense)
+        for slot, bits in self._dense.items():
+            parts["batch_members"] += once(slot) + once(bits)
+            roaring += bitmap_heap_bytes(bits)
         parts["schedule"] += python_bytes(self._cold)
         return MemoryUsage(sum(parts.values()), roaring, len(self), parts)
 
@@ -1514,7 +1388,8 @@ class TimeBucketIndex:
                     self._relayout(ordinal.bit_length())  # the low ordinal bits are all taken
                 self._ordinals.append(None)
             base = self._layout.base(ordinal)
-            record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, base)
+            serial, self._serial = self._serial, (self._serial + 1) & _SERIAL_MASK
+            record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, base, serial)
         return record
 
     def _narrow_if_sparse(self) -> None:
@@ -1604,23 +1479,47 @@ class TimeBucketIndex:
             out[record.key] = entries[start:end]
         return out
 
+    def _pop_members(self, bucket: int, slots: _Bucket, out: dict[int, dict[int, dict[int, int]]]) -> None:
+        """Pop the batch members of a due bucket into ``out`` (serial → bucket → {entry id: mask}).
+        O(ids in the bucket) Python work: the members are found by the bucket's ids."""
+        members, ledgers = self._members, self._ledgers
+        found: list[tuple[_Ledger, list[int]]] = [
+            (ledgers[key], _as_array(entries).tolist()) for key, entries in slots.items()
+        ]
+        if slots.packed is not None:
+            ordinals, entries = self._layout.decode(_array_of(slots.packed, np.uint64))
+            for ordinal, entry_id in zip(ordinals.tolist(), entries.tolist(), strict=True):
+                record = self._ordinals[ordinal]
+                assert record is not None
+                found.append((record, [entry_id]))
+        prefix, dense = bucket << 32, self._dense
+        for record, entry_ids in found:
+            masks = out.setdefault(record.serial, {}).setdefault(bucket, {})
+            bits = dense.pop(bucket << _SERIAL_BITS | record.serial, None) if dense else None
+            for value in bits or ():
+                entry_id = value >> MEMBER_BITS
+                masks[entry_id] = masks.get(entry_id, 0) | 1 << (value & (_NARROW_INDEXES - 1))
+            if members:
+                for entry_id in entry_ids:
+                    mask = members.pop((prefix | entry_id) << _SERIAL_BITS | record.serial, None)
+                    if mask is not None:
+                        masks[entry_id] = masks.get(entry_id, 0) | mask
+        slots.members = 0
+
     def _due_members(
         self,
         record: _Ledger,
         gone: int,
+        masks_at: dict[int, dict[int, int]],
         due_map: dict[int, _Bucket],
         parts: list[tuple[int, Entries | int]] | None,
     ) -> dict[int, tuple[int, ...]]:
-        """The partially due entries of a ledger whose first ``gone`` slots are due: entry id → due batch
-        indexes, for entries not due as a whole in any due slot. Pops the slots' batch members.
-        O(due slots + partial entries × due slots)."""
-        key, members = record.key, self._members
+        """The partially due entries of a ledger whose first ``gone`` slots are due, given the due slots'
+        batch members (``masks_at``: bucket → {entry id: mask}, see ``_pop_members``): entry id → due
+        batch indexes, for entries not due as a whole in any due slot. O(due slots + partial entries ×
+        due slots)."""
         first = record.head
-        slot_masks = [
-            (bucket, members.pop((bucket, key), None)) for bucket in record.buckets[first : first + gone]
-        ]
-        if all(masks is None for _, masks in slot_masks):
-            return {}
+        slot_masks = [(bucket, masks_at.get(bucket)) for bucket in record.buckets[first : first + gone]]
         own = {bucket: _Run(e) if isinstance(e, int) else e for bucket, e in parts or ()}
         merged: dict[int, int] = {}
         for _, masks in slot_masks:
@@ -1673,20 +1572,18 @@ class TimeBucketIndex:
     def _discard(self, record: _Ledger, bucket: int, entry_id: int) -> None:
         """Remove every pending part of ``entry_id`` from the ledger's slot at ``bucket``. O(log B_l)."""
         key = record.key
-        if self._members:
-            masks = self._members.get((bucket, key))
-            if masks is not None:
-                masks.pop(entry_id, None)
-                if not masks:
-                    del self._members[(bucket, key)]
-        self._count -= 1
         slots: _Bucket = self._schedule[bucket]
+        if slots.members:
+            self._set_mask(bucket, record, entry_id, 0)
+        self._count -= 1
         i = record.position(bucket)
         sizes = record.sizes
         if sizes is None or sizes[i] == _OWN:
             entries = slots.own(key)
             if len(entries) == 1:
                 del slots[key]
+                if self._dense and self._dense.pop(bucket << _SERIAL_BITS | record.serial, None) is not None:
+                    slots.members -= 1
                 self._unlink(record, i)
                 self._drop_bucket_if_empty(bucket, slots)
                 return
@@ -1698,11 +1595,65 @@ class TimeBucketIndex:
             slots.packed.discard(record.base | entry_id << self._layout.bits)
             size = sizes[i] - 1
             if not size:
+                if self._dense and self._dense.pop(bucket << _SERIAL_BITS | record.serial, None) is not None:
+                    slots.members -= 1
                 self._unlink(record, i)
                 self._drop_bucket_if_empty(bucket, slots)
                 return
             sizes[i] = size
         record.mins = None  # the slot's smallest entry may have changed
+
+    def _member_mask(self, bucket: int, record: _Ledger, entry_id: int) -> int | None:
+        """The batch indexes of ``entry_id`` pending in the ledger's slot at ``bucket`` (which holds the
+        entry), or None if the whole entry is pending there. O(1)."""
+        mask = self._members.get(_member_key(bucket, record, entry_id)) if self._members else None
+        bits = self._dense.get(bucket << _SERIAL_BITS | record.serial) if self._dense else None
+        if bits and entry_id < _NARROW_ENTRIES:
+            low = entry_id << MEMBER_BITS
+            for value in bits.iter_equal_or_larger(low):
+                if value >= low + _NARROW_INDEXES:
+                    break
+                mask = (mask or 0) | 1 << (value - low)
+        return mask
+
+    def _set_mask(self, bucket: int, record: _Ledger, entry_id: int, mask: int) -> None:
+        """Make ``mask`` the batch indexes of ``entry_id`` pending in the ledger's slot at ``bucket`` (0:
+        none: the entry is pending whole there, or not at all). O(log members + batch indexes)."""
+        slots: _Bucket = self._schedule[bucket]
+        bits = self._dense.get(bucket << _SERIAL_BITS | record.serial) if self._dense else None
+        if bits is not None and entry_id < _NARROW_ENTRIES:
+            low = entry_id << MEMBER_BITS
+            bits.remove_range(low, low + _NARROW_INDEXES)
+            bits.update([low | index for index in batch_indexes(mask & _NARROW_MASK)])
+            mask &= ~_NARROW_MASK
+        key = _member_key(bucket, record, entry_id)
+        if mask:
+            if key not in self._members:
+                slots.members += 1
+            self._members[key] = mask
+        elif self._members and self._members.pop(key, None) is not None:
+            slots.members -= 1
+
+    def _add_member(self, entry_id: int, batch_index: int) -> None:
+        """Mark one batch message of an entry of the cached slot pending (the entry is in the slot). A
+        slot with a bitmap of its own keeps its members in a bitmap too (see ``_dense``). O(1)."""
+        bucket, record, slots = self._slot_bucket, self._slot_record, self._slot_slots
+        assert bucket is not None and record is not None and slots is not None
+        if self._slot_own is not None and entry_id < _NARROW_ENTRIES and batch_index < _NARROW_INDEXES:
+            slot = bucket << _SERIAL_BITS | record.serial
+            bits = self._dense.get(slot)
+            if bits is None:
+                bits = self._dense[slot] = BitMap()
+                slots.members += 1
+            bits.add(entry_id << MEMBER_BITS | batch_index)
+            return
+        key = _member_key(bucket, record, entry_id)
+        mask = self._members.get(key)
+        if mask is None:
+            slots.members += 1
+            self._members[key] = 1 << batch_index
+        else:
+            self._members[key] = mask | 1 << batch_index
 
     def _holding(self, record: _Ledger, entry_id: int) -> list[int]:
         """Bucket times (ascending) of every slot of this ledger that holds ``entry_id``."""
@@ -1743,7 +1694,6 @@ class TimeBucketIndex:
         self._slot_pos = 0  # the slot's position in its ledger's arrays
         self._slot_own: BitMap | None = None  # the slot's own bitmap, or None: it is packed
         self._slot_is_last = False  # the slot is its ledger's latest
-        self._slot_members: _Members | None = None
 
     def _select(self, bucket: int, ledger_id: int, topic: str) -> None:
         """Find or create the slot (bucket, ledger) and make it the cached one. O(log B + log B_l)."""
@@ -1782,7 +1732,6 @@ class TimeBucketIndex:
         self._slot_pos = i
         self._slot_own = own
         self._slot_is_last = i == n - 1
-        self._slot_members = self._members.get((bucket, key)) if self._members else None
 
     def _slot_empty(self) -> bool:
         record = self._slot_record
@@ -1875,6 +1824,15 @@ class TimeBucketIndex:
         sizes[self._slot_pos] = _OWN
         record.mins = None
         self._slot_own = own
+        if slots.members and self._members:  # its members move to a bitmap too (see _dense)
+            bucket = self._slot_bucket
+            assert bucket is not None
+            for entry_id in own.to_array().tolist():  # (fewer than promote_at)
+                mask = self._members.get(_member_key(bucket, record, entry_id))
+                if mask is not None and mask & _NARROW_MASK:
+                    self._set_mask(bucket, record, entry_id, 0)
+                    for index in batch_indexes(mask):
+                        self._add_member(entry_id, index)
 
     def _add_checked(self, entry_id: int, batch_index: int) -> None:
         """The general add into the cached slot: dedupe against every bucket of the ledger."""
@@ -1885,8 +1843,7 @@ class TimeBucketIndex:
         batch_index = self._checked_batch_index(batch_index)
         key = record.key
         for other in self._holding(record, entry_id):
-            masks = self._members.get((other, key)) if self._members else None
-            mask = masks.get(entry_id) if masks else None
+            mask = self._member_mask(other, record, entry_id)
             if mask is None:  # the whole entry is pending at `other`
                 if other <= bucket:
                     self._drop_if_empty()
@@ -1901,8 +1858,7 @@ class TimeBucketIndex:
                     return
                 mask &= ~(1 << batch_index)
                 if mask:
-                    assert masks is not None
-                    masks.discard_index(entry_id, batch_index)
+                    self._set_mask(other, record, entry_id, mask)
                     continue
             elif other < bucket:
                 continue  # some messages become due earlier than the whole entry; keep them
@@ -1924,25 +1880,18 @@ class TimeBucketIndex:
 
     def _insert(self, entry_id: int, batch_index: int) -> None:
         """Put the id into the cached slot, no other bucket of the ledger holding it. O(1)."""
-        bucket, record = self._slot_bucket, self._slot_record
-        assert bucket is not None and record is not None
+        bucket, record, slots = self._slot_bucket, self._slot_record, self._slot_slots
+        assert bucket is not None and record is not None and slots is not None
         if self._put(entry_id):
             if batch_index >= 0:
-                masks = self._slot_members
-                if masks is None:
-                    masks = self._members[(bucket, record.key)] = self._slot_members = _Members()
-                masks.add_index(entry_id, batch_index)
+                self._add_member(entry_id, batch_index)
             return
-        masks = self._slot_members
-        if masks is None or entry_id not in masks:
+        if not slots.members or self._member_mask(bucket, record, entry_id) is None:
             return  # whole entry already here
         if batch_index < 0:
-            del masks[entry_id]  # the whole entry now covers its messages
-            if not masks:
-                del self._members[(bucket, record.key)]
-                self._slot_members = None
+            self._set_mask(bucket, record, entry_id, 0)  # the whole entry now covers its messages
         else:
-            masks.add_index(entry_id, batch_index)
+            self._add_member(entry_id, batch_index)
 
     def _add_run(
         self,
@@ -1974,13 +1923,11 @@ class TimeBucketIndex:
             pending |= incoming
         if len(fresh):
             self._put_many(fresh)
-            masks = self._slot_members
-            if masks:
-                for entry_id in fresh.tolist():
-                    masks.pop(entry_id, None)  # the whole entry covers its messages
-                if not masks:
-                    del self._members[(bucket, record.key)]
-                    self._slot_members = None
+            slots = self._slot_slots
+            assert slots is not None
+            if slots.members:
+                for entry_id in fresh.tolist():  # the whole entry covers its messages
+                    self._set_mask(bucket, record, entry_id, 0)
             record.widen(int(fresh[0]), self._slot_is_last)
             record.widen(int(fresh[-1]), self._slot_is_last)
         for entry_id in repeated or ():  # maybe pending elsewhere (or already here)
@@ -2032,6 +1979,11 @@ class TimeBucketIndex:
         before = len(own)
         own.update(_u32(fresh))
         self._count += len(own) - before
+
+
+def _member_key(bucket: int, record: _Ledger, entry_id: int) -> int:
+    """The key of a slot's entry in ``TimeBucketIndex._members``. O(1)."""
+    return (bucket << 32 | entry_id) << _SERIAL_BITS | record.serial
 
 
 def _key(ledger_id: int, topic: str) -> LedgerKey:

@@ -160,8 +160,10 @@ def _walk_bitmap(address: int) -> int | None:
     total = _chunk(address) + (_chunk(array.containers) if capacity else 0)
     if not size:
         return total
-    pointers = (ctypes.c_void_p * size).from_address(array.containers)
-    typecodes = (ctypes.c_uint8 * size).from_address(array.typecodes)
+    # Copies into temporary bytes: a ``(c_void_p * size)`` array type would stay in ctypes' type cache,
+    # one per distinct size (~75 KB after a few hundred sizes), for as long as the process lives.
+    pointers = memoryview(ctypes.string_at(array.containers, 8 * size)).cast("Q")
+    typecodes = ctypes.string_at(array.typecodes, size)
     for pointer, typecode in zip(pointers, typecodes, strict=True):
         if typecode not in (_BITSET, _ARRAY, _RUN) or not pointer:
             return None

@@ -1,4 +1,4 @@
-"""Prometheus metrics for nack consumers: :class:`NackCollector`.
+"""Prometheus metrics for nack consumers: :class:`NackCollector` (OpenTelemetry: :mod:`pulsar_nack.otel`).
 
 Optional: needs ``prometheus_client`` (``pip install 'pulsar-nack[prometheus]'``), imported only when a
 collector is created::

@@ -24,9 +24,10 @@ forwarded entry) and takes a per-type breakdown of the tracker's own objects wit
 (``asizeof.flatsize`` per object; a pyroaring bitmap as its Python object plus its CRoaring heap read
 with glibc's ``malloc_usable_size`` — ``asizeof`` alone reports a bitmap's *serialized* size).
 
-Side by side, when available: the Java PIP-393 structure (``bench/java``, a fresh JVM) on the same number
-of pending entries, and the native client's tracker, costed with its bytes per pending nack as
-``bench/nack_lateness.py`` measured them (``pulsar_nack/data/native_nack_cost.json``, provenance shown).
+Side by side, when available: the Java PIP-393 structure (``bench/java``, a fresh JVM; from an install its
+packaged copy, see :mod:`pulsar_nack.shipped`) on the same number of pending entries, and the native
+client's tracker, costed with its bytes per pending nack as ``bench/nack_lateness.py`` measured them
+(``pulsar_nack/data/native_nack_cost.json``, provenance shown).
 
 Chunked messages (``chunked_share`` > 0): that share of the nacked messages is large (``chunked_bytes``
 each) and is held in memory by a real :class:`~pulsar_nack.chunks.ChunkHold` as the consumer holds it —
@@ -40,7 +41,6 @@ Cost: O(messages) Python work per probe (three probes), plus O(index objects) fo
 from __future__ import annotations
 
 import gc
-import importlib.util
 import json
 import math
 import os
@@ -61,6 +61,7 @@ import numpy as np
 
 from pulsar_nack.chunks import DEFAULT_MAX_HELD_CHUNKED_BYTES
 from pulsar_nack.index import MAX_PRECISION_BITS
+from pulsar_nack.shipped import java_reference
 
 __all__ = [
     "MAX_MESSAGES",
@@ -79,9 +80,7 @@ __all__ = [
 ]
 
 #: The most messages one profile runs (each probe is O(messages) Python work: ~10 s per million).
-MAX_MESSAGES: Final = 5_000_000
-#: Source checkout only: the Java PIP-393 reference runner (bench/java_reference.py, a Maven module).
-_JAVA_REFERENCE: Final = Path(__file__).resolve().parent.parent / "bench" / "java_reference.py"
+MAX_MESSAGES: Final = 20_000_000
 #: Simulated time step: arrivals between two steps see the same clock; the timer's work runs per step.
 _STEP_MS: Final = 10.0
 _PROGRESS_EVERY: Final = 10_000
@@ -553,6 +552,15 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
         return out
     if mode == "malloc":
         out["bytes"] = heap_in_use() - baseline["heap"]
+        # After the heap is read: what nack_stats() reports and what is pending, for a report error in
+        # the same process (the grid bench runs only this probe).
+        stats = run.hold.stats(tracker.stats(with_memory=True), with_memory=True)
+        out |= {
+            "pending": int(np.count_nonzero(run.buckets > run.last_target)),
+            "pending_ids": stats.pending,
+            "buckets": stats.buckets,
+            "reported": stats.memory_bytes,
+        }
         return out
     out["bytes"] = _rss_bytes() - baseline["rss"]
     hold = run.hold
@@ -647,25 +655,14 @@ def native_cost() -> dict[str, Any]:
     return data
 
 
-def _java_reference() -> Any:
-    if not _JAVA_REFERENCE.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_pulsar_nack_java_reference", _JAVA_REFERENCE)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def java_side(workload: Workload, entries: int) -> tuple[dict[str, Any] | None, str]:
     """The Java PIP-393 structure holding ``entries`` pending entries of this workload, in a fresh JVM
     (``bench/java``), or None and why not. The Java module replays the blog's single stream: x entries per
     ms (an integer ≥ 1), the entry-level nack share, one ledger sequence — topics and batch indexes are
     not modelled there, so the note says how the workload was mapped."""
-    reference = _java_reference()
+    reference: Any = java_reference()
     if reference is None:
-        return None, "Java: not run (bench/java_reference.py is only in a source checkout)"
+        return None, "Java: not run (this install has no bench/java_reference.py)"
     if not reference.available():
         return None, "Java: not run (java and mvn are not on PATH)"
     if entries < 1:
@@ -736,15 +733,15 @@ def run_child(
     ) as child:
         assert child.stdout is not None and child.stderr is not None
         result: dict[str, Any] | None = None
-        for line in child.stdout:
-            if line.startswith("progress "):
-                progress(int(line.split()[1]))
-            elif line.startswith("{"):
-                result = json.loads(line)
-        errors = child.stderr.read()
         try:
+            for line in child.stdout:
+                if line.startswith("progress "):
+                    progress(int(line.split()[1]))
+                elif line.startswith("{"):
+                    result = json.loads(line)
+            errors = child.stderr.read()
             code = child.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, or Ctrl-C / SIGINT to this process only: the probe goes too
             child.kill()
             raise
     if code != 0 or result is None:

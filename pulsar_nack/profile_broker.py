@@ -50,7 +50,7 @@ from pulsar_nack.profile import (
     type_breakdown,
 )
 
-__all__ = ["BROKER_MODES", "MAX_BROKER_MESSAGES", "probe_broker", "profile_broker"]
+__all__ = ["BROKER_MODES", "MAX_BROKER_MESSAGES", "check_broker_run", "probe_broker", "profile_broker"]
 
 #: The most messages a broker profile produces (≈ 25k messages/s on 2 cores: under a minute to produce).
 MAX_BROKER_MESSAGES: Final = 1_000_000
@@ -67,8 +67,8 @@ _PROGRESS_EVERY: Final = 1_000
 _NATIVE_MIN_DELAY_MS: Final = 100  # the C++ client's minimum nack delay
 
 
-def _check(workload: Workload, service_url: str, timeout_s: float) -> None:
-    """Raise :class:`ProfileError` naming the parameter a broker run cannot take."""
+def check_broker_run(workload: Workload, service_url: str, timeout_s: float) -> None:
+    """Raise :class:`ProfileError` naming the parameter a broker run cannot take (nothing is sent). O(1)."""
     if not isinstance(service_url, str) or not service_url.startswith(("pulsar://", "pulsar+ssl://")):
         raise ProfileError(f"broker: expected a pulsar:// or pulsar+ssl:// URL, got {service_url!r}")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < math.inf:
@@ -316,7 +316,7 @@ def profile_broker(
     the messages. Raises :class:`ProfileError` naming a parameter a broker run cannot take."""
     if not isinstance(workload, Workload):
         raise ProfileError(f"workload: expected a Workload, got {type(workload).__name__}")
-    _check(workload, service_url, timeout_s)
+    check_broker_run(workload, service_url, timeout_s)
     started = time.perf_counter()
     run = uuid.uuid4().hex[:12]
     topics = [f"persistent://public/default/pulsar-nack-profile-{run}-{t}" for t in range(workload.topics)]

@@ -119,11 +119,22 @@ class Timeout:
 
 
 class _Bucket:
-    __slots__ = ("expiration", "timeouts")
+    __slots__ = ("expiration", "home", "slot", "timeouts")
 
-    def __init__(self) -> None:
+    def __init__(self, home: list[_Bucket | None] | None = None, slot: int = 0) -> None:
         self.timeouts: dict[Timeout, None] = {}
         self.expiration = -1  # -1: not in the heap
+        # the level's slot list and index this bucket sits at, so that it can leave once empty
+        self.home = home
+        self.slot = slot
+
+    def release(self) -> None:
+        """Leave the level's slot once empty: slots a run has used do not keep a bucket each for the
+        wheel's life (memory would grow with run time at constant pending). A stale heap entry may still
+        refer to it until popped. O(1)."""
+        home = self.home
+        if home is not None and home[self.slot] is self:
+            home[self.slot] = None
 
 
 class _Wheel:
@@ -150,7 +161,7 @@ class _Wheel:
             slot = virtual % self.size
             bucket = self.buckets[slot]
             if bucket is None:
-                bucket = self.buckets[slot] = _Bucket()
+                bucket = self.buckets[slot] = _Bucket(self.buckets, slot)
             return bucket, virtual * self.tick
         if self.overflow is None:
             self.overflow = _Wheel(self.interval, self.size, self.current)
@@ -348,6 +359,7 @@ class TimerWheel:
             del bucket.timeouts[timeout]
             if not bucket.timeouts:
                 bucket.expiration = -1  # its heap entry is now stale
+                bucket.release()
                 self._notify()
             return True
 
@@ -372,6 +384,7 @@ class TimerWheel:
             timeouts = bucket.timeouts
             bucket.timeouts = {}
             bucket.expiration = -1
+            bucket.release()  # cascading timeouts go to finer levels, never back into this bucket
             for timeout in timeouts:
                 if timeout.deadline_ms <= now:
                     due.append(timeout)  # (the usual case: a bucket of the finest level)

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
@@ -116,8 +115,14 @@ class NativeTiming:
 
 @dataclass(frozen=True)
 class NackStats:
-    """A snapshot of a tracker's state and history. ``memory_bytes`` is None unless it was asked for
-    (``stats(with_memory=True)``, ``nack_stats(with_memory=True)``): measuring walks the index."""
+    """A snapshot of a tracker's state and history — the one type ``nack_stats()`` returns, on every consumer.
+    ``memory_bytes`` is None unless it was asked for (``stats(with_memory=True)``,
+    ``nack_stats(with_memory=True)``): measuring walks the index.
+
+    Fields, by group: the index and its traffic (``pending`` … ``abandoned``, ``timer_failures``); lateness
+    as the application sees it (``lateness_*``); memory (``memory_bytes``, ``memory_parts``); snapshots
+    (``snapshots``: None unless ``snapshot_dir`` is set); chunked messages and early copies held in memory
+    (``chunked_*``: 0 on a bare tracker, see :mod:`pulsar_nack.chunks`)."""
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
@@ -128,11 +133,25 @@ class NackStats:
     dropped: int  # arrivals not handed out because the application acked them or holds another copy
     reforwarded: int  # forwards repeated because their copy came early or never came
     abandoned: int  # forwards given up after repeating (logged; the broker still holds the messages)
-    lateness_p50_ms: float | None  # arrival - bucket time, over the recent redeliveries
+    # arrival − the due time the application asked for (nack time + delay), over a sample of the recent
+    # redeliveries (pulsar_nack.lateness): what the application sees, not the bucket's or the forward's
+    lateness_p50_ms: float | None
     lateness_p99_ms: float | None
     timer_failures: int = 0  # times the timer thread failed and was restarted (each logged)
     memory_bytes: int | None = None  # index + arrival filter (Python objects + CRoaring heap), if measured
+    #: what ``memory_bytes`` is made of, (part, bytes) pairs that sum to it; None when not measured
+    memory_parts: tuple[tuple[str, int], ...] | None = None
     snapshots: SnapshotStats | None = None  # the segment store's metrics, when snapshots are kept
+    lateness_early_share: float | None = None  # share of those redeliveries handed out early (0 with ceil)
+    lateness_samples: int = 0  # redeliveries the percentiles are over (halved as more come)
+    # held in memory by the consumer (pulsar_nack.chunks): nacked chunked messages, early broker copies
+    chunked_held: int = 0  # messages kept in memory now
+    chunked_held_bytes: int = 0  # their payload bytes (bounded by max_held_chunked_bytes)
+    chunked_redelivered: int = 0  # handed out again from memory
+    chunked_dead_lettered: int = 0  # sent to the dead-letter topic by the wrapper
+    chunked_over_bound: int = 0  # nacks not held because max_held_chunked_bytes was reached
+    chunked_native: int = 0  # nacks sent to the broker as a nack of every chunk entry (over the bound too)
+    chunked_copies_dropped: int = 0  # broker copies of a held message (a reconnect) not handed out
 
 
 class _Learned:
@@ -171,7 +190,7 @@ class NackTracker:
         forward: Callable[[Sequence[DueIds]], object],
         *,
         precision_bits: int = 8,
-        rounding: Rounding = "floor",
+        rounding: Rounding = "ceil",
         native: NativeTiming = NativeTiming(),
         linger_ms: float = 30_000.0,
         compact_after_ms: float = 1_000.0,
@@ -181,7 +200,12 @@ class NackTracker:
         batch_size: Callable[[Any], int] = int,
         snapshots: SegmentStore | None = None,
     ) -> None:
-        """``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
+        """``precision_bits``/``rounding``: the index's buckets of ``2**k`` ms. ``"ceil"`` (the default) files
+        a nack in the bucket at or after its due time: never handed out early, up to ``2**k - 1`` ms late
+        (plus delivery) — what a user of the official Python client expects. ``"floor"`` is Java's PIP-393
+        choice: the bucket at or before it, up to ``2**k - 1`` ms early.
+
+        ``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
         (see :class:`~pulsar_nack.arrivals.ArrivalFilter`).
 
         ``snapshots``: keep pending nacks in this (empty) segment store instead of a bare index, so that
@@ -225,6 +249,14 @@ class NackTracker:
         self._lock = threading.Lock()
         self._timeout: Timeout | None = None  # the forward timeout, armed for ...
         self._armed_bucket: float = math.inf  # ... this bucket (the earliest pending one); inf: none
+        # One forward per bucket: a nack filed in a bucket the last forward covered (a short delay, a
+        # repeated forward) waits for the next bucket's forward, the first bucket time after that
+        # forward's horizon, instead of a forward of its own (issue 24: a 200 ms backoff re-armed the
+        # timer every 60-150 ms at k = 8).
+        self._width = 1 << precision_bits
+        self._next_bucket: float = -math.inf
+        # The nack path's lock-free test: a nack below this may have to arm the timer (see _arm).
+        self._arm_below: float = math.inf
         self._last_forward = -float("inf")
         self._forwarded = 0
         self._closed = False
@@ -248,12 +280,12 @@ class NackTracker:
         bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic)
         if bucket is None:
             return None
-        # Most nacks land at or after the armed bucket: no lock needed to see that.
-        if bucket < self._armed_bucket or self._compaction is None:
+        # Most nacks land at or after the armed bucket, or in one the next forward takes along: no lock
+        # needed to see that.
+        if bucket < self._arm_below or self._compaction is None:
             with self._lock:
                 if not self._closed:
-                    if bucket < self._armed_bucket:
-                        self._arm(bucket)
+                    self._arm_for(bucket)
                     if self._compaction is None:  # nacks moved on: buckets may have gone cold
                         self._compaction = self._wheel.schedule(
                             self._clock() + self.compact_after_ms, weak_callback(self._compact)
@@ -279,6 +311,14 @@ class NackTracker:
         copies, _, ack_entry = self.arrivals.acked(ledger_id, entry_id, batch_index, topic)
         return copies, ack_entry
 
+    def _arm_for(self, bucket: float) -> None:
+        """(Lock held.) Ids are due at ``bucket``: arm the forward for it — or, if the last forward's horizon
+        covered it, for the next bucket after that horizon — unless the armed one comes no later. O(1)."""
+        if bucket < self._next_bucket:
+            bucket = self._next_bucket
+        if bucket < self._armed_bucket:
+            self._arm(bucket)
+
     def _arm(self, bucket: float, at_ms: float | None = None) -> None:
         """(Lock held.) Arm the one forward timeout for ``bucket`` (inf: disarm), at ``at_ms`` or else at
         the first moment :class:`NativeTiming` allows a forward one native latency before it. O(1)."""
@@ -286,6 +326,9 @@ class NackTracker:
             self._timeout.cancel()
             self._timeout = None
         self._armed_bucket = bucket
+        # A nack must take the lock only if it can arm an earlier forward: never while the next bucket is
+        # at or after the armed one (its forward would be the armed one anyway).
+        self._arm_below = bucket if self._next_bucket < bucket else -math.inf
         if bucket != math.inf:
             if at_ms is None:
                 at_ms = self.native.forward_at(bucket - self.lead_ms, self._last_forward)
@@ -324,8 +367,8 @@ class NackTracker:
             if not self._closed and keep:
                 self._schedule_maintenance()
             following = store.next_due_ms()  # a segment loaded or merged may be due before the armed one
-            if not self._closed and following is not None and following < self._armed_bucket:
-                self._arm(following)
+            if not self._closed and following is not None:
+                self._arm_for(following)
 
     def restore(self) -> RestoreReport:
         """Read the snapshot (the consumer's pending nacks before a restart) into this fresh tracker: ids
@@ -387,8 +430,8 @@ class NackTracker:
         with self._lock:
             if not self._closed:
                 following = store.next_due_ms()
-                if following is not None and following < self._armed_bucket:
-                    self._arm(following)
+                if following is not None:
+                    self._arm_for(following)
                 if self._maintenance is None and maintain:
                     self._schedule_maintenance()
 
@@ -403,34 +446,54 @@ class NackTracker:
             if self._closed or timeout is None or timeout.pending:
                 return  # a timeout cancelled while it was being fired: the armed one is still to come
             bucket = self._armed_bucket
-            self._timeout, self._armed_bucket = None, math.inf
+            self._timeout, self._armed_bucket, self._arm_below = None, math.inf, math.inf
             at = self.native.forward_at(now, self._last_forward)
             if at > now:  # a flush in between: now would delay its redelivery, or starve the native timer
                 self._arm(bucket, at)
                 return
-        self.flush(now, target=int(bucket))
+        self.flush(now)
 
-    def flush(self, now: float | None = None, target: int | None = None, everything: bool = False) -> int:
+    def flush(self, now: float | None = None, everything: bool = False) -> int:
         """Forward due ids (all pending ids with ``everything``) now; returns how many entries went. Re-arms
-        the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets)."""
+        the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets).
+
+        The ids due within one native latency go now; each is labelled for the arrival filter with a
+        time no earlier than its bucket's, below which no copy is handed out (never early with ceil
+        rounding). A copy our forward asks for never comes sooner than :data:`NATIVE_MIN_DELAY_MS` after
+        it — the filter checks that — so the ids due by then share that label; the few due in the native
+        latency's last ms are popped apart and labelled with its end (issue 24: labelling every id with
+        the armed bucket let ids of a later bucket out up to 2**k ms before it)."""
         now = self._clock() if now is None else now
-        due = self.index.pop_due(2**62 if everything else int(now + self.lead_ms))
-        target = int(now + self.lead_ms) if target is None else target
+        limit = int(now + self.lead_ms)
+        if everything:
+            steps = [(2**62, int(now))]
+        else:
+            safe = min(int(now) + NATIVE_MIN_DELAY_MS, limit)
+            steps = [(safe, safe), (limit, limit)] if limit > safe else [(limit, limit)]
+        due: list[DueIds] = []
         forwarded = 0
-        for ids in due:
-            self.arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, target)
-            forwarded += len(ids.entry_ids)
+        for until, label in steps:
+            popped = self.index.pop_due(until)
+            # The filter learns each pop before the next one: it reads what an entry still has pending
+            # in the index (a quiet entry's other messages), which must not include a later pop's ids.
+            learn = self.arrivals.forwarded
+            for ids in popped:
+                learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
+                forwarded += len(ids.entry_ids)
+            due += popped
         with self._lock:
             if due:
                 self._last_forward = now
                 self._forwarded += forwarded
+                if not everything:  # buckets up to `limit` are forwarded: a later nack in one waits
+                    self._next_bucket = max(self._next_bucket, (limit | (self._width - 1)) + 1)
             if not self._closed:
                 if self._sweep is None and due:
                     sweep_at = self.arrivals.sweep_due
                     if sweep_at is not None:
                         self._sweep = self._wheel.schedule(sweep_at + 1, weak_callback(self._sweep_arrivals))
                 following = self.index.next_due_ms()
-                following_bucket = math.inf if following is None else following
+                following_bucket = math.inf if following is None else max(following, self._next_bucket)
                 if following_bucket != self._armed_bucket:  # no timeout left for a bucket now drained
                     self._arm(following_bucket)
         if due:
@@ -477,7 +540,7 @@ class NackTracker:
             timeouts = [
                 t for t in (self._timeout, self._compaction, self._sweep, self._maintenance) if t is not None
             ]
-            self._timeout, self._armed_bucket = None, math.inf
+            self._timeout, self._armed_bucket, self._arm_below = None, math.inf, math.inf
         for timeout in timeouts:
             timeout.cancel()
         takeover, self.takeover = self.takeover, None
@@ -506,12 +569,16 @@ class NackTracker:
         self.index.clear()
         self.arrivals.clear()
 
-    def _memory_bytes(self) -> int:
+    def _memory_parts(self) -> tuple[tuple[str, int], ...]:
         """The index, the arrival filter and, when it is this tracker's own, the timer wheel.
         O(index objects)."""
-        index_bytes: int = self.index.memory_usage().total_bytes
-        wheel_bytes = self._wheel.memory_bytes() if self._owns_wheel else 0
-        return index_bytes + self.arrivals.memory_bytes() + wheel_bytes
+        parts = [
+            ("index", int(self.index.memory_usage().total_bytes)),
+            ("arrivals", self.arrivals.memory_bytes()),
+        ]
+        if self._owns_wheel:
+            parts.append(("timer", self._wheel.memory_bytes()))
+        return tuple(parts)
 
     @property
     def closed(self) -> bool:
@@ -522,17 +589,19 @@ class NackTracker:
         return self._clock()
 
     def stats(self, *, with_memory: bool = False) -> NackStats:
-        """Counters, pending state and lateness percentiles, without walking the index: O(lateness window)
+        """Counters, pending state and lateness percentiles, without walking the index: O(histogram buckets)
         for the percentiles, plus the arrival filter's counts (O(its open batch entries)).
         ``with_memory=True`` also measures ``memory_bytes``: O(index objects), holding the index's lock
         meanwhile; else it is None."""
-        samples = self.arrivals.lateness.values()
-        p50, p99 = (float(v) for v in np.percentile(samples, [50, 99])) if len(samples) else (None, None)
+        lateness = self.arrivals.lateness
+        p50, p99 = lateness.percentiles((0.5, 0.99)) or (None, None)
         counts = self.arrivals.counts()
+        parts = self._memory_parts() if with_memory else None
         return NackStats(
             pending=len(self.index),
             buckets=self.index.bucket_count,
-            memory_bytes=self._memory_bytes() if with_memory else None,
+            memory_bytes=None if parts is None else sum(size for _, size in parts),
+            memory_parts=parts,
             nacked=self.index.added,
             forwarded=self._forwarded,
             redelivered=counts.redelivered,
@@ -542,6 +611,8 @@ class NackTracker:
             abandoned=counts.abandoned,
             lateness_p50_ms=p50,
             lateness_p99_ms=p99,
+            lateness_early_share=lateness.early_share,
+            lateness_samples=len(lateness),
             timer_failures=self._wheel.failures,
             snapshots=self.snapshots.stats() if self.snapshots is not None else None,
         )

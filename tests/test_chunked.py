@@ -39,7 +39,7 @@ from messaging import leftover, nothing_more, receive_all
 
 from harness.standalone import PulsarStandalone
 from pulsar_nack import Client, MultiplierRedeliveryBackoff, aio
-from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkedNackStats, ChunkHold, HeldMessage
+from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkHold, HeldMessage
 from pulsar_nack.native import chunk_first_entry
 from pulsar_nack.testing import Broker, PulsarLite
 from pulsar_nack.tracker import NackStats
@@ -186,7 +186,7 @@ def test_nacked_chunked_message_comes_back_whole_once_at_its_time(
     for message in again:
         consumer.acknowledge(message)
     stats = consumer.nack_stats(with_memory=True)
-    assert isinstance(stats, ChunkedNackStats)
+    assert type(stats) is NackStats
     assert (stats.chunked_redelivered, stats.chunked_held, stats.chunked_native) == (2, 0, 0)
     consumer.close()
     assert leftover(client, topic, SUB) == [], "every chunk acked at the broker"
@@ -358,7 +358,7 @@ def test_dead_letter_policy_sends_the_chunked_message_whole(client: Client, topi
     assert properties["tag"] == "0" and properties[REAL_TOPIC] == topic and properties[ORIGIN_MESSAGE_ID]
     dead_letters.acknowledge(dead)
     stats = consumer.nack_stats()
-    assert stats.chunked_dead_lettered == 1, stats  # type: ignore[attr-defined]
+    assert stats.chunked_dead_lettered == 1, stats
     consumer.close()
     dead_letters.close()
     assert [len(m) for m in leftover(client, topic, SUB)] == [], stats
@@ -388,7 +388,7 @@ def test_a_failed_dead_letter_send_keeps_the_message_held(client: Client, topic:
         except Exception as error:  # the dead-letter producer's error, from the receive that tried it
             errors.append(error)
             stats = consumer.nack_stats()
-            assert stats.chunked_held == 1 and stats.chunked_dead_lettered == 0, stats  # type: ignore[attr-defined]
+            assert stats.chunked_held == 1 and stats.chunked_dead_lettered == 0, stats
             continue
         pytest.fail(f"handed out although past max_redeliver_count: {extra.redelivery_count()}")
     assert len(errors) == 2, f"tried {len(errors)} times in 20 s"
@@ -416,7 +416,7 @@ def test_past_the_bound_the_nack_goes_to_the_broker_for_every_chunk(
     for message in first:
         consumer.negative_acknowledge(message)
     stats = consumer.nack_stats()
-    assert isinstance(stats, ChunkedNackStats)
+    assert type(stats) is NackStats
     assert (stats.chunked_held, stats.chunked_over_bound, stats.chunked_native) == (1, 1, 1)
     assert stats.chunked_held_bytes <= size + 10
     again = receive_all(consumer, 2)
@@ -461,7 +461,7 @@ def test_nack_accepts_constructed_and_deserialized_ids(
     consumer.negative_acknowledge(pulsar.MessageId.wrap(stored))
     again = receive_all(consumer, 2)
     assert sorted(m.data() for m in again) == sorted([large, b"small"])
-    assert consumer.nack_stats().chunked_native == 1  # type: ignore[attr-defined]
+    assert consumer.nack_stats().chunked_native == 1
     nothing_more(consumer, 1500)
     for message in again:
         consumer.acknowledge(message)
@@ -570,11 +570,11 @@ def test_redeliver_unacknowledged_brings_a_held_message_back_at_once(
     data = payload(6, size)
     send_chunked(client, topic, [data])
     consumer.negative_acknowledge(receive_all(consumer, 1)[0], delay_ms=60_000)
-    assert consumer.nack_stats().chunked_held == 1  # type: ignore[attr-defined]
+    assert consumer.nack_stats().chunked_held == 1
     consumer.redeliver_unacknowledged_messages()
     back = receive_all(consumer, 1, timeout_s=10)[0]
     assert back.data() == data and type(back) is not HeldMessage
-    assert consumer.nack_stats().chunked_held == 0  # type: ignore[attr-defined]
+    assert consumer.nack_stats().chunked_held == 0
     consumer.acknowledge(back)
     nothing_more(consumer, 1500)
     consumer.close()
@@ -668,7 +668,7 @@ def test_listener_gets_the_nacked_chunked_message_back_whole_once_at_its_time(
     assert again[0].properties() == {"tag": "0", "kind": "large"}
     assert again[0].redelivery_count() == first[0].redelivery_count() + 1
     stats = consumer.nack_stats()
-    assert isinstance(stats, ChunkedNackStats)
+    assert type(stats) is NackStats
     assert (stats.chunked_redelivered, stats.chunked_held, stats.chunked_native) == (1, 0, 0), stats
     consumer.close()
     assert leftover(client, topic, SUB) == []
@@ -703,7 +703,7 @@ def test_listener_dead_letters_the_chunked_message_after_n_nacks(
     counts = [m.redelivery_count() for m, _ in log.calls]
     assert counts == list(range(counts[0], 3)) and counts[0] <= 1, counts
     assert all(m.data() == data for m, _ in log.calls)
-    assert consumer.nack_stats().chunked_dead_lettered == 1  # type: ignore[attr-defined]
+    assert consumer.nack_stats().chunked_dead_lettered == 1
     consumer.close()
     dead_letters.close()
     assert leftover(client, topic, SUB) == []
@@ -782,7 +782,7 @@ def test_asyncio_consumer_gets_the_nacked_chunked_message_back_whole_once_at_its
         for message in again:
             await consumer.acknowledge(message)
         stats = consumer.nack_stats()
-        assert isinstance(stats, ChunkedNackStats)
+        assert type(stats) is NackStats
         assert (stats.chunked_redelivered, stats.chunked_held, stats.chunked_native) == (2, 0, 0), stats
         await consumer.close()
         await client.close()
@@ -823,7 +823,7 @@ def test_asyncio_async_for_and_dead_letters(chunk_broker: Broker, topic: str, si
         await dead_letters.acknowledge(dead)
         await asyncio.sleep(1.0)
         assert counts == list(range(counts[0], 2)) and counts[0] <= 1, counts
-        assert consumer.nack_stats().chunked_dead_lettered == 1  # type: ignore[attr-defined]
+        assert consumer.nack_stats().chunked_dead_lettered == 1
         await consumer.close()
         await asyncio.wait_for(task, 10)  # the loop ends at close
         await dead_letters.close()

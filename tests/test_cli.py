@@ -3,14 +3,20 @@ outputs, and bad input — exit status 2 and a message naming the option."""
 
 from __future__ import annotations
 
+import configparser
 import json
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from pulsar_nack.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -125,3 +131,149 @@ def test_estimate_bad_input_names_the_option(
         main(["estimate", *args])
     assert exit_info.value.code == 2
     assert f"pulsar-nack estimate: error: {option}:" in capsys.readouterr().err
+
+
+def _setup_cfg_metadata() -> dict[str, str]:
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    return dict(config["metadata"])
+
+
+def test_version_is_the_packages_one_source() -> None:
+    """``pulsar-nack --version`` prints ``pulsar_nack.__version__``, which setup.cfg reads (attr:), so the
+    wheel's metadata, the module and the command cannot disagree."""
+    import pulsar_nack
+
+    out = _cli("--version", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"pulsar-nack {pulsar_nack.__version__}\n" and out.stderr == ""
+    assert _setup_cfg_metadata()["version"] == "attr: pulsar_nack.__version__"
+
+
+def test_metadata_names_the_license_and_the_project_urls() -> None:
+    metadata = _setup_cfg_metadata()
+    assert metadata["license"] == "Apache-2.0" and metadata["license_files"] == "LICENSE"
+    assert "Apache License\n                           Version 2.0" in (REPO / "LICENSE").read_text()
+    urls = dict(line.split(" = ", 1) for line in metadata["project_urls"].strip().splitlines())
+    assert {"Source", "Documentation", "Changelog", "Issues"} <= set(urls)
+    assert all(url.startswith("https://") for url in urls.values())
+
+
+# -- user errors: one line on stderr naming the argument or the cause, exit 2 (usage) or 1 (run) -------
+
+
+def _one_line_error(out: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed run (no traceback, no usage block)."""
+    assert "Traceback" not in out.stderr + out.stdout, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["profile", "--rate", "x"], "argument --rate"),
+        (["profile", "--no-java", "--json", "/nonexistent/profile.json"], "--json: cannot write"),
+        (["profile", "--no-java", "--json", "/proc/profile.json"], "--json: cannot write"),
+        (["estimate", "--rate", "1", "--delay", "1", "--json", "/nonexistent/e"], "--json: cannot write"),
+        (["estimate", "--rate", "1", "--delay", "1h", "--json", "/tmp"], "--json: /tmp is a folder"),
+        (["profile", "--broker", "http://127.0.0.1:6650"], "--broker: expected a pulsar://"),
+        (["profile", "--broker", "pulsar://127.0.0.1:x"], "--broker: expected HOST:PORT"),
+        (["profile", "--broker", "pulsar://127.0.0.1:6650", "--broker-timeout", "soon"], "--broker-timeout:"),
+        (["sweep", "--master", "nowhere"], "--master:"),
+        (["sweep", "--grid", "small", "--out", "/proc/pulsar-nack-sweep"], "--out: cannot create"),
+        (["sweep", "--grid", "/nonexistent/grid.json"], "--grid:"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+        ([], "required: COMMAND"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], named: str) -> None:
+    out = _cli(*args, timeout=120)
+    assert out.returncode == 2, out.stderr[-2000:]
+    line = _one_line_error(out)
+    assert line.startswith("pulsar-nack") and "error:" in line and named in line, line
+
+
+def test_a_broker_out_of_reach_is_a_run_error_naming_the_url(tmp_path: Path) -> None:
+    """``profile --broker`` at a port nobody listens on: exit 1 at once, the URL in the one line, and the
+    --json file is not left behind."""
+    from pulsar_nack.testing import free_ports
+
+    url = f"pulsar://127.0.0.1:{free_ports()[0]}"
+    json_path = tmp_path / "profile.json"
+    out = _cli("profile", "--broker", url, "--no-java", "--no-progress", "--json", str(json_path))
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = _one_line_error(out)
+    assert line.startswith("pulsar-nack profile: --broker: cannot connect to") and url in line, line
+    assert not json_path.exists()
+
+
+def test_a_spark_master_out_of_reach_fails_before_spark_starts(tmp_path: Path) -> None:
+    from pulsar_nack.testing import free_ports
+
+    master = f"spark://127.0.0.1:{free_ports()[0]}"
+    out = _cli("sweep", "--grid", "small", "--master", master, "--out", str(tmp_path / "out"))
+    assert out.returncode == 1, out.stderr[-2000:]
+    line = _one_line_error(out)
+    assert line.startswith("pulsar-nack sweep: --master: cannot connect to") and master in line, line
+
+
+def test_profile_progress_in_a_pipe_is_plain_lines() -> None:
+    """Not a terminal: the bar's states are plain lines (at most one per 5 s, and the last one), never one
+    line rewritten with carriage returns."""
+    out = _cli("profile", "--rate", "2000", "--duration", "5s", "--delay", "1h", "--no-java")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "\r" not in out.stderr
+    lines = out.stderr.splitlines()
+    assert 2 <= len(lines) <= 10 and all("msg" in line for line in lines), out.stderr
+    assert "100%" in lines[-1], "the last state is printed when the bar closes"
+
+
+def _children(pid: int) -> set[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return {int(child) for task in tasks.iterdir() for child in (task / "children").read_text().split()}
+
+
+def test_sigint_to_profile_exits_130_quietly_and_ends_its_probe() -> None:
+    """SIGINT to the command alone (not its process group, as Ctrl-C would): exit 130, no traceback, and
+    the measuring child process it started is gone too."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsar_nack.cli", "profile", "--rate", "20000", "--duration", "120s",
+         "--delay", "1h", "--no-java"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        assert "msg" in process.stderr.readline(), "the bar is up"
+        deadline = time.monotonic() + 60
+        while not (children := _children(process.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert children, "a probe process"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 130, err[-2000:]
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{child}").exists() for child in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [child for child in children if Path(f"/proc/{child}").exists()], "the probe was killed"
+
+
+def test_a_spark_master_that_never_answers_is_one_run_error(tmp_path: Path) -> None:
+    """Something accepts connections on the master's port but is no Spark master: Spark gives up on its
+    own (about a minute: 3 registration attempts of 20 s, fixed in Spark) and the command ends with one
+    line of its own naming the master — Spark's log lines say why — instead of a Java stack trace."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        master = f"spark://127.0.0.1:{silent.getsockname()[1]}"
+        out = _cli("sweep", "--grid", "small", "--master", master, "--out", str(tmp_path), "--no-progress")
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "\tat " not in out.stderr, out.stderr[-3000:]
+    ours = [line for line in out.stderr.splitlines() if line.startswith("pulsar-nack")]
+    assert len(ours) == 1 and ours[0].startswith(f"pulsar-nack sweep: Spark failed (master {master}): "), ours

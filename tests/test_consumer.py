@@ -139,16 +139,22 @@ def test_batch_siblings_with_different_due_times_come_back_separately(
     consumer.close()
 
 
-def test_precision_bounds_for_k_1_to_12(nack_client: Client, unique_topic: str) -> None:
-    """Java J6 / Go: with precision k and delay 2000 ms, redelivery is at most 2^k ms early and (generous
-    bound) not more than 500 ms late. All k run at once, one consumer each. The delay is above 2^12, so the
-    lower bound means something for every k (the native minimum, 100 ms, is the floor in any case)."""
+@pytest.mark.parametrize("rounding", ["floor", "ceil"])
+def test_precision_bounds_for_k_1_to_12(nack_client: Client, unique_topic: str, rounding: str) -> None:
+    """Java J6 / Go: with precision k and delay 5000 ms, floor rounding (Java's) redelivers at most 2^k ms
+    early and (generous bound) not more than 500 ms late; ceil (the default) never early and at most 2^k ms
+    + 500 late. All k run at once, one consumer each. The delay is above 2^12, so the lower bound means
+    something for every k (the native minimum, 100 ms, is the floor in any case)."""
     delay = 5000
     consumers: dict[int, NackConsumer] = {}
     for k in range(1, 13):
         topic = f"{unique_topic}-k{k}"
         consumers[k] = subscribe(
-            nack_client, topic, negative_ack_redelivery_delay_ms=delay, negative_ack_precision_bit_cnt=k
+            nack_client,
+            topic,
+            negative_ack_redelivery_delay_ms=delay,
+            negative_ack_precision_bit_cnt=k,
+            negative_ack_rounding=rounding,
         )
         produce(nack_client, topic, 2, batching=False)
     nacked_at: dict[tuple[int, bytes], float] = {}
@@ -157,9 +163,10 @@ def test_precision_bounds_for_k_1_to_12(nack_client: Client, unique_topic: str) 
             nacked_at[(k, message.data())] = time.monotonic()
             consumer.negative_acknowledge(message)
     for k, consumer in consumers.items():
-        for message in receive_all(consumer, 2):
+        low, high = (delay - 2**k, delay + 500) if rounding == "floor" else (delay, delay + 2**k + 500)
+        for message in receive_all(consumer, 2, timeout_s=30):
             elapsed_ms = (time.monotonic() - nacked_at[(k, message.data())]) * 1000
-            assert max(delay - 2**k, 100) <= elapsed_ms <= delay + 500, (k, elapsed_ms)
+            assert max(low, 100) <= elapsed_ms <= high, (k, elapsed_ms)
             consumer.acknowledge(message)
     for consumer in consumers.values():
         consumer.close()
@@ -518,7 +525,8 @@ def test_a_nack_is_due_on_the_trackers_own_clock(
         consumer.negative_acknowledge(message, delay_ms=60_000)
         after = tracker.now()
         due = tracker.index.next_due_ms()
-        assert due is not None and before + 60_000 - 256 <= due <= after + 60_000, (before, due, after)
+        # (ceil rounding, the default: the bucket is at or after the due time, within 2^8 ms)
+        assert due is not None and before + 60_000 <= due <= after + 60_000 + 256, (before, due, after)
     consumer.close()
 
 

@@ -840,8 +840,8 @@ def test_a_compacted_bucket_of_few_one_run_ledgers_costs_no_dict_and_no_objects_
 
 
 def test_batch_members_of_entry_ids_past_2_to_the_22_move_the_slot_to_a_64_bit_bitmap() -> None:
-    """A slot's members are kept in a 32-bit bitmap (``entry_id << 10 | index``) while entry ids are below
-    2**22; a larger entry id makes it 64-bit, and members on both sides stay exact."""
+    """Members of entries on both sides of 2**22 (where members' codes once left 32 bits) and batch
+    indexes up to 1023 stay exact."""
     index = TimeBucketIndex(4)
     low, high = 5, 2**22 + 5
     index.add(100, 1, low, 3)
@@ -861,15 +861,19 @@ def test_batch_members_of_entry_ids_past_2_to_the_22_move_the_slot_to_a_64_bit_b
     assert len(index) == 0
 
 
-def test_batch_members_of_a_slot_cost_a_32_bit_bitmap() -> None:
-    """One nack per 100-message batch, 85 entries in a slot (issue 13's batched row): the members' CRoaring
-    heap is that of a 32-bit bitmap (~420 bytes, walked), not a 64-bit one's (~770, estimated)."""
+def test_batch_members_cost_a_dict_entry_each() -> None:
+    """One nack per 100-message batch, 85 entries in a slot (issue 13's batched row): the members cost a
+    dict entry, a key and a mask each (~100-130 bytes), not a dict entry, a tuple key and a Roaring bitmap
+    per slot (~390 bytes per member in issue 23's sparse shapes, where slots hold one or two)."""
     index, whole = TimeBucketIndex(8), TimeBucketIndex(8)
     for entry in range(85):
         index.add(1_000, 7, entry, entry * 37 % 100)
         whole.add(1_000, 7, entry)
-    members = index.memory_usage().roaring_bytes - whole.memory_usage().roaring_bytes
-    assert len(index) == 85 and 200 <= members <= 520, members
+    members = index.memory_usage().total_bytes - whole.memory_usage().total_bytes
+    assert len(index) == 85 and 85 * 48 <= members <= 85 * 140, members
+    sparse = TimeBucketIndex(8)
+    sparse.add(1_000, 7, 5, 3)  # one member in its slot
+    assert sparse.memory_usage().breakdown["batch_members"] <= 400
 
 
 _RSS_PROCESS = """

@@ -239,7 +239,8 @@ def lite_client(pulsar_lite: PulsarLite) -> Iterator[Client]:
 
 def test_a_real_consumer_on_pulsar_lite(lite_client: Client, unique_topic: str) -> None:
     consumer = lite_client.subscribe(
-        unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=200
+        # 1.5 s: the first scrape comes long before the first nack is forwarded, however loaded the machine
+        unique_topic, "sub", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=1_500
     )
     producer = lite_client.create_producer(unique_topic, batching_enabled=False)
     for i in range(2):

@@ -182,9 +182,9 @@ def test_the_breakdown_adds_croarings_heap_that_asizeof_misses() -> None:
 
 
 def test_the_java_structure_runs_beside_it() -> None:
-    from pulsar_nack import profile as module
+    from pulsar_nack.shipped import java_reference
 
-    reference = module._java_reference()
+    reference: Any = java_reference()
     if reference is None or not reference.available():
         pytest.skip("java and mvn are needed")
     result, note = java_side(SMALL, 3_600)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pulsar_nack.cli import main
-from pulsar_nack.profile import Delay, ProfileError, Workload
+from pulsar_nack.profile import Delay, ProfileError, Workload, native_cost
 from pulsar_nack.profile_broker import MAX_BROKER_MESSAGES, profile_broker
 from pulsar_nack.testing import PulsarLite
 
@@ -59,7 +59,10 @@ def test_a_small_workload_through_pulsar_lite(pulsar_lite: PulsarLite) -> None:
     # (448 B measured by bench/nack_lateness.py), above our tracker's own walk
     native = result.native
     assert native is not None and native["pending"] > 1_000
-    assert native["bytes_per_nack"] > 100
+    # ~2,000 native nacks cost ~0.9 MB at the measured 448 B; at this scale the client library's own churn
+    # moves a process figure by a few hundred KB (65 B per nack was seen on a machine loaded by other
+    # test runs), so the bound only tells a native tracker from none: a tenth of its packaged cost
+    assert native["bytes_per_nack"] > native_cost()["bytes_per_nack"] / 10
     assert native["bytes"] > result.memory["reported"]  # sparse here: ~2 ids per (bucket, ledger)
 
 

@@ -322,6 +322,41 @@ def test_memory_bytes_agrees_with_tracemalloc_and_falls_back_once_fired() -> Non
     assert wheel.memory_bytes() - empty < reported / 4
 
 
+def _buckets_held(wheel: TimerWheel) -> int:
+    held = 0
+    level: _Wheel | None = wheel._wheel
+    while level is not None:
+        held += sum(bucket is not None for bucket in level.buckets)
+        level = level.overflow
+    return held
+
+
+def test_buckets_leave_their_slots_once_fired_or_cancelled() -> None:
+    """Memory is flat in run time: a wheel that fired or cancelled everything holds no bucket, however
+    many slots its timeouts passed through."""
+    clock = FakeClock()
+    wheel = TimerWheel(tick_ms=1, wheel_size=64, clock=clock, start=False)
+    cancelled = [wheel.schedule(clock.now + 5 + i * 101, lambda: None) for i in range(500)]
+    assert _buckets_held(wheel) > 32
+    for timeout in cancelled:
+        timeout.cancel()
+    assert _buckets_held(wheel) == 0, "a bucket emptied by cancels leaves at once"
+    for i in range(2_000):  # every slot of the finest level, and many of the coarser ones
+        wheel.schedule(clock.now + 1 + i * 37, lambda: None)
+    assert _buckets_held(wheel) > 32
+    while len(wheel):
+        clock.now += 50
+        wheel.run_due()
+    assert _buckets_held(wheel) == 0
+    empty = wheel.memory_bytes()
+    for _ in range(3):  # a steady run: the same pending count, slots reused, nothing accumulates
+        for i in range(200):
+            wheel.schedule(clock.now + 1 + i * 13, lambda: None)
+        clock.now += 200 * 13 + 10
+        wheel.run_due()
+        assert _buckets_held(wheel) == 0 and wheel.memory_bytes() <= empty
+
+
 def test_weak_callback_calls_its_object_while_it_lives_and_does_not_keep_it() -> None:
     class Owner:
         def __init__(self) -> None:

@@ -12,11 +12,12 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, TypedDict
 
+import numpy as np
 import pytest
 
 from pulsar_nack import DueIds, MultiplierRedeliveryBackoff, NativeTiming, TimerWheel
 from pulsar_nack.delay_limit import DelayLimitExceeded, limit_delay
-from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.index import Rounding, TimeBucketIndex
 from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker, Verdict
 
@@ -117,6 +118,42 @@ def test_close_buckets_are_forwarded_on_the_native_grid_not_faster() -> None:
     assert sorted(e for _, ids in h.forwards for _, _, e, _ in ids) == [0, 1, 2]
 
 
+@pytest.mark.parametrize(("rounding", "delay"), [("floor", 200), ("ceil", 30)])
+def test_nacks_in_a_bucket_already_forwarded_wait_for_the_next_buckets_forward(
+    rounding: Rounding, delay: int
+) -> None:
+    """Issue 24: a steady stream of nacks whose bucket the last forward already covered — the demo's
+    200 ms backoff with floor rounding, a short delay with ceil. Each such nack joins the next bucket's
+    forward instead of re-arming the timer for a forward of its own: forwards stay 2^k ms apart (they
+    were 60–150 ms apart), every id is forwarded once, none before its bucket's forward time."""
+    h = Harness(precision_bits=8, quiet=True)
+    h.tracker = NackTracker(
+        h.record, precision_bits=8, rounding=rounding, clock=h.clock, wheel=h.wheel, compact_after_ms=1e9
+    )
+    start = h.clock.now = 1_024_000.0
+    due: dict[int, float] = {}
+    entry = 0
+    while h.clock.now < start + 3_000:
+        h.clock.now += 1
+        h.callbacks += h.wheel.run_due()
+        if int(h.clock.now) % 10 == 0:
+            due[entry] = h.clock.now + delay
+            h.tracker.schedule(due[entry], 1, entry)
+            entry += 1
+    h.run_until(start + 4_000)
+    times = [at for at, _ in h.forwards]
+    # (the first forward may come at the first nack: with floor rounding its bucket is due at once)
+    gaps = [b - a for a, b in itertools.pairwise(times)][1:]
+    assert min(gaps) >= 2**8 - 2 * NativeTiming().margin_ms, gaps
+    up = 255 if rounding == "ceil" else 0
+    buckets = {(math.ceil(d) + up) & -256 for d in due.values()}
+    assert len(times) <= len(buckets) + 1, "one forward per bucket due"
+    forwarded = [(at, e) for at, ids in h.forwards for _, _, e, _ in ids]
+    assert sorted(e for _, e in forwarded) == sorted(due)
+    if rounding == "ceil":
+        assert all(at + NativeTiming().latency_ms >= due[e] for at, e in forwarded), "never early"
+
+
 def test_a_later_nack_never_delays_an_earlier_one_and_vice_versa() -> None:
     h = Harness(precision_bits=0)
     start = h.clock.now
@@ -183,7 +220,9 @@ def test_a_batch_acked_but_for_its_nacked_message_is_one_bit_and_still_classifie
         for batch_index in (0, 1, 3, 4):
             h.tracker.acked(8, entry_id, batch_index)
         h.tracker.schedule(start + 1_000, 8, entry_id, batch_index=2)
-    assert h.tracker.arrivals.memory_bytes() < 2_000, "two quiet entries: bits, not records"
+    arrivals = h.tracker.arrivals
+    fixed = arrivals.lateness.nbytes + arrivals.dues.nbytes  # fixed-size statistics (pulsar_nack.lateness)
+    assert arrivals.memory_bytes() - fixed < 2_000, "two quiet entries: bits, not records"
     assert arrive(h, 8, 1, 0, size=5) is Verdict.ACKED, "a reconnect copy: acked sibling"
     assert arrive(h, 8, 1, 2, size=5) is Verdict.HOLD, "its nack is pending"
     assert h.tracker.acked(8, 2, 2) == ((), False), "nack-then-ack"
@@ -213,14 +252,67 @@ def test_early_arrivals_are_held_and_new_messages_pass() -> None:
     assert h.tracker.arrivals.admit(3, 4, -1, "other", 0) is Verdict.DELIVER
 
 
-def test_lateness_is_measured_against_the_bucket() -> None:
-    h = Harness(precision_bits=0)
-    start = h.clock.now
-    h.tracker.schedule(start + 1_000, 1, 1)
-    h.run_until(start + 1_000 + 3)  # the redelivery reaches the app 3 ms after the bucket time
-    assert arrive(h, 1, 1) is Verdict.DELIVER
+def test_ids_due_in_the_native_latencys_last_ms_are_never_handed_out_before_it() -> None:
+    """One flush forwards what is due within one native latency (102 ms). Ids due by 100 ms after it need
+    no label of their own (no copy our forward asks for comes sooner); those due in the last 2 ms are
+    held until then. Both members of a quiet batch entry (the rest acked), due on either side of 100 ms,
+    are forwarded, and each is handed out once, none before its bucket (issue 24)."""
+    h = Harness(precision_bits=0, quiet=True)
+    now = h.clock.now
+    for batch_index in range(10):
+        assert arrive(h, 1, 1, batch_index, size=10) is Verdict.DELIVER
+    for batch_index in range(2, 10):
+        h.tracker.acked(1, 1, batch_index)
+    h.tracker.schedule(now + 50, 1, 1, 1)
+    h.tracker.schedule(now + 101, 1, 1, 0)  # in (now + 100, now + 102]: the last 2 ms
+    assert h.tracker.flush(now) >= 1 and h.tracker.stats().pending == 0
+    h.clock.now = now + 100.5  # a copy 100.5 ms after the forward: m1's, not yet m0's
+    assert arrive(h, 1, 1, 1, size=10) is Verdict.DELIVER
+    assert arrive(h, 1, 1, 0, size=10) is Verdict.HOLD, "before its bucket"
+    h.clock.now = now + 102
+    assert arrive(h, 1, 1, 0, size=10) is Verdict.HOLD, "the early copy was forwarded again: wait for it"
+    h.run_until(now + 1_000)
+    assert arrive(h, 1, 1, 0, size=10) is Verdict.DELIVER, "m0 once, from its repeated forward"
+
+
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+def test_lateness_is_measured_against_the_due_time_the_application_asked_for(rounding: str) -> None:
+    """Issue 24: nack_stats' lateness is arrival − (nack time + delay), not − the bucket time, nor − the
+    time the forward was armed for: ids of three buckets, one flush (a late timer), each arrival 3 ms after
+    its bucket (ceil) — the app sees its own due time's lateness. With floor the arrivals are early: a
+    negative lateness and an early share."""
+    h = Harness(precision_bits=8, quiet=True)
+    h.tracker = NackTracker(h.record, precision_bits=8, rounding=rounding, clock=h.clock, wheel=h.wheel)  # type: ignore[arg-type]
+    start = h.clock.now = 1_024_000.0  # a bucket boundary (k = 8)
+    dues = [start + 1_000 + 25 * i for i in range(10)]  # in two 256-ms buckets: +1,024 and +1,280 (ceil)
+    for i, due in enumerate(dues):
+        h.tracker.schedule(due, 1, i)
+    h.clock.now = start + 1_300
+    h.tracker.flush()  # one flush for both: the timer was late
+    h.clock.now += 110
+    expected = []
+    for i, due in enumerate(dues):
+        assert arrive(h, 1, i) is Verdict.DELIVER
+        expected.append(h.clock.now - due)
     stats = h.tracker.stats()
-    assert stats.lateness_p50_ms == pytest.approx(3.0)
+    assert stats.lateness_samples == 10
+    p50, p99 = (float(v) for v in np.percentile(expected, [50, 99]))
+    assert stats.lateness_p50_ms == pytest.approx(p50, abs=3.0)
+    assert stats.lateness_p99_ms == pytest.approx(p99, abs=3.0)
+    assert stats.lateness_early_share == 0.0
+
+
+def test_lateness_reports_early_redeliveries_of_floor_rounding() -> None:
+    h = Harness(precision_bits=8, quiet=True)
+    h.tracker = NackTracker(h.record, precision_bits=8, rounding="floor", clock=h.clock, wheel=h.wheel)
+    start = h.clock.now = 1_024_000.0
+    h.tracker.schedule(start + 1_200, 1, 1)  # floor: bucket start + 1,024, forwarded 102 ms before it
+    h.tracker.schedule(start + 1_100, 1, 2)
+    h.run_until(start + 1_024 + 5)
+    assert arrive(h, 1, 1) is Verdict.DELIVER and arrive(h, 1, 2) is Verdict.DELIVER
+    stats = h.tracker.stats()
+    assert stats.lateness_early_share == 1.0
+    assert stats.lateness_p50_ms == pytest.approx(1_029 - 1_150, abs=2.0)
 
 
 def test_a_forward_whose_copy_never_comes_is_repeated_then_abandoned() -> None:

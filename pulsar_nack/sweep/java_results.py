@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from pulsar_nack.shipped import repository_file
 from pulsar_nack.sweep.measure import Row, number
 
 __all__ = [
@@ -29,7 +30,7 @@ __all__ = [
 ]
 
 #: Where ``bench/index_memory.py`` writes its results, in a source checkout of this repository (the
-#: package's grandparent folder); an installed package has no such file.
+#: package's grandparent folder); an installed package carries a copy (:func:`default_java_results`).
 DEFAULT_JAVA_RESULTS: Final = Path(__file__).resolve().parents[2] / "bench" / "results" / "index_memory.json"
 
 #: How to produce the file, for reports drawn without one.
@@ -97,8 +98,9 @@ class JavaResults:
 
 
 def default_java_results() -> Path | None:
-    """:data:`DEFAULT_JAVA_RESULTS` if it exists (a source checkout that ran the benchmark), else None."""
-    return DEFAULT_JAVA_RESULTS if DEFAULT_JAVA_RESULTS.is_file() else None
+    """:data:`DEFAULT_JAVA_RESULTS` if it exists (a source checkout that ran the benchmark), else the copy
+    the wheel and sdist carry (:mod:`pulsar_nack.shipped`), else None."""
+    return repository_file("bench/results/index_memory.json")
 
 
 def load_java_results(path: Path) -> JavaResults:

@@ -16,6 +16,7 @@ from typing import Any, Final, TypeAlias
 
 from matplotlib.figure import Figure
 
+from pulsar_nack.shipped import repository_file
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, reference_rows
@@ -325,15 +326,16 @@ def plot_trackers(
 
 # -- the published figures, checked (bench/seeds.py's results) ------------------------------------------
 
-#: The results file of ``bench/seeds.py`` in a source checkout (None from :func:`default_seeds_results`
-#: when it is not there, as in an installed package).
+#: The results file of ``bench/seeds.py`` in a source checkout (an installed package carries a copy:
+#: :func:`default_seeds_results`).
 DEFAULT_SEEDS_RESULTS: Final = Path(__file__).resolve().parents[2] / "bench" / "results" / "seeds.json"
 _MIB: Final = 2**20
 
 
 def default_seeds_results() -> Path | None:
-    """:data:`DEFAULT_SEEDS_RESULTS` if it exists, else None."""
-    return DEFAULT_SEEDS_RESULTS if DEFAULT_SEEDS_RESULTS.is_file() else None
+    """:data:`DEFAULT_SEEDS_RESULTS` if it exists, else the copy the wheel and sdist carry
+    (:mod:`pulsar_nack.shipped`), else None."""
+    return repository_file("bench/results/seeds.json")
 
 
 def plot_seeds_bytes_per_id(results: Mapping[str, Any]) -> Figure:

@@ -48,6 +48,7 @@ from pyspark import RDD, SparkContext
 from pyspark.sql import SparkSession
 from tqdm import tqdm
 
+from pulsar_nack.progress import ProgressStream
 from pulsar_nack.sweep.grid import GridPoint, TrackerPoint
 from pulsar_nack.sweep.java_results import load_java_results
 from pulsar_nack.sweep.measure import COLUMNS, TRACKER_COLUMNS, Row, measure, measure_tracker
@@ -253,7 +254,7 @@ class _Progress(threading.Thread):
         self.join()
 
     def run(self) -> None:
-        with tqdm(total=self._total, unit="point", desc="sweep", file=sys.stderr) as bar:
+        with tqdm(total=self._total, unit="point", desc="sweep", file=ProgressStream(sys.stderr)) as bar:
             while not self._stopped.wait(self._interval):
                 bar.update(self._finished() - bar.n)
             bar.update(self._finished() - bar.n)

@@ -1,0 +1,213 @@
+"""Benchmark: a soak at constant pending — does anything the wrapper keeps grow with run time?
+
+A consumer on a real broker (pulsar-lite, embedded) for ``--minutes`` (10 by default): a producer sends
+``--rate`` messages a second in batches of 10, the consumer nacks ``--share`` of first deliveries with
+the default delay (``--delay-s``) and acks everything else, redeliveries included, so pending nacks stay
+near rate × share × delay once the first delay has passed. Every 15 s the consumer process — a fresh one,
+``PYTHONMALLOC=malloc`` with glibc's tcache off — reads its heap from outside
+(:func:`pulsar_nack.memory.heap_in_use`: the client library's state included) and
+``nack_stats(with_memory=True)``. Past the warm-up (twice the delay plus a minute) memory must be flat:
+the least-squares slope of each, in bytes per minute, and the growth from the first steady sample to the
+last, beside the pending range.
+
+    python bench/nack_soak.py [--minutes 10] [--rate 2000] [--share 0.5] [--delay-s 10]
+
+Writes ``bench/results/nack_soak.json`` and the ``nack-soak`` section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import report
+
+SCRIPT = Path(__file__).resolve()
+SAMPLE_S = 15.0
+
+
+def probe(payload: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: run the soak and sample memory."""
+    import gc
+    import random
+    import threading
+    import uuid
+
+    import pulsar
+
+    import pulsar_nack
+    from pulsar_nack.memory import heap_in_use
+
+    url, minutes, rate = payload["url"], payload["minutes"], payload["rate"]
+    share, delay_ms = payload["share"], int(payload["delay_s"] * 1000)
+    topic = f"persistent://public/default/soak-{uuid.uuid4().hex[:12]}"
+    client = pulsar_nack.Client(url)
+    consumer = client.subscribe(
+        topic, "soak", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=delay_ms
+    )
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=10, batching_max_publish_delay_ms=5
+    )
+    stop = threading.Event()
+    sent = [0]
+
+    def produce() -> None:
+        started = time.monotonic()
+        while not stop.is_set():
+            due = int((time.monotonic() - started) * rate)
+            while sent[0] < due:
+                producer.send_async(sent[0].to_bytes(8, "big"), None)
+                sent[0] += 1
+            time.sleep(0.01)
+        producer.flush()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    rng = random.Random(7)
+    samples: list[dict[str, float]] = []
+    received = nacked = 0
+    started = time.monotonic()
+    end = started + minutes * 60
+    next_sample = started
+    thread.start()
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= next_sample:
+                gc.collect()
+                heap = heap_in_use()
+                stats = consumer.nack_stats(with_memory=True)
+                samples.append(
+                    {
+                        "t_s": now - started,
+                        "heap": heap,
+                        "reported": stats.memory_bytes or 0,
+                        "pending": stats.pending,
+                        "received": received,
+                        "sent": sent[0],
+                    }
+                )
+                next_sample = now + SAMPLE_S
+                if now >= end:
+                    break
+            try:
+                message = consumer.receive(100)
+            except pulsar.Timeout:
+                continue
+            received += 1
+            if message.redelivery_count() == 0 and rng.random() < share:
+                consumer.negative_acknowledge(message)
+                nacked += 1
+            else:
+                consumer.acknowledge(message)
+    finally:
+        stop.set()
+        thread.join(5)
+        consumer.close()
+        client.close()
+    return {"samples": samples, "received": received, "nacked": nacked, "sent": sent[0]}
+
+
+def steady(samples: list[dict[str, float]], warmup_s: float, key: str) -> dict[str, float]:
+    """Slope (bytes a minute) and growth of ``key`` over the samples after the warm-up."""
+    after = [s for s in samples if s["t_s"] >= warmup_s]
+    if len(after) < 3:
+        raise SystemExit(f"too few samples after the {warmup_s:.0f} s warm-up: run longer (--minutes)")
+    t = np.array([s["t_s"] for s in after]) / 60
+    values = np.array([s[key] for s in after], dtype=np.float64)
+    slope = float(np.polyfit(t, values, 1)[0])
+    return {
+        "slope_per_min": slope,
+        "growth": float(values[-1] - values[0]),
+        "first": float(values[0]),
+        "last": float(values[-1]),
+        "minutes": float(t[-1] - t[0]),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--probe", help=argparse.SUPPRESS)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=int, default=2_000, help="messages a second (default 2,000)")
+    parser.add_argument("--share", type=float, default=0.5, help="share of first deliveries nacked")
+    parser.add_argument("--delay-s", type=float, default=10.0, help="the nack delay (default 10 s)")
+    args = parser.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe(json.loads(args.probe))), flush=True)
+        return 0
+    warmup_s = 2 * args.delay_s + 60
+    if args.minutes * 60 < warmup_s + 3 * SAMPLE_S:
+        parser.error(
+            f"--minutes: at least {(warmup_s + 3 * SAMPLE_S) / 60:.1f} with --delay-s {args.delay_s:g}"
+        )
+    if not 0 < args.share <= 1:
+        parser.error(f"--share: in (0, 1], got {args.share}")
+    from pulsar_nack.memory import MEASURING_ENV
+    from pulsar_nack.testing import PulsarLite
+
+    facts = report.machine()
+    env = {**os.environ, **MEASURING_ENV, "PYTHONMALLOC": "malloc"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(report.ROOT), env.get("PYTHONPATH")) if p)
+    with PulsarLite() as broker:
+        payload = {
+            "url": broker.service_url,
+            "minutes": args.minutes,
+            "rate": args.rate,
+            "share": args.share,
+            "delay_s": args.delay_s,
+        }
+        child = subprocess.run(
+            [sys.executable, str(SCRIPT), "--probe", json.dumps(payload)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=args.minutes * 60 + 300,
+        )
+    if child.returncode != 0:
+        raise SystemExit(f"soak probe failed:\n{child.stderr[-3000:]}")
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    samples = result["samples"]
+    heap, reported = steady(samples, warmup_s, "heap"), steady(samples, warmup_s, "reported")
+    pending = [s["pending"] for s in samples if s["t_s"] >= warmup_s]
+    report.save_json(
+        "nack_soak",
+        {"machine": facts, "settings": payload | {"url": None}, "heap": heap, "reported": reported, **result},
+    )
+    rows = [
+        [
+            label,
+            f"{figures['first']:,.0f}",
+            f"{figures['last']:,.0f}",
+            f"{figures['growth']:+,.0f}",
+            f"{figures['slope_per_min']:+,.0f}",
+        ]
+        for label, figures in (("process heap (from outside)", heap), ("nack_stats().memory_bytes", reported))
+    ]
+    text = "\n\n".join(
+        [
+            "## Soak at constant pending: memory over run time",
+            "`python bench/nack_soak.py` — one consumer on pulsar-lite for "
+            f"{args.minutes:g} min: {args.rate:,} messages/s in batches of 10, {args.share:.0%} of first "
+            f"deliveries nacked with a {args.delay_s:g} s delay, everything else acked; the consumer "
+            "process (fresh, `PYTHONMALLOC=malloc`, tcache off) samples its heap from outside and "
+            f"`nack_stats(with_memory=True)` every {SAMPLE_S:g} s. After the {warmup_s:.0f} s warm-up: "
+            f"{heap['minutes']:.1f} min, pending {min(pending):,}–{max(pending):,}; "
+            f"{result['received']:,} messages received, {result['nacked']:,} nacked.",
+            report.machine_line(facts),
+            report.table(["memory", "first steady sample, B", "last, B", "growth, B", "slope, B/min"], rows),
+        ]
+    )
+    report.write_section("nack-soak", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

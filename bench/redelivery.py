@@ -1,0 +1,318 @@
+"""Benchmark: redelivery as the application sees it, and what it costs the broker (issue 24).
+
+One workload per run, on each broker: ``--messages`` messages in batches of 10 through one Shared
+consumer; each delivery is nacked with probability 0.3 (at most twice per message), else acked — the same
+seeded decisions in every run. Three runs per broker:
+
+* **wrapper, per-message delays** — ``pulsar_nack`` with its defaults (ceil rounding, k = 8), each nack
+  with its own delay, uniform over 0.5–3 s;
+* **wrapper, fixed delay** and **official, fixed delay** — every nack at the default delay (1.75 s, the
+  mean of the above), the official ``pulsar.Client`` with ``negative_ack_redelivery_delay_ms``.
+
+Reported per run: redeliveries the application received early (arrival before nack time + delay, on its
+own clock) and their lateness p50/p99 beside what ``nack_stats()`` reports; forwards to the native client
+per second beside the buckets that fell due per second; messages and bytes the broker dispatched to the
+subscription (pulsar-lite ``/metrics`` ``pulsar_out_messages_total``/``pulsar_out_bytes_total``, Apache
+topic stats ``msgOutCounter``/``bytesOutCounter``) and what the application was handed.
+
+    python bench/redelivery.py                     # both brokers
+    python bench/redelivery.py --brokers lite --messages 1000
+
+Writes ``bench/results/redelivery.json`` and the ``redelivery`` section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+import urllib.request
+import uuid
+from typing import Any
+
+import numpy as np
+import report
+from nack_lateness import _brokers
+
+BATCH = 10
+NACK_SHARE = 0.3
+MAX_NACKS = 2
+DELAYS_MS = (500.0, 3_000.0)
+FIXED_DELAY_MS = 1_750
+SEED = 24
+K = 8
+
+
+def _decisions(messages: int) -> list[list[float | None]]:
+    """Per message, per delivery round: the nack delay (ms) or None (ack). Seeded: the same in every run."""
+    rng = random.Random(SEED)
+    plan: list[list[float | None]] = []
+    for _ in range(messages):
+        rounds: list[float | None] = []
+        for _ in range(MAX_NACKS):
+            if rng.random() >= NACK_SHARE:
+                break
+            rounds.append(rng.uniform(*DELAYS_MS))
+        rounds.append(None)
+        plan.append(rounds)
+    return plan
+
+
+def _dispatched(broker: Any, topic: str, subscription: str) -> tuple[int, int]:
+    """Messages and bytes the broker dispatched to the subscription's consumers, from the broker."""
+    metrics_url = getattr(broker, "metrics_url", None)
+    if metrics_url:
+        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        counts = {"messages": 0, "bytes": 0}
+        short = topic.rsplit("/", 1)[1]
+        for line in text.splitlines():
+            if f'topic="{short}"' not in line or f'subscription="{subscription}"' not in line:
+                continue
+            for kind in counts:
+                if line.startswith(f"pulsar_out_{kind}_total"):
+                    counts[kind] += int(float(line.rsplit(" ", 1)[1]))
+        return counts["messages"], counts["bytes"]
+    name = topic.removeprefix("persistent://")
+    stats = broker.admin("GET", f"/admin/v2/persistent/{name}/stats")
+    sub = stats["subscriptions"][subscription]
+    return int(sub["msgOutCounter"]), int(sub["bytesOutCounter"])
+
+
+def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, Any]:
+    """One run: ``mode`` is ``wrapper-per-message``, ``wrapper-fixed`` or ``official-fixed``."""
+    import pulsar
+
+    import pulsar_nack
+
+    topic = f"persistent://public/default/redeliver-{uuid.uuid4().hex[:8]}"
+    subscription = "bench"
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    official = mode.startswith("official")
+    client_type = pulsar.Client if official else pulsar_nack.Client
+    client = client_type(broker.service_url, operation_timeout_seconds=30, logger=logger)
+    forwards: list[tuple[float, int]] = []  # (time, entries) of each forward to the native client
+    options: dict[str, Any] = {"negative_ack_redelivery_delay_ms": FIXED_DELAY_MS}
+    if not official:
+        options["on_redelivery"] = lambda due: forwards.append(
+            (time.monotonic(), sum(len(d.entry_ids) for d in due))
+        )
+    consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared, **options)
+    producer = client.create_producer(
+        topic,
+        batching_enabled=True,
+        batching_max_messages=BATCH,
+        batching_max_publish_delay_ms=60_000,
+        block_if_queue_full=True,
+    )
+    for i in range(messages):
+        producer.send_async(i.to_bytes(4, "big"), None)
+        if i % BATCH == BATCH - 1:
+            producer.flush()
+    producer.flush()
+    plan = _decisions(messages)
+    expected = sum(len(rounds) for rounds in plan)  # hand-outs the application needs
+    nacks = [0] * messages
+    acked = bytearray(messages)
+    due: dict[int, float] = {}
+    lateness: list[float] = []
+    buckets: set[int] = set()
+    handed = duplicates = 0
+    started = time.monotonic()
+    deadline = started + timeout_s
+    needed = expected
+    quiet_until: float | None = None
+    while time.monotonic() < deadline:
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            if needed <= 0:
+                if quiet_until is None:
+                    quiet_until = time.monotonic() + 1.5  # late duplicates would show up meanwhile
+                elif time.monotonic() >= quiet_until:
+                    break
+            continue
+        now_ms = time.monotonic() * 1000.0
+        handed += 1
+        index = int.from_bytes(message.data(), "big")
+        if acked[index]:
+            duplicates += 1  # a copy of a message the application acked (a batch sibling)
+            consumer.acknowledge(message)
+            continue
+        if index in due:
+            lateness.append(now_ms - due.pop(index))
+        needed -= 1
+        delay = plan[index][nacks[index]]
+        if delay is None:
+            acked[index] = 1
+            consumer.acknowledge(message)
+            continue
+        nacks[index] += 1
+        if mode != "wrapper-per-message":
+            delay = float(FIXED_DELAY_MS)
+        due_ms = time.monotonic() * 1000.0 + delay
+        due[index] = due_ms
+        buckets.add(-(-int(due_ms) >> K))
+        if mode == "wrapper-per-message":
+            consumer.negative_acknowledge(message, delay_ms=delay)
+        else:
+            consumer.negative_acknowledge(message)
+    elapsed = time.monotonic() - started
+    stats = None if official else consumer.nack_stats()
+    time.sleep(1.0)  # the broker's counters settle
+    out_messages, out_bytes = _dispatched(broker, topic, subscription)
+    consumer.close()
+    producer.close()
+    client.close()
+    early = [v for v in lateness if v < 0]
+    span_s = (forwards[-1][0] - forwards[0][0]) if len(forwards) > 1 else 0.0
+    result: dict[str, Any] = {
+        "mode": mode,
+        "messages": messages,
+        "completed": needed <= 0,
+        "missing": max(needed, 0),
+        "elapsed_s": round(elapsed, 2),
+        "handed_out": handed,
+        "duplicates_handed_out": duplicates,
+        "redeliveries": len(lateness),
+        "early": len(early),
+        "early_max_ms": round(-min(early), 1) if early else 0.0,
+        "lateness_p50_ms": round(float(np.percentile(lateness, 50)), 1) if lateness else None,
+        "lateness_p99_ms": round(float(np.percentile(lateness, 99)), 1) if lateness else None,
+        "broker_messages": out_messages,
+        "broker_bytes": out_bytes,
+        "nack_buckets": len(buckets),
+    }
+    if stats is not None:
+        result.update(
+            reported_p50_ms=None if stats.lateness_p50_ms is None else round(stats.lateness_p50_ms, 1),
+            reported_p99_ms=None if stats.lateness_p99_ms is None else round(stats.lateness_p99_ms, 1),
+            reported_early_share=stats.lateness_early_share,
+            reported_samples=stats.lateness_samples,
+            forwards=len(forwards),
+            forwarded_entries=sum(n for _, n in forwards),
+            forward_span_s=round(span_s, 2),
+            min_forward_gap_ms=round(min((b[0] - a[0]) * 1000 for a, b in itertools.pairwise(forwards)), 1)
+            if len(forwards) > 1
+            else None,
+        )
+    return result
+
+
+MODES = ("wrapper-per-message", "wrapper-fixed", "official-fixed")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--brokers", default="lite,apache")
+    parser.add_argument("--messages", type=int, default=2_000)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
+    args = parser.parse_args(argv)
+    facts = report.machine()
+    results: dict[str, Any] = {}
+    for label, broker_type in _brokers(args.brokers.split(",")):
+        with broker_type() as broker:
+            results[label] = {}
+            for mode in MODES:
+                print(f"{label}: {mode}, {args.messages:,} messages ...", file=sys.stderr)
+                result = results[label][mode] = run(broker, mode, args.messages, args.timeout)
+                print(json.dumps(result), file=sys.stderr)
+    report.save_json("redelivery", {"machine": facts, "results": results})
+    text = render(facts, results)
+    report.write_section("redelivery", text)
+    print(text)
+    return 0
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
+    timing_rows = []
+    traffic_rows = []
+    for label, runs in results.items():
+        official = runs.get("official-fixed", {})
+        for mode, r in runs.items():
+            wrapper = not mode.startswith("official")
+            timing_rows.append(
+                [
+                    label,
+                    mode,
+                    f"{r['redeliveries']:,}",
+                    f"{r['early']:,}" + (f" (by ≤ {r['early_max_ms']:.0f} ms)" if r["early"] else ""),
+                    f"{_ms(r['lateness_p50_ms'])} / {_ms(r['lateness_p99_ms'])}",
+                    f"{_ms(r.get('reported_p50_ms'))} / {_ms(r.get('reported_p99_ms'))}" if wrapper else "–",
+                    (
+                        f"{r['forwards'] / r['forward_span_s']:.2f} / "
+                        f"{r['nack_buckets'] / r['forward_span_s']:.2f} "
+                        f"(min gap {_ms(r['min_forward_gap_ms'])} ms)"
+                    )
+                    if wrapper and r.get("forward_span_s")
+                    else "–",
+                ]
+            )
+            ratio = (
+                f"{r['broker_messages'] / official['broker_messages']:.2f}×"
+                if official.get("broker_messages")
+                else "–"
+            )
+            traffic_rows.append(
+                [
+                    label,
+                    mode,
+                    f"{r['broker_messages']:,}",
+                    f"{r['broker_bytes']:,}",
+                    ratio,
+                    f"{r['handed_out']:,}",
+                    f"{r['duplicates_handed_out']:,}",
+                    "yes" if r["completed"] else f"NO ({r['missing']} missing)",
+                ]
+            )
+    return "\n\n".join(
+        [
+            "## Redelivery as the application sees it, and what it costs the broker",
+            "`python bench/redelivery.py` — batches of 10, one Shared consumer; each delivery nacked with "
+            f"probability {NACK_SHARE} (at most {MAX_NACKS} times a message), else acked, the same seeded "
+            "decisions in every run. Per-message delays uniform over "
+            f"{DELAYS_MS[0]:.0f}–{DELAYS_MS[1]:.0f} ms; "
+            f"fixed: {FIXED_DELAY_MS} ms. The wrapper with its defaults (ceil rounding, k = {K}). Early and "
+            "lateness (arrival − (nack time + delay)) are measured by the application on its own clock; "
+            "reported = `nack_stats()`. Forwards per second: calls forwarding due entries to the native "
+            "client, "
+            "against the distinct 2^k-ms buckets the nacks fell due in, per second of the run. Broker "
+            "messages/bytes: dispatched to the subscription, counted by the broker.",
+            report.machine_line(facts),
+            report.table(
+                [
+                    "broker",
+                    "run",
+                    "redeliveries",
+                    "early",
+                    "app lateness p50 / p99 ms",
+                    "nack_stats p50 / p99 ms",
+                    "forwards/s / buckets due/s",
+                ],
+                timing_rows,
+            ),
+            report.table(
+                [
+                    "broker",
+                    "run",
+                    "broker messages",
+                    "broker bytes",
+                    "vs official",
+                    "handed to the app",
+                    "acked messages handed again",
+                    "complete",
+                ],
+                traffic_rows,
+            ),
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,238 @@
+"""OpenTelemetry metrics for nack consumers: :class:`NackMeter`, beside the Prometheus collector
+(:mod:`pulsar_nack.metrics`).
+
+Optional: needs ``opentelemetry-api`` (``pip install 'pulsar-nack[otel]'``), imported only when a meter is
+created; the application brings its SDK and exporter::
+
+    from pulsar_nack.otel import NackMeter
+
+    meter = NackMeter(consumer)                       # the global MeterProvider, or meter_provider=...
+
+Every instrument is observable: read from ``nack_stats()`` when the SDK collects, nothing on the message
+path. Where the Java client (PIP-342) has the concept, its name; ours are ``pulsar_nack.*``:
+
+=========================================  ==========  =================================================
+``pulsar.client.consumer.message.nack``    counter     messages negatively acknowledged
+``pulsar_nack.consumer.nack.pending``      up-down     nacked ids waiting in the index
+``pulsar_nack.consumer.nack.buckets``      up-down     time buckets in the index
+``pulsar_nack.consumer.nack.memory``       gauge, By   the index's memory, walked every ``memory_ttl_s``
+``pulsar_nack.consumer.nack.lateness``     gauge, s    arrival − due time, ``quantile`` 0.5 and 0.99
+``pulsar_nack.consumer.nack.redelivered``  counter     redeliveries handed to the application
+``pulsar_nack.consumer.nack.held``         up-down     messages held in memory (chunked, early copies)
+=========================================  ==========  =================================================
+
+Attributes as Java's: ``pulsar.tenant``, ``pulsar.namespace``, ``pulsar.subscription``; ``pulsar.topic`` and
+``pulsar.partition`` only with ``topic_attributes=True`` (cardinality). Consumers with the same attributes are
+one series: counts summed, lateness the largest. Java's ``.message.ack``, ``.message.dlq``,
+``.message.ack.timeout`` and ``.message.received.count``/``.size`` are not exported: the wrapper does not
+count acks or receipts (the official client does that in C++, without exposing it).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pulsar_nack import __version__
+from pulsar_nack.metrics import NackSource
+
+__all__ = ["NackMeter", "attributes_of"]
+
+_TOPIC = re.compile(
+    r"^(?P<base>(?:[a-z-]+://)?(?P<tenant>[^/]+)/(?P<namespace>[^/]+)/.+?)(?:-partition-(?P<p>\d+))?$"
+)
+
+
+def attributes_of(topic: str, subscription: str, *, topic_attributes: bool = False) -> dict[str, Any]:
+    """Java's PIP-342 attributes for a consumer of ``topic`` (``persistent://tenant/ns/name[-partition-N]``
+    or ``tenant/ns/name``; a short name, ``my-topic``, is ``public/default``'s), as the Java client sets them
+    (``MetricsUtil.getTopicAttributes``): ``pulsar.namespace`` is ``tenant/ns``, ``pulsar.topic`` the
+    partitioned topic's name (without ``-partition-N``), ``pulsar.partition`` its index. O(len(topic))."""
+    found = _TOPIC.match(topic)
+    tenant, namespace = (found["tenant"], found["namespace"]) if found else ("public", "default")
+    attributes: dict[str, Any] = {
+        "pulsar.tenant": tenant,
+        "pulsar.namespace": f"{tenant}/{namespace}",
+        "pulsar.subscription": subscription,
+    }
+    if topic_attributes:
+        attributes["pulsar.topic"] = found["base"] if found else topic
+        if found and found["p"] is not None:
+            attributes["pulsar.partition"] = int(found["p"])
+    return attributes
+
+
+class NackMeter:
+    """Observable OpenTelemetry instruments over the ``nack_stats()`` of the consumers added. Thread-safe:
+    consumers may be added and removed while the SDK collects.
+
+    ``meter_provider``: an SDK ``MeterProvider`` (default: the global one). ``memory_ttl_s``: as
+    :class:`~pulsar_nack.metrics.NackCollector`'s — a consumer's memory (``nack_stats(with_memory=True)``
+    walks its index under the index's lock) is measured at most every ``memory_ttl_s`` seconds and the last
+    measurement exported in between; None: never measured, no memory instrument. ``topic_attributes``: add
+    ``pulsar.topic``/``pulsar.partition`` (one series per partition). A collection is O(consumers) per
+    instrument, plus the memory walks that are due."""
+
+    def __init__(
+        self,
+        *consumers: NackSource,
+        meter_provider: Any = None,
+        memory_ttl_s: float | None = 10.0,
+        topic_attributes: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        try:
+            from opentelemetry import metrics
+        except ImportError:
+            message = "pulsar_nack.otel needs opentelemetry-api: pip install 'pulsar-nack[otel]'"
+            raise ImportError(message) from None
+        if memory_ttl_s is not None and (
+            isinstance(memory_ttl_s, bool)
+            or not isinstance(memory_ttl_s, int | float)
+            or not memory_ttl_s >= 0
+        ):
+            raise ValueError(f"memory_ttl_s must be a number of seconds >= 0 or None, got {memory_ttl_s!r}")
+        if not isinstance(topic_attributes, bool):
+            raise TypeError(f"topic_attributes must be a bool, got {topic_attributes!r}")
+        self.memory_ttl_s = None if memory_ttl_s is None else float(memory_ttl_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._consumers: list[NackSource] = []
+        self._memory: dict[
+            int, tuple[float, int | None]
+        ] = {}  # id(consumer) → (when, bytes) of its last walk
+        self._topic_attributes = topic_attributes
+        for consumer in consumers:
+            self.add(consumer)
+        meter = metrics.get_meter("pulsar_nack", __version__, meter_provider=meter_provider)
+        observation = metrics.Observation
+
+        def summed(value: Callable[[NackSource], int | None]) -> Callable[[Any], Iterable[Any]]:
+            def observe(_options: Any) -> Iterable[Any]:
+                return [observation(total, dict(key)) for key, total in self._sum(value)]
+
+            return observe
+
+        def field(name: str) -> Callable[[NackSource], int | None]:
+            return lambda consumer: int(getattr(consumer.nack_stats(), name))
+
+        meter.create_observable_counter(
+            "pulsar.client.consumer.message.nack",
+            [summed(field("nacked"))],
+            "{message}",
+            "Messages negatively acknowledged.",
+        )
+        meter.create_observable_up_down_counter(
+            "pulsar_nack.consumer.nack.pending",
+            [summed(field("pending"))],
+            "{message}",
+            "Nacked ids waiting in the index.",
+        )
+        meter.create_observable_up_down_counter(
+            "pulsar_nack.consumer.nack.buckets",
+            [summed(field("buckets"))],
+            "{bucket}",
+            "Time buckets in the index.",
+        )
+        meter.create_observable_counter(
+            "pulsar_nack.consumer.nack.redelivered",
+            [summed(field("redelivered"))],
+            "{message}",
+            "Redelivered messages handed to the application.",
+        )
+        meter.create_observable_up_down_counter(
+            "pulsar_nack.consumer.nack.held",
+            [summed(field("chunked_held"))],
+            "{message}",
+            "Nacked messages held in memory (chunked messages, early broker copies).",
+        )
+        meter.create_observable_gauge(
+            "pulsar_nack.consumer.nack.lateness", [self._lateness], "s", "Redelivery arrival minus due time."
+        )
+        if self.memory_ttl_s is not None:
+            meter.create_observable_gauge(
+                "pulsar_nack.consumer.nack.memory",
+                [summed(self._memory_bytes)],
+                "By",
+                "Memory held by the index (Python objects and CRoaring heap), measured every memory_ttl_s.",
+            )
+
+    def add(self, consumer: NackSource) -> None:
+        """Observe ``consumer`` too (a duplicate is ignored); ``TypeError`` for anything without
+        ``nack_stats()``, ``topic()`` and ``subscription_name()``. O(consumers)."""
+        if not isinstance(consumer, NackSource):
+            raise TypeError(
+                "NackMeter takes consumers with nack_stats(), topic() and subscription_name() "
+                f"(pulsar_nack.NackConsumer or pulsar_nack.aio.NackConsumer), got {type(consumer).__name__}"
+            )
+        with self._lock:
+            if not any(c is consumer for c in self._consumers):
+                self._consumers.append(consumer)
+
+    def remove(self, consumer: NackSource) -> None:
+        """Stop observing ``consumer`` (before closing it). O(consumers)."""
+        with self._lock:
+            self._consumers = [c for c in self._consumers if c is not consumer]
+            self._memory.pop(id(consumer), None)
+
+    def _keyed(self) -> list[tuple[tuple[tuple[str, Any], ...], NackSource]]:
+        with self._lock:
+            consumers = list(self._consumers)
+        topic_attributes = self._topic_attributes
+        return [
+            (
+                tuple(
+                    sorted(
+                        attributes_of(
+                            c.topic(), c.subscription_name(), topic_attributes=topic_attributes
+                        ).items()
+                    )
+                ),
+                c,
+            )
+            for c in consumers
+        ]
+
+    def _sum(
+        self, value: Callable[[NackSource], int | None]
+    ) -> list[tuple[tuple[tuple[str, Any], ...], int]]:
+        """Per attribute set, the sum of ``value`` over its consumers; a set where one consumer has no
+        figure (memory not measured) gets no sample rather than a made-up one."""
+        totals: dict[tuple[tuple[str, Any], ...], int] = {}
+        missing: set[tuple[tuple[str, Any], ...]] = set()
+        for key, consumer in self._keyed():
+            figure = value(consumer)
+            if figure is None:
+                missing.add(key)
+            else:
+                totals[key] = totals.get(key, 0) + figure
+        return [(key, total) for key, total in totals.items() if key not in missing]
+
+    def _memory_bytes(self, consumer: NackSource) -> int | None:
+        """The consumer's memory, walked at most every ``memory_ttl_s`` (as NackCollector does)."""
+        assert self.memory_ttl_s is not None
+        now = self._clock()
+        with self._lock:
+            cached = self._memory.get(id(consumer))
+        if cached is not None and now - cached[0] < self.memory_ttl_s:
+            return cached[1]
+        measured = consumer.nack_stats(with_memory=True).memory_bytes
+        with self._lock:
+            if any(c is consumer for c in self._consumers):  # not removed meanwhile
+                self._memory[id(consumer)] = (now, measured)
+        return measured
+
+    def _lateness(self, _options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        largest: dict[tuple[tuple[str, Any], ...], float] = {}
+        for key, consumer in self._keyed():
+            stats = consumer.nack_stats()
+            for quantile, figure in (("0.5", stats.lateness_p50_ms), ("0.99", stats.lateness_p99_ms)):
+                if figure is not None:
+                    series = (*key, ("quantile", quantile))
+                    largest[series] = max(largest.get(series, float("-inf")), figure / 1000.0)
+        return [Observation(value, dict(series)) for series, value in largest.items()]

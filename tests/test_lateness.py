@@ -1,0 +1,90 @@
+"""pulsar_nack.lateness: the fixed-size lateness histogram and the sample of exact due times."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from pulsar_nack.lateness import MAX_EVERY, DueSample, LatenessHistogram
+
+
+def test_percentiles_agree_with_numpy_within_the_bucket_precision() -> None:
+    """Late values to 1 h and early ones (floor rounding): each percentile within 0.8 % of its value
+    (half a bucket: 64 sub-buckets a power of two; early ones 3.2 %: 16) plus 1 ms of numpy's."""
+    rng = random.Random(7)
+    values = [rng.uniform(0, 300) + rng.expovariate(1 / 20) for _ in range(3_000)]
+    values += [-rng.uniform(0, 255) for _ in range(400)] + [rng.uniform(10_000, 3_600_000) for _ in range(50)]
+    histogram = LatenessHistogram(window=10_000)
+    for value in values:
+        histogram.add(value)
+    quantiles = [0.0, 0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 0.999, 1.0]
+    reported = histogram.percentiles(quantiles)
+    assert reported is not None
+    wanted = np.percentile(values, [100 * q for q in quantiles])
+    for quantile, got, want in zip(quantiles, reported, wanted, strict=True):
+        assert got == pytest.approx(want, rel=0.008 if want >= 0 else 0.032, abs=1.0), quantile
+    assert histogram.early_share == pytest.approx(400 / len(values))
+    assert len(histogram) == len(values)
+
+
+def test_nothing_before_the_first_redelivery() -> None:
+    histogram = LatenessHistogram()
+    assert histogram.percentiles([0.5]) is None and histogram.early_share is None and len(histogram) == 0
+
+
+def test_old_redeliveries_fade_and_the_size_stays_fixed() -> None:
+    """Counts halve at 2 × window: after a shift from ~10 ms to ~500 ms lateness the median follows;
+    the histogram's bytes do not grow with the samples."""
+    histogram = LatenessHistogram(window=1_000)
+    histogram.add(10.0)
+    size = histogram.nbytes
+    for _ in range(5_000):
+        histogram.add(10.0)
+    for _ in range(3_000):
+        histogram.add(500.0)
+    reported = histogram.percentiles([0.5])
+    assert reported is not None and reported[0] == pytest.approx(500, rel=0.01)
+    assert len(histogram) < 2_000
+    assert histogram.nbytes == size < 8_192
+
+
+def test_a_sampled_due_time_is_taken_once_and_the_earlier_of_two_kept() -> None:
+    sample = DueSample(capacity=8)
+    epoch_ms = 1_795_000_000_000  # due times are kept modulo 2**32 ms and read back near a given time
+    sample.note(12345, epoch_ms + 1_000)
+    sample.note(12345, epoch_ms + 900)  # a re-nack due sooner: kept
+    sample.note(12345, epoch_ms + 5_000)  # later: the earlier stays
+    assert sample.take(12345, epoch_ms + 1_024) == epoch_ms + 900
+    assert sample.take(12345, epoch_ms) is None, "taken once"
+    assert sample.take(999, epoch_ms) is None
+
+
+def test_a_full_sample_is_thinned_evenly_over_a_burst_and_fills_again_once_emptied() -> None:
+    """A burst of 2,000 nacks due 1 ms apart into 64 slots: the sample keeps due times from the whole
+    burst (not its first 64), each passing the offer test, and offers fewer nacks from then on; as the
+    sampled ids are taken it offers more again."""
+    sample = DueSample(capacity=64)
+    for key in range(2_000):
+        due = 10_000 + key
+        if not due & sample.every:  # as the nack path offers them
+            sample.note(key, due)
+    kept = [key for key in range(2_000) if sample.take(key, 10_000) is not None]
+    assert 16 <= len(kept) <= 64
+    assert min(kept) < 500 and max(kept) > 1_500, "spread over the burst"
+    assert sample.used == 0 and sample.every < MAX_EVERY
+    while sample.every:
+        sample.note(5, 1_000)
+        sample.take(5, 1_000)
+    assert sample.every == 0
+
+
+def test_an_overdue_sampled_id_gives_way() -> None:
+    """An id sampled but never forwarded (acked meanwhile) does not hold its slot for ever."""
+    sample = DueSample(capacity=4, horizon_ms=60_000)
+    for key in range(100):
+        sample.note(key, 1_000)
+    assert sample.used > 0
+    sample.note(1_000, 70_000)  # 69 s after them: one of its slots gives way, if taken
+    assert sample.take(1_000, 70_000) == 70_000
