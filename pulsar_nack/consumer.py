@@ -604,7 +604,8 @@ class NackBridge:
             return  # (forwarded meanwhile: its copy comes)
         inner = message._message
         key = (topic, ledger_id, entry_id)
-        if not self.hold.hold(key, message, due, inner.redelivery_count(), inner.length()):
+        size = inner.length() + _KEPT_COPY_BYTES
+        if not self.hold.hold(key, message, due, inner.redelivery_count(), size):
             self.tracker.schedule(due, ledger_id, entry_id, -1, topic)  # over the bound: pending again
 
     def _learn_topic(self, ledger_id: int, topic: str) -> str:
@@ -1148,6 +1149,12 @@ def _wrap_lateness_ms(native_delay_ms: int) -> tuple[int, int]:
     timing = NativeTiming(native_delay_ms)
     slot_ms = 2 * timing.interval_ms
     return slot_ms, timing.latency_ms + slot_ms
+
+
+#: What a kept copy costs beyond its payload, counted against ``max_held_chunked_bytes`` so that the bound
+#: holds for small messages too: the native message with its id and metadata, and its Python wrapper (an
+#: allowance, not a measurement).
+_KEPT_COPY_BYTES = 512
 
 
 def _redelivery_count(message: Any) -> int:

@@ -9,8 +9,9 @@ messages on each and nacks every one — the wrapper with its own delay, the off
 delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
 ``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
 ``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription ``wrapped``);
-``official: false`` skips the official consumer; ``alive_client`` / ``probe_client``: give the topic
-storage those clients (``TopicSnapshotStorage``).
+``official: false`` skips the official consumer; ``batched: true``: the topic's messages are batched (A
+waits for every id the index has pending to be on storage, not for ``count``); ``alive_client`` /
+``probe_client``: give the topic storage those clients (``TopicSnapshotStorage``).
 With ``stall``: then acks the
 first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
 through its temp file, printing ``writing`` — where the test kills it. Then it sleeps.
@@ -108,7 +109,9 @@ def main(config: dict[str, Any]) -> None:
     while time.monotonic() < deadline:
         snapshots = consumer.nack_stats().snapshots
         assert snapshots is not None
-        if snapshots.ids_unsealed == 0 and snapshots.ids_in_memory + snapshots.ids_on_storage >= count:
+        # (batch messages of one entry and bucket are one id: then every id the index has pending)
+        want = consumer.nack_stats().pending if config.get("batched") else count
+        if snapshots.ids_unsealed == 0 and snapshots.ids_in_memory + snapshots.ids_on_storage >= want:
             break
         time.sleep(0.05)
     else:

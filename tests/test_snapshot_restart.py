@@ -99,11 +99,14 @@ def restart_and_check(
     due: dict[str, float],
     snapshot_topic: str | None = None,
     consumer_name: str | None = None,
+    late_ms: float = LATE_MS,
+    p99_late_ms: float | None = None,
 ) -> Any:
     """Consumer B and the official consumer after A's death: see the module docstring. With
     ``snapshot_topic``, B reads A's snapshot from that topic (no directory of A's); ``consumer_name``:
-    B's (another than A's: B takes A's snapshot over as a member of the Shared subscription). Returns
-    B's nack stats right after it subscribed."""
+    B's (another than A's: B takes A's snapshot over as a member of the Shared subscription). ``late_ms``:
+    none later than this after max(due, restart); ``p99_late_ms``: the 99th percentile of that lateness
+    no more than this. Returns B's nack stats right after it subscribed."""
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     official_times: dict[str, list[float]] = {}
 
@@ -138,8 +141,12 @@ def restart_and_check(
         official_client.close()
     assert restored.pending > 0 and restored.snapshots is not None
     assert_each_once_on_time(
-        due, handouts, restarted_ms, EARLY_MS, LATE_MS, "nacked messages never came back"
+        due, handouts, restarted_ms, EARLY_MS, late_ms, "nacked messages never came back"
     )
+    if p99_late_ms is not None:
+        lateness = sorted(v[0] - max(due[k], restarted_ms) for k, v in handouts.items())
+        p99 = lateness[int(len(lateness) * 0.99)]
+        assert p99 <= p99_late_ms, f"p99 lateness {p99:.0f} ms (max {lateness[-1]:.0f} ms)"
     # The contrast: the official consumer's pending nacks died with A; the broker redelivered them all
     # at once, long before most were due (A's own nacks would have waited OFFICIAL_DELAY_MS).
     assert set(official_times) == set(due)
@@ -242,6 +249,37 @@ def test_ten_thousand_nacks_come_back_at_their_due_times_after_sigkill(
         producer_client.close()
     due = run_consumer_a(broker, topic, tmp_path, 10_000)
     restart_and_check(broker, topic, tmp_path, due)
+
+
+@pytest.mark.lite_only
+def test_ten_thousand_batched_nacks_come_back_at_their_due_times_after_sigkill(
+    pulsar_lite: Broker, tmp_path: Path
+) -> None:
+    """Issue 27 item 4 on pulsar-lite: 10,000 messages in batches of 100, each nacked with its own delay
+    (2-20 s), so one batch's messages are due at many times and sit in several snapshot segments. Every
+    one comes back once and none early. Lateness past max(due, restart) is bounded generously (a loaded
+    machine; the issue's goal, p99 <= 2.05 s and none past 5 s, is a figure to measure alone): none past
+    8 s, p99 <= 4 s — the issue's run had p99 8.2 s, max 10.1 s. Before the fix 476-686 never came back:
+    restore kept only the earliest segment's part of a batch, and an entry on storage counted as pending
+    whole, so the arrival filter took its pending messages for acked. Measured after, alone on 2 cores:
+    p99 0.44 s, max 0.67 s; beside another test suite: p99 3.0 s, max 5.1 s."""
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    producer_client = pulsar.Client(
+        pulsar_lite.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
+    try:
+        producer = producer_client.create_producer(
+            topic, batching_enabled=True, batching_max_messages=100, batching_max_publish_delay_ms=20,
+            block_if_queue_full=True,
+        )  # fmt: skip
+        for i in range(10_000):
+            producer.send_async(f"m{i}".encode(), None)
+        producer.flush()
+        producer.close()
+    finally:
+        producer_client.close()
+    due = run_consumer_a(pulsar_lite, topic, tmp_path, 10_000, batched=True)
+    restart_and_check(pulsar_lite, topic, tmp_path, due, late_ms=8_000, p99_late_ms=4_000)
 
 
 @pytest.mark.parametrize("kind", ["lite", "apache"])

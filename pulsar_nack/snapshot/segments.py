@@ -77,9 +77,9 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
+from pyroaring import BitMap, BitMap64
 
-from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex, batch_indexes, batch_mask
+from pulsar_nack.index import MEMBER_BITS, DueIds, Rounding, TimeBucketIndex, batch_indexes, batch_mask
 from pulsar_nack.memory import MemoryUsage, bitmap_heap_bytes, python_bytes
 from pulsar_nack.snapshot.format import (
     Group,
@@ -206,6 +206,12 @@ class _Record:
     nbytes: int
     has_members: bool
     membership: dict[Key, BitMap]  # frozen: run-optimized once, never mutated
+    # For a segment with batch members (None without: every entry it holds is pending whole): the entries
+    # pending whole, and the members' codes (``entry << MEMBER_BITS | index``; wide ones apart), so that
+    # :meth:`member_mask` is exact while the segment is on storage. Frozen as ``membership``.
+    whole: dict[Key, BitMap] | None = None
+    members: dict[Key, BitMap64] = field(default_factory=dict)
+    wide: dict[Key, dict[int, int]] = field(default_factory=dict)
     supersedes: tuple[int, ...] = ()
     loaded: bool = False
     persisted: bool = True
@@ -230,9 +236,38 @@ class _Record:
         gone = self.deleted.get(key)
         return gone is None or entry_id not in gone
 
+    def member_mask(self, key: Key, entry_id: int) -> int:
+        """The batch indexes of an entry this segment holds (:meth:`holds`) pending, as a bitmask; -1 if
+        the entry is pending whole. Deletions applied. O(log members + the entry's members)."""
+        whole = self.whole
+        if whole is None:
+            return -1
+        entries = whole.get(key)
+        if entries is not None and entry_id in entries:
+            return -1
+        mask = 0
+        codes = self.members.get(key)
+        if codes is not None:
+            for code in codes.iter_equal_or_larger(entry_id << MEMBER_BITS):
+                if code >> MEMBER_BITS != entry_id:
+                    break
+                mask |= 1 << (code & _MEMBER_INDEX)
+        wide = self.wide.get(key)
+        if wide is not None:
+            mask |= wide.get(entry_id, 0)
+        deleted = self.deleted_members.get(key)
+        if deleted:
+            for index in batch_indexes(mask):
+                if (entry_id, index) in deleted:
+                    mask &= ~(1 << index)
+        return mask
+
     @property
     def live(self) -> int:
         return self.count - self.deleted_count
+
+
+_MEMBER_INDEX = (1 << MEMBER_BITS) - 1  # a member code's batch index bits
 
 
 def segment_name(seq: int) -> str:
@@ -396,16 +431,26 @@ class SegmentStore:
             return min(known) if known else None
 
     def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
-        """As :meth:`TimeBucketIndex.pending_mask`; an entry in an unloaded segment counts as whole (-1)."""
+        """As :meth:`TimeBucketIndex.pending_mask`, exact for ids in unloaded segments too (their members
+        are kept in memory, :meth:`_Record.member_mask`): the arrival filter expands an entry it kept as
+        one bit from this mask, and takes every message of it not pending for acked — a whole-entry answer
+        for an entry pending in part lost the acked messages' state, and an inexact one the pending
+        messages (issue 27 item 4: 571 of 10,000 batched nacks never came back after a restart).
+        O(S_l + the entry's members) plus the index's."""
         with self._lock:
             key = (topic, ledger_id)
-            if any(not r.loaded and r.holds(key, entry_id) for r in self._holding(key)):
-                return -1
+            mask = 0
+            for rec in self._holding(key):
+                if not rec.loaded and rec.holds(key, entry_id):
+                    member = rec.member_mask(key, entry_id)
+                    if member < 0:
+                        return -1
+                    mask |= member
             masks = (
                 self._mutable.pending_mask(ledger_id, entry_id, topic),
                 self._loaded.pending_mask(ledger_id, entry_id, topic),
             )
-            return -1 if -1 in masks else masks[0] | masks[1]
+            return -1 if -1 in masks else mask | masks[0] | masks[1]
 
     def __len__(self) -> int:
         """Pending ids (an id pending in two places counts twice). O(S)."""
@@ -440,17 +485,21 @@ class SegmentStore:
         return self._mutable.compact() + self._loaded.compact()
 
     def memory_usage(self) -> MemoryUsage:
-        """Bytes held in memory: both indexes, plus each segment's membership and deletion bitmaps
-        (Python objects and CRoaring heap). O(objects)."""
+        """Bytes held in memory: both indexes, plus each segment's membership, batch member and deletion
+        bitmaps (Python objects and CRoaring heap). O(objects)."""
         with self._lock:
             parts = [self._mutable.memory_usage(), self._loaded.memory_usage()]
+            records = self._records.values()
             bitmaps = [
-                b for r in self._records.values() for maps in (r.membership, r.deleted) for b in maps.values()
+                b for r in records for maps in (r.membership, r.deleted, r.whole or {}) for b in maps.values()
             ] + list(self._dupes.values())
+            codes = [c for r in records for c in r.members.values()]
             python = sum(p.python_bytes for p in parts) + python_bytes(self._records)
-            python += sum(python_bytes(b) for b in bitmaps)
-            python += sum(python_bytes(r) for r in self._records.values())
+            python += sum(python_bytes(b) for b in bitmaps) + sum(python_bytes(r.wide) for r in records)
+            python += sum(python_bytes(r) for r in records)
             roaring = sum(p.roaring_bytes for p in parts) + sum(bitmap_heap_bytes(b) for b in bitmaps)
+            # 64-bit member codes: their serialized size (the heap walk reads 32-bit bitmaps only)
+            roaring += sum(len(c.serialize()) for c in codes)
             ids = sum(p.ids for p in parts)
             return MemoryUsage(python, roaring, ids, {"segments": len(self._records)})
 
@@ -886,6 +935,9 @@ class SegmentStore:
 
     def _record(self, segment: Segment, nbytes: int) -> _Record:
         membership: dict[Key, BitMap] = {}
+        whole: dict[Key, BitMap] = {}
+        members: dict[Key, BitMap64] = {}
+        wide: dict[Key, dict[int, int]] = {}
         has_members = False
         for g in segment.groups:
             key = (g.topic, g.ledger_id)
@@ -893,10 +945,30 @@ class SegmentStore:
                 membership[key] |= g.entries
             else:
                 membership[key] = BitMap(g.entries)
-            has_members = has_members or bool(g.members) or bool(g.wide)
-        for bitmap in membership.values():  # fresh and never mutated again: safe to optimize
-            bitmap.run_optimize()
+            entries = g.entries
+            if g.members or g.wide:
+                has_members = True
+                owners = BitMap()
+                if g.members:
+                    codes = members.get(key)
+                    members[key] = BitMap64(g.members) if codes is None else codes | g.members
+                    codes_array = np.asarray(g.members.to_array(), dtype=np.uint64)
+                    owners = BitMap(np.unique(codes_array >> MEMBER_BITS).astype(np.uint32))
+                for entry, index in g.wide:
+                    table = wide.setdefault(key, {})
+                    table[entry] = table.get(entry, 0) | 1 << index
+                    owners.add(entry)
+                entries = entries - owners
+            if key in whole:
+                whole[key] |= entries
+            else:
+                whole[key] = BitMap(entries)
+        for bitmap in (*membership.values(), *whole.values()):
+            bitmap.run_optimize()  # fresh and never mutated again: safe to optimize
             bitmap.shrink_to_fit()
+        for codes in members.values():
+            codes.run_optimize()
+            codes.shrink_to_fit()
         return _Record(
             seq=segment.seq,
             min_due=segment.min_due_ms,
@@ -905,6 +977,9 @@ class SegmentStore:
             nbytes=nbytes,
             has_members=has_members,
             membership=membership,
+            whole=whole if has_members else None,  # (without members, every entry held is whole)
+            members=members,
+            wide=wide,
             supersedes=segment.supersedes,
         )
 
@@ -1001,7 +1076,12 @@ class SegmentStore:
                 for entry in list(dup & entries):
                     if entry in filled.get(key, _EMPTY):
                         continue  # an earlier copy in this very segment: the loaded index keeps it
+                    if entry in masks:  # pending in part here: a second copy is of the same message
+                        self._resolve_members(rec, g, entry, masks, entries)
+                        continue
                     for place in (self._mutable, self._loaded):
+                        if place.pending_mask(g.ledger_id, entry, g.topic) not in (-1, 0):
+                            continue  # only messages of it there: none is a copy of this whole entry
                         other = place.due_of(g.ledger_id, entry, -1, g.topic)
                         if other is None:
                             continue
@@ -1030,6 +1110,32 @@ class SegmentStore:
                 topic=topic,
             )
         rec.loaded = True
+
+    def _resolve_members(
+        self, rec: _Record, g: Group, entry: int, masks: dict[int, int], entries: BitMap
+    ) -> None:
+        """Second copies of the batch members of ``entry`` that group ``g`` of ``rec`` holds (its mask
+        in ``masks``, updated; the entry leaves ``entries`` when no member is left): per message, the
+        earliest copy wins — one pending in the mutable or the loaded index (or its whole entry) no
+        later than this group's bucket drops this one, a later one goes. Members of the entry that are
+        pending elsewhere are other messages, not copies: they stay (issue 27 item 4 — an entry-level
+        match dropped every member of a batch whose other members sat in an earlier segment: 577 of
+        10,000 batched nacks never came back after a restart). O(members × places)."""
+        key = (g.topic, g.ledger_id)
+        for index in batch_indexes(masks[entry]):
+            for place in (self._mutable, self._loaded):
+                other = place.due_of(g.ledger_id, entry, index, g.topic)
+                if other is None:
+                    continue
+                if other <= g.bucket_ms:
+                    masks[entry] &= ~(1 << index)
+                    self._delete_in(rec, key, entry, index)  # trimmed from this file too
+                    break
+                if place.remove(g.ledger_id, entry, index, g.topic) and place is self._loaded:
+                    self._mark_deleted(key, entry, index, "loaded")  # rec is not loaded yet
+        if not masks[entry]:
+            del masks[entry]
+            entries.discard(entry)
 
     def _retire(self, rec: _Record) -> None:
         """A segment all of whose ids were popped or deleted: forget it; its file (and any it supersedes
