@@ -847,6 +847,54 @@ class ArrivalFilter:
                 self._remove(ledger_id, entry_id, -1, topic)
             return True
 
+    def take_pending_message(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
+        """:meth:`take_pending` for a batch message (``batch_index >= 0``): a copy of a sibling whose nack is
+        pending came with a forward of its entry (:meth:`admit` said HOLD), and the caller keeps it to hand
+        out at the nack's due time itself, instead of a forward of its own fetching the whole entry again
+        (issue 24). The nack leaves the filter and the index; the message counts as the application's
+        (``out``): a later copy of it is a duplicate, acked along with it. False (nothing changed) if it is
+        not pending on its own any more — forwarded meanwhile, or pending as part of a whole-entry nack.
+        O(1) plus the index's removal."""
+        key = (topic, ledger_id, entry_id)
+        bit = 1 << batch_index
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None and self._quiet and self._is_quiet(topic, ledger_id, entry_id):
+                entry = self._expand(key, 0)
+            if entry is None or not entry.pending & bit or self._remove is None or self._held_ms is not None:
+                return False  # (with an ack timeout the native client would redeliver a kept copy)
+            whole = self._pending.get((topic, ledger_id)) if self._pending else None
+            if whole is not None and entry_id in whole:
+                return False  # a whole-entry nack covers it: that forward fetches the entry anyway
+            if not self._remove(ledger_id, entry_id, batch_index, topic):
+                return False  # popped by a flush under way: its forward's copy decides
+            entry.pending &= ~bit
+            entry.out |= bit
+            if entry.last_forward == _NEVER_FORWARDED:
+                # The copy came with a redelivery of the entry that this record has not seen as a forward
+                # (a quiet entry's, expanded here, or a reconnect's): its other copies may not all be acked
+                # at the broker, so the entry is acked whole once its last message is (see acked).
+                entry.last_forward = self._clock()
+            return True
+
+    def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> float | None:
+        """The exact due time sampled for a nack just taken (:meth:`take_pending`,
+        :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
+        :meth:`held_out` when the kept copy is handed out. O(1)."""
+        with self._lock:
+            if not self.dues.used:
+                return None
+            return self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+
+    def held_out(self, due_ms: float | None) -> None:
+        """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
+        when due: it counts as redelivered, and with its sampled exact due time ``due_ms`` (None: not
+        sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. O(1)."""
+        with self._lock:
+            self._redelivered += 1
+            if due_ms is not None:
+                self.lateness.add(self._clock() - due_ms)
+
     def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
         """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):
         pending nacks of them are dropped from the index (the broker will never send them again, and
