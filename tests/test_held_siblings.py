@@ -279,6 +279,19 @@ def test_take_pending_message_takes_a_batch_message_pending_on_its_own_only() ->
     assert arrivals.take_pending_message(7, 1, 0, "t") is False, "in flight: its forward's copy decides"
     assert arrivals.take_pending_message(7, 1, 5, "t") is False, "not nacked"
 
+    # A quiet entry (every message acked or pending: one bit) whose copy comes: the taken message's ack,
+    # its last, must ack the entry at the broker (the copy's acked siblings are covered by that ack).
+    arrivals, index = make()
+    for i in range(8):
+        assert arrivals.acked_plain(("t", 7, 1), i)
+    arrivals.file(2_000, 7, 1, 8, "t")
+    arrivals.file(3_000, 7, 1, 9, "t")
+    assert arrivals.counts().open_entries == 1 and not arrivals._entries, "kept as one bit"
+    assert arrivals.admit(7, 1, 9, "t", None) is Verdict.HOLD
+    assert arrivals.take_pending_message(7, 1, 9, "t") is True
+    assert arrivals.acked(7, 1, 8, "t")[2] is False, "9 is not acked yet"
+    assert arrivals.acked(7, 1, 9, "t")[2] is True, "the last ack acks the entry"
+
     arrivals, index = make()
     arrivals.file(2_000, 7, 1, -1, "t")  # the whole entry
     arrivals.file(2_000, 7, 1, 3, "t")
