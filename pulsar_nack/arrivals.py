@@ -275,6 +275,7 @@ class FilterCounts:
     abandoned: int  # forwards given up after ``max_reforwards`` (logged; the broker still has them)
     open_entries: int  # batched entries followed
     in_flight: int  # forwarded messages not handed out yet
+    kept: int = 0  # nacks served by a parked copy kept in memory (ArrivalFilter.take_parked), not filed
 
 
 class ArrivalFilter:
@@ -329,6 +330,10 @@ class ArrivalFilter:
         self.lateness = LatenessHistogram(lateness_window)
         self.dues = DueSample()
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
+        self._kept = 0
+        #: Whether any copy was ever parked (:meth:`park`; until :meth:`clear`): the nack path asks
+        #: :meth:`take_parked` only then (one attribute read per batched nack otherwise).
+        self.has_parked = False
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -793,7 +798,37 @@ class ArrivalFilter:
             parked = entry.parked if entry.parked is not None else {}
             entry.parked = parked
             parked.setdefault(batch_index, []).append(copy)
+            self.has_parked = True
             return True
+
+    def take_parked(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> Any | None:
+        """The application nacks a batch message of which a copy is parked (:meth:`park`: it came with a
+        redelivery of its entry while the application held the message): that copy leaves the parked ones
+        and is returned, for the caller to keep and hand out when the nack is due — no nack is filed, and
+        no forward makes the broker dispatch the entry again (issue 24: a sibling nacked again after a
+        later copy of its entry came). None (nothing changed) if no copy is parked, the application acked
+        the message, or an ack timeout is set. O(1); one dict lookup without the lock when nothing is
+        parked for the entry."""
+        key = (topic, ledger_id, entry_id)
+        entry = self._entries.get(key)
+        if entry is None or not entry.parked or self._held_ms is not None:
+            return None
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or not entry.parked or entry.acked >> batch_index & 1:
+                return None
+            copies = entry.parked.get(batch_index)
+            if not copies:
+                return None
+            copy = copies.pop()
+            if not copies:
+                del entry.parked[batch_index]
+                if not entry.parked:
+                    entry.parked = None
+            if entry.last_forward == _NEVER_FORWARDED:
+                entry.last_forward = self._clock()  # (as in take_pending_message)
+            self._kept += 1
+            return copy
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int, topic: str
@@ -1154,6 +1189,7 @@ class ArrivalFilter:
             self._watch.clear()
             self.dues.clear()
             self._recent = _Recent(self._clock())
+            self.has_parked = False
 
     def counts(self) -> FilterCounts:
         return FilterCounts(
@@ -1164,6 +1200,7 @@ class ArrivalFilter:
             abandoned=self._abandoned,
             open_entries=len(self._entries) + sum(len(q) for q in list(self._quiet.values())),
             in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
+            kept=self._kept,
         )
 
     def memory_bytes(self, sample: int = 64) -> int:

@@ -392,6 +392,8 @@ class NackBridge:
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
         if batch_index < 0 and self._nack_chunked(message, ids, delay):
             return
+        if batch_index >= 0 and self._arrivals.has_parked and self._keep_spare(message, ids, delay):
+            return
         tracker = self.tracker
         try:
             now = _monotonic() * 1000.0 if self._monotonic_ms else self._now()  # (monotonic_ms, inlined)
@@ -623,6 +625,30 @@ class NackBridge:
         count, size = inner.redelivery_count(), inner.length()
         if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled):
             self.tracker.schedule(due, ledger_id, entry_id, -1, topic)  # over the bound: pending again
+
+    def _keep_spare(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
+        """A nack of a batch message of which a later copy is parked (it came with a redelivery of its
+        entry while the application held the message): keep that copy and hand it out when the nack is due
+        (True), instead of filing the nack for a forward that makes the broker dispatch the whole entry
+        again (issue 24). False (the caller files the nack) for a bare id, a delay beyond
+        :data:`HOLD_SIBLINGS_WITHIN_MS`, no room in the hold, or no parked copy. O(log held)."""
+        if not self.holding or delay > HOLD_SIBLINGS_WITHIN_MS or not isinstance(message, pulsar.Message):
+            return False
+        hold = self.hold
+        size = message._message.length()  # (the parked copy is the same message)
+        if hold.held_bytes + size > hold.max_bytes or self.tracker.closed:
+            return False
+        ledger_id, entry_id, batch_index, topic = ids
+        copy = self._arrivals.take_parked(ledger_id, entry_id, batch_index, topic)
+        if copy is None:
+            return False
+        kept = _MESSAGE()
+        kept._message = copy
+        kept._schema = message._schema
+        due = self.tracker.now() + delay
+        key = (topic, ledger_id, entry_id, batch_index)
+        # its exact due time is known: its lateness counts in nack_stats() in full
+        return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=due)
 
     def _keep_sibling(
         self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str

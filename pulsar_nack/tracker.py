@@ -602,7 +602,7 @@ class NackTracker:
             buckets=self.index.bucket_count,
             memory_bytes=None if parts is None else sum(size for _, size in parts),
             memory_parts=parts,
-            nacked=self.index.added,
+            nacked=self.index.added + counts.kept,  # (kept: served by a copy in memory, never filed)
             forwarded=self._forwarded,
             redelivered=counts.redelivered,
             held_back=counts.held_back,

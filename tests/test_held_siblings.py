@@ -1,16 +1,17 @@
 """Held batch siblings (issue 24): per-message delays must not cost the broker more than one fixed delay.
 
-In a batch of 10, the application nacks m0, m1 and m2 with delays of 0.3, 1.3 and 2.3 s and acks the
-rest. The broker redelivers whole entries, so the forward of m0 brings m1 and m2 along; the wrapper used to
-hold those copies back and forward m1 and m2 later, each forward making the broker dispatch the whole entry
-again (3 redeliveries of the entry where the official consumer, at one fixed delay, needs 1). Now it keeps
-the copies that came early (in memory, under ``max_held_chunked_bytes``) and hands them out at their due
-time: no forward of their own.
+In a batch of 10, the application nacks m0, m1 and m2 with delays of 0.3, 2.3 and 1.3 s, then m0 again
+for 1 s and m1 for 0.5 s, and acks the rest. The broker redelivers whole entries, so the forward of m0
+brings m1 and m2 along; the wrapper used to hold those copies back and forward m1 and m2 later, each
+forward making the broker dispatch the whole entry again (5 redeliveries of the entry where the official
+consumer, at one fixed delay, needs 2). Now it keeps the copies that came early (in memory, under
+``max_held_chunked_bytes``) and hands them out at their due time: no forward of their own; and m0's second
+redelivery, which brings m1 while m1 is still kept, leaves a copy of m1 that serves m1's second nack.
 
 Side by side on one broker and topic (two subscriptions), on both brokers: the official consumer nacks the
 same messages at a fixed delay; the wrapper, with per-message delays, must make the broker dispatch no
-more messages than it does, hand every nacked message out once more — never before its due time — and
-nothing else again, and leave every entry acked at the broker. For each way of handing messages out:
+more messages than it does, hand every nacked message out once per nack — never before its due time —
+and nothing else again, and leave every entry acked at the broker. For each way of handing messages out:
 ``receive``, ``batch_receive``, a ``message_listener`` and the asyncio consumer.
 """
 
@@ -34,7 +35,10 @@ from pulsar_nack.index import TimeBucketIndex
 from pulsar_nack.testing import Broker
 
 BATCHES = 5
-DELAYS_MS = {0: 300, 1: 1_300, 2: 2_300}  # batch index → the wrapper's per-call delay; others are acked
+# batch index → the wrapper's per-call delay of each nack (then acked); the other messages are acked. m0's
+# redelivery brings m1 and m2 (kept until due); m0's second one brings m1 again while m1 is still kept (a
+# copy parked, which then serves m1's second nack)
+DELAYS_MS = {0: (300, 1_000), 1: (2_300, 500), 2: (1_300,)}
 FIXED_DELAY_MS = 1_300  # the official consumer's
 CLOCK_TOLERANCE_MS = 5.0  # reading the clocks (ceil rounding: never early)
 LATE_MS = 3_000  # generous: a shared machine
@@ -66,7 +70,9 @@ class Journal:
     def __init__(self, per_message: bool) -> None:
         self.per_message = per_message
         self.handouts: dict[bytes, list[float]] = defaultdict(list)
-        self.nacked: dict[bytes, tuple[float, float]] = {}  # payload → (nack time s, delay ms)
+        self.nacked: dict[bytes, list[tuple[float, float]]] = defaultdict(
+            list
+        )  # payload → (nack s, delay ms)
         self.lock = threading.Lock()
 
     def decide(self, message: Any) -> float | None:
@@ -75,15 +81,20 @@ class Journal:
         with self.lock:
             seen = self.handouts[payload]
             seen.append(time.monotonic())
-            delay = DELAYS_MS.get(int(payload[1:]) % 10)
-            if len(seen) > 1 or delay is None:
+            delays = DELAYS_MS.get(int(payload[1:]) % 10, ())
+            if len(seen) > len(delays):
                 return None
-            self.nacked[payload] = (time.monotonic(), float(delay if self.per_message else FIXED_DELAY_MS))
+            delay = delays[len(seen) - 1]
+            self.nacked[payload].append(
+                (time.monotonic(), float(delay if self.per_message else FIXED_DELAY_MS))
+            )
             return delay
 
     def done(self) -> bool:
         with self.lock:
-            return len(self.nacked) == 3 * BATCHES and all(len(self.handouts[p]) > 1 for p in self.nacked)
+            return len(self.nacked) == len(DELAYS_MS) * BATCHES and all(
+                len(self.handouts[p]) > len(DELAYS_MS[int(p[1:]) % 10]) for p in self.nacked
+            )
 
 
 def _handle(consumer: Any, journal: Journal, message: Any) -> None:
@@ -117,20 +128,22 @@ def _problems(journal: Journal) -> dict[str, Any]:
     """What the wrapper's hand-outs break: every nacked message once more, no sooner than due, nothing
     else again."""
     problems: dict[str, Any] = {}
-    counts = {p: len(t) for p, t in journal.handouts.items() if len(t) != (2 if p in journal.nacked else 1)}
+    counts = {
+        p: len(t)
+        for p, t in journal.handouts.items()
+        if len(t) != 1 + len(DELAYS_MS.get(int(p[1:]) % 10, ()))
+    }
     if counts or len(journal.handouts) != 10 * BATCHES:
-        problems["hand-outs (payload: count), 2 for a nacked message, else 1"] = counts
+        problems["hand-outs (payload: count), 1 + its nacks"] = counts
         problems["messages seen"] = len(journal.handouts)
     early, late = {}, {}
-    for payload, (nacked_at, delay) in journal.nacked.items():
-        times = journal.handouts[payload]
-        if len(times) < 2:
-            continue
-        off_ms = (times[1] - nacked_at) * 1000 - delay
-        if off_ms < -CLOCK_TOLERANCE_MS:
-            early[payload] = round(-off_ms, 1)
-        if off_ms > LATE_MS:
-            late[payload] = round(off_ms, 1)
+    for payload, nacks in journal.nacked.items():
+        for (nacked_at, delay), handed_at in zip(nacks, journal.handouts[payload][1:], strict=False):
+            off_ms = (handed_at - nacked_at) * 1000 - delay
+            if off_ms < -CLOCK_TOLERANCE_MS:
+                early[payload] = round(-off_ms, 1)
+            if off_ms > LATE_MS:
+                late[payload] = round(off_ms, 1)
     if early:
         problems["handed out early (ms before due)"] = early
     if late:
@@ -302,3 +315,33 @@ def test_take_pending_message_takes_a_batch_message_pending_on_its_own_only() ->
     arrivals.file(2_000, 7, 1, 3, "t")
     assert arrivals.take_pending_message(7, 1, 3, "t") is False, "with an ack timeout"
     assert index.due_of(7, 1, 3, "t") == 2_000
+
+
+def test_take_parked_gives_a_parked_copy_of_a_message_the_application_holds_once() -> None:
+    """A copy that came while the application held the message (parked, to be acked with its own) serves
+    the application's nack of it: taken once, counted as a nack kept in memory; none once the application
+    acked the message (its parked copies went with that ack), nor with an ack timeout."""
+    index = TimeBucketIndex(0, "floor")
+    arrivals = ArrivalFilter(
+        lambda *ids: None,
+        clock=lambda: 1_000.0,
+        batch_size=lambda _: 10,
+        pending_mask=index.pending_mask,
+        add=index.add,
+        remove=index.remove,
+    )
+    for i in range(10):
+        assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
+    assert not arrivals.has_parked and arrivals.take_parked(7, 1, 5, "t") is None
+    for i in (5, 6):
+        assert arrivals.admit(7, 1, i, "t", None) is Verdict.DUPLICATE
+        assert arrivals.park(7, 1, i, "t", f"copy {i}")
+    assert arrivals.has_parked
+    assert arrivals.take_parked(7, 1, 5, "t") == "copy 5"
+    assert arrivals.take_parked(7, 1, 5, "t") is None, "taken already"
+    assert arrivals.counts().kept == 1 and len(index) == 0, "no nack filed"
+    assert arrivals.acked(7, 1, 6, "t")[0] == ["copy 6"]
+    assert arrivals.take_parked(7, 1, 6, "t") is None, "acked: its parked copy went with the ack"
+    arrivals.expect_ack_timeout(10_000)
+    assert arrivals.admit(7, 1, 7, "t", None) is Verdict.DUPLICATE and arrivals.park(7, 1, 7, "t", "copy 7")
+    assert arrivals.take_parked(7, 1, 7, "t") is None, "with an ack timeout"
