@@ -37,6 +37,8 @@ import numpy as np
 import report
 from nack_lateness import _brokers
 
+from pulsar_nack.consumer import KEPT_COPY_BYTES
+
 BATCH = 10
 NACK_SHARE = 0.3
 MAX_NACKS = 2
@@ -283,7 +285,7 @@ def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
                     "yes" if r["completed"] else f"NO ({r['missing']} missing)",
                     (
                         f"{r['held_redelivered']:,}; peak {r['held_peak']:,} "
-                        f"({r['held_peak_payload_bytes']:,} B payload, {r['held_peak_memory_bytes']:,} B)"
+                        f"({r['held_peak_payload_bytes']:,} B counted, {r['held_peak_memory_bytes']:,} B)"
                     )
                     if r.get("held_peak") is not None
                     else "–",
@@ -304,8 +306,9 @@ def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
             "messages/bytes: dispatched to the subscription, counted by the broker. Kept copies: batch "
             "siblings that came with a forward of their entry, kept in memory until due (issue 24) "
             "instead of being fetched again; peak = most kept at once (sampled every 250 ms), with "
-            "their payload and the hold's measured bytes (`nack_stats(with_memory=True)`, part "
-            "'held chunked').",
+            "the bytes counted against `max_held_chunked_bytes` (what each pins in the native client: batch "
+            f"size × payload + {KEPT_COPY_BYTES:,} B) and the hold's measured bytes "
+            "(`nack_stats(with_memory=True)`, part 'held chunked').",
             report.machine_line(facts),
             report.table(
                 [
