@@ -37,6 +37,8 @@ import numpy as np
 import report
 from nack_lateness import _brokers
 
+from pulsar_nack.consumer import KEPT_COPY_BYTES
+
 BATCH = 10
 NACK_SHARE = 0.3
 MAX_NACKS = 2
@@ -124,7 +126,15 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, An
     deadline = started + timeout_s
     needed = expected
     quiet_until: float | None = None
+    peak = (0, 0, 0)  # kept copies in the hold at their most: (copies, payload bytes, measured bytes)
+    next_look = started
     while time.monotonic() < deadline:
+        if not official and time.monotonic() >= next_look:  # what the hold keeps (issue 24's held copies)
+            next_look = time.monotonic() + 0.25
+            look = consumer.nack_stats(with_memory=True)
+            if look.chunked_held > peak[0]:
+                parts = dict(look.memory_parts or ())
+                peak = (look.chunked_held, look.chunked_held_bytes, parts.get("held chunked", 0))
         try:
             message = consumer.receive(200)
         except pulsar.Timeout:
@@ -191,6 +201,10 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, An
             reported_p99_ms=None if stats.lateness_p99_ms is None else round(stats.lateness_p99_ms, 1),
             reported_early_share=stats.lateness_early_share,
             reported_samples=stats.lateness_samples,
+            held_redelivered=stats.chunked_redelivered,
+            held_peak=peak[0],
+            held_peak_payload_bytes=peak[1],
+            held_peak_memory_bytes=peak[2],
             forwards=len(forwards),
             forwarded_entries=sum(n for _, n in forwards),
             forward_span_s=round(span_s, 2),
@@ -269,6 +283,12 @@ def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
                     f"{r['handed_out']:,}",
                     f"{r['duplicates_handed_out']:,}",
                     "yes" if r["completed"] else f"NO ({r['missing']} missing)",
+                    (
+                        f"{r['held_redelivered']:,}; peak {r['held_peak']:,} "
+                        f"({r['held_peak_payload_bytes']:,} B counted, {r['held_peak_memory_bytes']:,} B)"
+                    )
+                    if r.get("held_peak") is not None
+                    else "–",
                 ]
             )
     return "\n\n".join(
@@ -283,7 +303,12 @@ def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
             "reported = `nack_stats()`. Forwards per second: calls forwarding due entries to the native "
             "client, "
             "against the distinct 2^k-ms buckets the nacks fell due in, per second of the run. Broker "
-            "messages/bytes: dispatched to the subscription, counted by the broker.",
+            "messages/bytes: dispatched to the subscription, counted by the broker. Kept copies: batch "
+            "siblings that came with a forward of their entry, kept in memory until due (issue 24) "
+            "instead of being fetched again; peak = most kept at once (sampled every 250 ms), with "
+            "the bytes counted against `max_held_chunked_bytes` (what each pins in the native client: batch "
+            f"size × payload + {KEPT_COPY_BYTES:,} B) and the hold's measured bytes "
+            "(`nack_stats(with_memory=True)`, part 'held chunked').",
             report.machine_line(facts),
             report.table(
                 [
@@ -307,6 +332,7 @@ def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
                     "handed to the app",
                     "acked messages handed again",
                     "complete",
+                    "handed out from kept copies; peak kept",
                 ],
                 traffic_rows,
             ),

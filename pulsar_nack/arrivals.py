@@ -275,6 +275,7 @@ class FilterCounts:
     abandoned: int  # forwards given up after ``max_reforwards`` (logged; the broker still has them)
     open_entries: int  # batched entries followed
     in_flight: int  # forwarded messages not handed out yet
+    kept: int = 0  # nacks served by a parked copy kept in memory (ArrivalFilter.take_parked), not filed
 
 
 class ArrivalFilter:
@@ -329,6 +330,10 @@ class ArrivalFilter:
         self.lateness = LatenessHistogram(lateness_window)
         self.dues = DueSample()
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
+        self._kept = 0
+        #: Whether any copy was ever parked (:meth:`park`; until :meth:`clear`): the nack path asks
+        #: :meth:`take_parked` only then (one attribute read per batched nack otherwise).
+        self.has_parked = False
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -793,7 +798,37 @@ class ArrivalFilter:
             parked = entry.parked if entry.parked is not None else {}
             entry.parked = parked
             parked.setdefault(batch_index, []).append(copy)
+            self.has_parked = True
             return True
+
+    def take_parked(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> Any | None:
+        """The application nacks a batch message of which a copy is parked (:meth:`park`: it came with a
+        redelivery of its entry while the application held the message): that copy leaves the parked ones
+        and is returned, for the caller to keep and hand out when the nack is due — no nack is filed, and
+        no forward makes the broker dispatch the entry again (issue 24: a sibling nacked again after a
+        later copy of its entry came). None (nothing changed) if no copy is parked, the application acked
+        the message, or an ack timeout is set. O(1); one dict lookup without the lock when nothing is
+        parked for the entry."""
+        key = (topic, ledger_id, entry_id)
+        entry = self._entries.get(key)
+        if entry is None or not entry.parked or self._held_ms is not None:
+            return None
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or not entry.parked or entry.acked >> batch_index & 1:
+                return None
+            copies = entry.parked.get(batch_index)
+            if not copies:
+                return None
+            copy = copies.pop()
+            if not copies:
+                del entry.parked[batch_index]
+                if not entry.parked:
+                    entry.parked = None
+            if entry.last_forward == _NEVER_FORWARDED:
+                entry.last_forward = self._clock()  # (as in take_pending_message)
+            self._kept += 1
+            return copy
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int, topic: str
@@ -846,6 +881,54 @@ class ArrivalFilter:
             if self._remove is not None:
                 self._remove(ledger_id, entry_id, -1, topic)
             return True
+
+    def take_pending_message(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
+        """:meth:`take_pending` for a batch message (``batch_index >= 0``): a copy of a sibling whose nack is
+        pending came with a forward of its entry (:meth:`admit` said HOLD), and the caller keeps it to hand
+        out at the nack's due time itself, instead of a forward of its own fetching the whole entry again
+        (issue 24). The nack leaves the filter and the index; the message counts as the application's
+        (``out``): a later copy of it is a duplicate, acked along with it. False (nothing changed) if it is
+        not pending on its own any more — forwarded meanwhile, or pending as part of a whole-entry nack.
+        O(1) plus the index's removal."""
+        key = (topic, ledger_id, entry_id)
+        bit = 1 << batch_index
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None and self._quiet and self._is_quiet(topic, ledger_id, entry_id):
+                entry = self._expand(key, 0)
+            if entry is None or not entry.pending & bit or self._remove is None or self._held_ms is not None:
+                return False  # (with an ack timeout the native client would redeliver a kept copy)
+            whole = self._pending.get((topic, ledger_id)) if self._pending else None
+            if whole is not None and entry_id in whole:
+                return False  # a whole-entry nack covers it: that forward fetches the entry anyway
+            if not self._remove(ledger_id, entry_id, batch_index, topic):
+                return False  # popped by a flush under way: its forward's copy decides
+            entry.pending &= ~bit
+            entry.out |= bit
+            if entry.last_forward == _NEVER_FORWARDED:
+                # The copy came with a redelivery of the entry that this record has not seen as a forward
+                # (a quiet entry's, expanded here, or a reconnect's): its other copies may not all be acked
+                # at the broker, so the entry is acked whole once its last message is (see acked).
+                entry.last_forward = self._clock()
+            return True
+
+    def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> float | None:
+        """The exact due time sampled for a nack just taken (:meth:`take_pending`,
+        :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
+        :meth:`held_out` when the kept copy is handed out. O(1)."""
+        with self._lock:
+            if not self.dues.used:
+                return None
+            return self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+
+    def held_out(self, due_ms: float | None) -> None:
+        """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
+        when due: it counts as redelivered, and with its sampled exact due time ``due_ms`` (None: not
+        sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. O(1)."""
+        with self._lock:
+            self._redelivered += 1
+            if due_ms is not None:
+                self.lateness.add(self._clock() - due_ms)
 
     def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
         """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):
@@ -1106,6 +1189,7 @@ class ArrivalFilter:
             self._watch.clear()
             self.dues.clear()
             self._recent = _Recent(self._clock())
+            self.has_parked = False
 
     def counts(self) -> FilterCounts:
         return FilterCounts(
@@ -1116,6 +1200,7 @@ class ArrivalFilter:
             abandoned=self._abandoned,
             open_entries=len(self._entries) + sum(len(q) for q in list(self._quiet.values())),
             in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
+            kept=self._kept,
         )
 
     def memory_bytes(self, sample: int = 64) -> int:

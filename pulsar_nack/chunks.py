@@ -62,7 +62,8 @@ _log = logging.getLogger(__name__)
 #: The default of ``max_held_chunked_bytes``: payload bytes of nacked chunked messages kept in memory.
 DEFAULT_MAX_HELD_CHUNKED_BYTES = 64 * 2**20
 
-Key = tuple[str, int, int]  # (topic, ledger id, entry id of the last chunk)
+#: (topic, ledger id, entry id of the last chunk); a held batch sibling's adds its batch index
+Key = tuple[str, int, int] | tuple[str, int, int, int]
 Counter = Literal["redelivered", "dead_lettered", "native", "copies_dropped"]  # over_bound: by hold()
 
 #: Properties the official consumers set on a dead-lettered message (pulsar-client-cpp, Java).
@@ -100,6 +101,10 @@ class _Held:
     message: pulsar.Message
     redelivery_count: int
     size: int
+    # a broker copy kept for a pending nack (not a nacked chunked message): the nack's sampled exact due
+    # time, for the lateness of its hand-out (None: not sampled), and whether it is such a copy
+    sampled_due: float | None = None
+    copy: bool = False
 
 
 class ChunkHold:
@@ -123,6 +128,10 @@ class ChunkHold:
         #: Called with the due time (ms) after each successful :meth:`hold`, outside the lock, on the
         #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
         self.on_hold: Callable[[float], object] | None = None
+        #: Called by :meth:`pop_due` for each kept copy it hands out, with the sampled exact due time of its
+        #: nack (None if not sampled), outside the lock: it counts in ``nack_stats()`` as redelivered, with
+        #: its lateness, as the forwarded redeliveries do.
+        self.on_handout: Callable[[float | None], object] | None = None
 
     def __len__(self) -> int:
         return len(self.held)
@@ -133,19 +142,28 @@ class ChunkHold:
         return self._bytes
 
     def hold(
-        self, key: Key, message: pulsar.Message, due_ms: float, redelivery_count: int, size: int
+        self,
+        key: Key,
+        message: pulsar.Message,
+        due_ms: float,
+        redelivery_count: int,
+        size: int,
+        *,
+        copy: bool = False,
+        sampled_due: float | None = None,
     ) -> bool:
         """Keep ``message`` (``size`` payload bytes) until ``due_ms``, to be handed out with
         ``redelivery_count``. False, counted in ``chunked_over_bound``, if that would pass ``max_bytes``
         (nothing is kept then: the caller nacks it at the broker). A message held already is replaced.
-        Calls :attr:`on_hold` with ``due_ms`` once it is held."""
+        ``copy``: a broker copy kept for a pending nack (its ``sampled_due``: see :attr:`on_handout`), which
+        :meth:`drain_copies` gives back. Calls :attr:`on_hold` with ``due_ms`` once it is held."""
         with self._lock:
             previous = self.held.get(key)
             freed = previous.size if previous is not None else 0
             if self._bytes - freed + size > self.max_bytes:
                 self.over_bound += 1
                 return False
-            held = _Held(due_ms, message, redelivery_count, size)
+            held = _Held(due_ms, message, redelivery_count, size, sampled_due, copy)
             self.held[key] = held
             self._bytes += size - freed
             heapq.heappush(self._heap, (due_ms, next(self._sequence), key, held))
@@ -179,7 +197,7 @@ class ChunkHold:
 
     def pop_due(self, now_ms: float) -> tuple[pulsar.Message, int, Key] | None:
         """The earliest held message due by ``now_ms`` — (message, its redelivery count, key) — no longer
-        held; None if none is due."""
+        held; None if none is due. Calls :attr:`on_handout` for a kept copy."""
         with self._lock:
             self._drop_stale()
             if not self._heap or self._heap[0][0] > now_ms:
@@ -187,7 +205,20 @@ class ChunkHold:
             _, _, key, held = heapq.heappop(self._heap)
             del self.held[key]
             self._bytes -= held.size
-            return held.message, held.redelivery_count, key
+        if held.copy and self.on_handout is not None:
+            self.on_handout(held.sampled_due)
+        return held.message, held.redelivery_count, key
+
+    def drain_copies(self) -> list[tuple[Key, float]]:
+        """Forget every kept copy (not the nacked chunked messages); returns their keys and due times, so
+        that their nacks can be filed again (``redeliver_unacknowledged_messages``: the broker sends them
+        again, and they must not be handed out before due). O(held)."""
+        with self._lock:
+            copies = [(key, held) for key, held in self.held.items() if held.copy]
+            for key, held in copies:
+                del self.held[key]
+                self._bytes -= held.size
+            return [(key, held.due_ms) for key, held in copies]
 
     def next_due(
         self, now_ms: float, dead_letters: _DeadLetterTopic | None

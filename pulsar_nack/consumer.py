@@ -71,6 +71,17 @@ _GENERATED_NAME = re.compile(r"[0-9a-f]{10}")
 _TAKEN_OVER: weakref.WeakSet[Any] = weakref.WeakSet()
 _MAX_LEDGER_TOPICS = 65_536
 _MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first chunk is remembered
+#: A copy of a batch sibling whose nack is pending, come with a forward of its entry, is kept in memory
+#: (the hold, under ``max_held_chunked_bytes``) when it is due within this many ms; a later one is left to a
+#: forward of its own, which fetches the whole entry from the broker again (issue 24).
+HOLD_SIBLINGS_WITHIN_MS = 30_000
+#: What a kept batch message costs beside its batch's payload, in bytes: the native message, its Python
+#: objects and the hold's record. A kept batch message pins its whole batch's buffer in the native client,
+#: so a kept copy counts against ``max_held_chunked_bytes`` as batch size × its payload + this (measured
+#: with glibc mallinfo2 on 2,000 kept messages of batches of 10: 1,150-1,160 B + 10 × payload, for
+#: payloads of 4, 100 and 1,000 B; siblings kept from one copy share the buffer: counted once each, an
+#: upper bound).
+KEPT_COPY_BYTES = 1_160
 #: A per-call ``delay_ms`` of type int or float up to this needs no more checks than a range test.
 _FAST_DELAY_MS = float(2**53)
 #: Attribute of a ``pulsar.Message`` the wrapper handed out: its (ledger, entry, batch index, topic), or
@@ -333,6 +344,7 @@ class NackBridge:
         # (receive, a listener's HeldDelivery, the asyncio receive) sets `holding`. Else, and past the
         # bound, they go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
         self.hold = ChunkHold(options.max_held_chunked_bytes)
+        self.hold.on_handout = self._arrivals.held_out  # a kept copy's lateness counts in nack_stats()
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = False
         self.delivery: HeldDelivery | None = None  # a message_listener's: stopped by close()
@@ -386,6 +398,8 @@ class NackBridge:
             counts = delay_ms is None and options.backoff is not None
             delay = options.delay_for(delay_ms, _redelivery_count(message) if counts else 0)
         if batch_index < 0 and self._nack_chunked(message, ids, delay):
+            return
+        if batch_index >= 0 and self._arrivals.has_parked and self._keep_spare(message, ids, delay):
             return
         tracker = self.tracker
         try:
@@ -478,6 +492,10 @@ class NackBridge:
             verdict = arrivals.admit_message((topic, ledger_id, entry_id), batch_index, message_id)
             if verdict is _DELIVER:
                 return True
+            if verdict is _HOLD:
+                if self.holding:
+                    self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
+                return False
             if verdict is _ACKED or (
                 verdict is _DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
             ):
@@ -515,8 +533,11 @@ class NackBridge:
         verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, message_id)
         if verdict is _DELIVER:
             return True
-        if verdict is _HOLD and batch_index < 0 and self.holding:
-            self._keep(message, ledger_id, entry_id, topic)
+        if verdict is _HOLD and self.holding:
+            if batch_index < 0:
+                self._keep(message, ledger_id, entry_id, topic)
+            else:
+                self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
             return False
         if verdict is Verdict.ACKED or (
             # a non-batched copy needs no ack of its own: the application's ack of its id covers it
@@ -586,7 +607,10 @@ class NackBridge:
             admitted[position] = None
             assert message is not None
             inner = message._message
-            if verdict is _ACKED or (  # a DUPLICATE is acked along with the application's own copy
+            if verdict is _HOLD:
+                if self.holding:
+                    self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
+            elif verdict is _ACKED or (  # a DUPLICATE is acked along with the application's own copy
                 verdict is _DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
             ):
                 self._native.acknowledge(inner)
@@ -602,11 +626,67 @@ class NackBridge:
         due = self.tracker.index.due_of(ledger_id, entry_id, -1, topic)
         if due is None or not self._arrivals.take_pending(ledger_id, entry_id, topic):
             return  # (forwarded meanwhile: its copy comes)
+        sampled = self._arrivals.take_due(ledger_id, entry_id, -1, topic)
         inner = message._message
         key = (topic, ledger_id, entry_id)
-        size = inner.length() + _KEPT_COPY_BYTES
-        if not self.hold.hold(key, message, due, inner.redelivery_count(), size):
+        count, size = inner.redelivery_count(), inner.length() + KEPT_COPY_BYTES  # what it pins
+        if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled):
             self.tracker.schedule(due, ledger_id, entry_id, -1, topic)  # over the bound: pending again
+
+    def _keep_spare(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
+        """A nack of a batch message of which a later copy is parked (it came with a redelivery of its
+        entry while the application held the message): keep that copy and hand it out when the nack is due
+        (True), instead of filing the nack for a forward that makes the broker dispatch the whole entry
+        again (issue 24). False (the caller files the nack) for a bare id, a delay beyond
+        :data:`HOLD_SIBLINGS_WITHIN_MS`, no room in the hold, or no parked copy. O(log held)."""
+        if not self.holding or delay > HOLD_SIBLINGS_WITHIN_MS or not isinstance(message, pulsar.Message):
+            return False
+        hold = self.hold
+        inner = message._message  # (the parked copy is the same message: its size, what it pins)
+        size = inner.length() * batch_size(inner.message_id()) + KEPT_COPY_BYTES
+        if hold.held_bytes + size > hold.max_bytes or self.tracker.closed:
+            return False
+        ledger_id, entry_id, batch_index, topic = ids
+        copy = self._arrivals.take_parked(ledger_id, entry_id, batch_index, topic)
+        if copy is None:
+            return False
+        kept = _MESSAGE()
+        kept._message = copy
+        kept._schema = message._schema
+        due = self.tracker.now() + delay
+        key = (topic, ledger_id, entry_id, batch_index)
+        # Its exact due time is known; its lateness is sampled as often as a filed nack's (the nack path's
+        # offer test): sampling every kept spare would outweigh the nacks that go through buckets.
+        sampled = due if not int(due) & self._arrivals.dues.every else None
+        return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=sampled)
+
+    def _keep_sibling(
+        self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str
+    ) -> None:
+        """A copy of a batch message whose nack is pending came with a forward of its entry (a sibling's
+        redelivery, issue 24): if it is due within :data:`HOLD_SIBLINGS_WITHIN_MS` and the hold has room,
+        keep this copy and hand it out at the nack's due time (as :meth:`_keep` does), and its nack leaves
+        the index: no forward of its own makes the broker dispatch the whole entry again. Else, or with
+        an ack timeout (the native client would redeliver a kept copy at its timeout), the nack stays
+        pending. The copy's memory counts in ``nack_stats()``: what it pins (:data:`KEPT_COPY_BYTES`) in
+        ``chunked_held_bytes``, bounded by ``max_held_chunked_bytes``. O(log held) plus the index's lookup
+        and removal."""
+        tracker = self.tracker
+        due = tracker.index.due_of(ledger_id, entry_id, batch_index, topic)
+        if due is None or due - tracker.now() > HOLD_SIBLINGS_WITHIN_MS:
+            return
+        inner = message._message
+        size = inner.length() * batch_size(inner.message_id()) + KEPT_COPY_BYTES  # what it pins
+        hold = self.hold
+        if hold.held_bytes + size > hold.max_bytes:
+            return  # no room: its own forward fetches it
+        arrivals = self._arrivals
+        if not arrivals.take_pending_message(ledger_id, entry_id, batch_index, topic):
+            return  # forwarded meanwhile (its copy decides), or an ack timeout is set
+        sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic)
+        key = (topic, ledger_id, entry_id, batch_index)
+        if not hold.hold(key, message, due, inner.redelivery_count(), size, copy=True, sampled_due=sampled):
+            tracker.schedule(due, ledger_id, entry_id, batch_index, topic)  # over the bound: pending again
 
     def _learn_topic(self, ledger_id: int, topic: str) -> str:
         """Remember a ledger's topic (for nacks of bare ids); on a single-topic consumer, fix it."""
@@ -638,10 +718,14 @@ class NackBridge:
     def note_ack(self, message: Any) -> None:
         """Tell the tracker about an ack (before it goes to the native client); ack parked copies with it."""
         arrivals = self._arrivals
-        if self.held:  # an ack of a chunked message held for redelivery: it is done
+        if self.held:  # an ack of a message held for redelivery (chunked, or a kept copy): it is done
             held = self._ids(message)
-            if held is not None and held[2] < 0:
-                self.hold.discard((held[3], held[0], held[1]))
+            if held is not None:
+                ledger_id, entry_id, batch_index, topic = held
+                if batch_index < 0:
+                    self.hold.discard((topic, ledger_id, entry_id))
+                else:
+                    self.hold.discard((topic, ledger_id, entry_id, batch_index))
         ids = getattr(message, _ADMITTED_IDS, None) if type(message) is _MESSAGE else None
         if ids is _UNTRACKED:
             if arrivals.idle:
@@ -704,8 +788,11 @@ class NackBridge:
             return  # (the official call has rejected it already)
         ledger_id, entry_id, batch_index, topic = ids
         if self.held:
-            for key in [k for k in self.held if k[0] == topic and k[1:] <= (ledger_id, entry_id)]:
-                self.hold.discard(key)
+            # held up to the acked message: (ledger, entry, batch index or -1) up to its own
+            position = (ledger_id, entry_id, batch_index if batch_index >= 0 else 2**31)
+            for key in list(self.held):
+                if key[0] == topic and (key[1], key[2], key[3] if len(key) > 3 else -1) <= position:
+                    self.hold.discard(key)
         self._arrivals.acked_cumulative(ledger_id, entry_id, batch_index, topic)
 
     def reset(self) -> None:
@@ -716,9 +803,13 @@ class NackBridge:
 
     def forget_holdings(self) -> None:
         """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again, and
-        so do held chunked messages (the broker still has them unacked: they come back whole)."""
-        self.tracker.arrivals.forget_holdings()
+        so do held chunked messages (the broker still has them unacked: they come back whole). Copies kept
+        for pending nacks are pending again: their new copies are held until due."""
+        copies = self.hold.drain_copies()
         self.hold.clear()
+        for key, due in copies:  # kept copies of pending nacks: pending again, held when they come again
+            self.tracker.schedule(due, key[1], key[2], key[3] if len(key) > 3 else -1, key[0])
+        self.tracker.arrivals.forget_holdings()
 
     def close(self) -> float:
         """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.
@@ -1149,12 +1240,6 @@ def _wrap_lateness_ms(native_delay_ms: int) -> tuple[int, int]:
     timing = NativeTiming(native_delay_ms)
     slot_ms = 2 * timing.interval_ms
     return slot_ms, timing.latency_ms + slot_ms
-
-
-#: What a kept copy costs beyond its payload, counted against ``max_held_chunked_bytes`` so that the bound
-#: holds for small messages too: the native message with its id and metadata, and its Python wrapper (an
-#: allowance, not a measurement).
-_KEPT_COPY_BYTES = 512
 
 
 def _redelivery_count(message: Any) -> int:

@@ -128,7 +128,7 @@ class NackStats:
     buckets: int
     nacked: int  # ids scheduled
     forwarded: int  # entries handed to the native client for redelivery
-    redelivered: int  # messages handed to the application again after a forward
+    redelivered: int  # messages handed to the application again: after a forward, or kept in memory
     held_back: int  # arrivals not handed out because their nack is still pending
     dropped: int  # arrivals not handed out because the application acked them or holds another copy
     reforwarded: int  # forwards repeated because their copy came early or never came
@@ -602,7 +602,7 @@ class NackTracker:
             buckets=self.index.bucket_count,
             memory_bytes=None if parts is None else sum(size for _, size in parts),
             memory_parts=parts,
-            nacked=self.index.added,
+            nacked=self.index.added + counts.kept,  # (kept: served by a copy in memory, never filed)
             forwarded=self._forwarded,
             redelivered=counts.redelivered,
             held_back=counts.held_back,

@@ -1,0 +1,347 @@
+"""Held batch siblings (issue 24): per-message delays must not cost the broker more than one fixed delay.
+
+In a batch of 10, the application nacks m0, m1 and m2 with delays of 0.3, 2.3 and 1.3 s, then m0 again
+for 1 s and m1 for 0.5 s, and acks the rest. The broker redelivers whole entries, so the forward of m0
+brings m1 and m2 along; the wrapper used to hold those copies back and forward m1 and m2 later, each
+forward making the broker dispatch the whole entry again (5 redeliveries of the entry where the official
+consumer, at one fixed delay, needs 2). Now it keeps the copies that came early (in memory, under
+``max_held_chunked_bytes``) and hands them out at their due time: no forward of their own; and m0's second
+redelivery, which brings m1 while m1 is still kept, leaves a copy of m1 that serves m1's second nack.
+
+Side by side on one broker and topic (two subscriptions), on both brokers: the official consumer nacks the
+same messages at a fixed delay; the wrapper, with per-message delays, must make the broker dispatch no
+more messages than it does, hand every nacked message out once per nack — never before its due time —
+and nothing else again, and leave every entry acked at the broker. For each way of handing messages out:
+``receive``, ``batch_receive``, a ``message_listener`` and the asyncio consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import urllib.request
+from collections import defaultdict
+from typing import Any
+
+import pulsar
+import pytest
+from messaging import leftover, produce_bursts
+
+import pulsar_nack
+from pulsar_nack import aio
+from pulsar_nack.arrivals import ArrivalFilter, Verdict
+from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.testing import Broker
+
+BATCHES = 5
+# batch index → the wrapper's per-call delay of each nack (then acked); the other messages are acked. m0's
+# redelivery brings m1 and m2 (kept until due); m0's second one brings m1 again while m1 is still kept (a
+# copy parked, which then serves m1's second nack)
+DELAYS_MS = {0: (300, 1_000), 1: (2_300, 500), 2: (1_300,)}
+FIXED_DELAY_MS = 1_300  # the official consumer's
+CLOCK_TOLERANCE_MS = 5.0  # reading the clocks (ceil rounding: never early)
+LATE_MS = 3_000  # generous: a shared machine
+TIMEOUT_S = 30.0
+SUB_OFFICIAL, SUB_WRAPPED = "official", "wrapped"
+
+
+def _dispatched(broker: Broker, topic: str, subscription: str) -> int:
+    """Messages the broker dispatched to the subscription's consumers, counted by the broker."""
+    metrics_url = getattr(broker, "metrics_url", None)
+    if metrics_url:
+        text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+        short = topic.rsplit("/", 1)[1]
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("pulsar_out_messages_total")
+            and f'topic="{short}"' in line
+            and f'subscription="{subscription}"' in line
+        )
+    stats = broker.admin("GET", f"/admin/v2/persistent/{topic.removeprefix('persistent://')}/stats")  # type: ignore[attr-defined]
+    return int(stats["subscriptions"][subscription]["msgOutCounter"])
+
+
+class Journal:
+    """One consumer's hand-outs and nacks; decides for each hand-out: nack at first sight (m0..m2 of each
+    batch), else ack."""
+
+    def __init__(self, per_message: bool) -> None:
+        self.per_message = per_message
+        self.handouts: dict[bytes, list[float]] = defaultdict(list)
+        self.nacked: dict[bytes, list[tuple[float, float]]] = defaultdict(
+            list
+        )  # payload → (nack s, delay ms)
+        self.lock = threading.Lock()
+
+    def decide(self, message: Any) -> float | None:
+        """Record a hand-out; the delay to nack it with (ms), or None to ack it."""
+        payload = message.data()
+        with self.lock:
+            seen = self.handouts[payload]
+            seen.append(time.monotonic())
+            delays = DELAYS_MS.get(int(payload[1:]) % 10, ())
+            if len(seen) > len(delays):
+                return None
+            delay = delays[len(seen) - 1]
+            self.nacked[payload].append(
+                (time.monotonic(), float(delay if self.per_message else FIXED_DELAY_MS))
+            )
+            return delay
+
+    def done(self) -> bool:
+        with self.lock:
+            return len(self.nacked) == len(DELAYS_MS) * BATCHES and all(
+                len(self.handouts[p]) > len(DELAYS_MS[int(p[1:]) % 10]) for p in self.nacked
+            )
+
+
+def _handle(consumer: Any, journal: Journal, message: Any) -> None:
+    delay = journal.decide(message)
+    if delay is None:
+        consumer.acknowledge(message)
+    elif journal.per_message:
+        consumer.negative_acknowledge(message, delay_ms=delay)
+    else:
+        consumer.negative_acknowledge(message)
+
+
+def _receive_loop(consumer: Any, journal: Journal, stop: threading.Event, batched: bool) -> None:
+    while not stop.is_set():
+        try:
+            messages = consumer.batch_receive() if batched else [consumer.receive(100)]
+        except pulsar.Timeout:
+            continue
+        for message in messages:
+            _handle(consumer, journal, message)
+
+
+def _wait(journals: list[Journal]) -> None:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline and not all(j.done() for j in journals):
+        time.sleep(0.05)
+    time.sleep(1.0)  # copies handed out twice would show up meanwhile; the broker's counters settle
+
+
+def _problems(journal: Journal) -> dict[str, Any]:
+    """What the wrapper's hand-outs break: every nacked message once more, no sooner than due, nothing
+    else again."""
+    problems: dict[str, Any] = {}
+    counts = {
+        p: len(t)
+        for p, t in journal.handouts.items()
+        if len(t) != 1 + len(DELAYS_MS.get(int(p[1:]) % 10, ()))
+    }
+    if counts or len(journal.handouts) != 10 * BATCHES:
+        problems["hand-outs (payload: count), 1 + its nacks"] = counts
+        problems["messages seen"] = len(journal.handouts)
+    early, late = {}, {}
+    for payload, nacks in journal.nacked.items():
+        for (nacked_at, delay), handed_at in zip(nacks, journal.handouts[payload][1:], strict=False):
+            off_ms = (handed_at - nacked_at) * 1000 - delay
+            if off_ms < -CLOCK_TOLERANCE_MS:
+                early[payload] = round(-off_ms, 1)
+            if off_ms > LATE_MS:
+                late[payload] = round(off_ms, 1)
+    if early:
+        problems["handed out early (ms before due)"] = early
+    if late:
+        problems["handed out late (ms after due)"] = late
+    return problems
+
+
+@pytest.mark.parametrize("mode", ["receive", "batch_receive", "listener"])
+def test_siblings_due_later_cost_the_broker_no_more_than_one_fixed_delay(
+    broker: Broker, nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str, mode: str
+) -> None:
+    wrapped_journal, official_journal = Journal(per_message=True), Journal(per_message=False)
+    options: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared}
+    wrapped_options = dict(options)
+    if mode == "listener":
+        wrapped_options["message_listener"] = lambda c, m: _handle(c, wrapped_journal, m)
+    wrapped = nack_client.subscribe(unique_topic, SUB_WRAPPED, **wrapped_options)
+    official = pulsar_client.subscribe(
+        unique_topic, SUB_OFFICIAL, negative_ack_redelivery_delay_ms=FIXED_DELAY_MS, **options
+    )
+    produce_bursts(pulsar_client, unique_topic, 10 * BATCHES, batch_size=10)
+    stop = threading.Event()
+    threads = [threading.Thread(target=_receive_loop, args=(official, official_journal, stop, False))]
+    if mode != "listener":
+        args = (wrapped, wrapped_journal, stop, mode == "batch_receive")
+        threads.append(threading.Thread(target=_receive_loop, args=args))
+    for thread in threads:
+        thread.start()
+    try:
+        _wait([wrapped_journal, official_journal])
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+    stats = wrapped.nack_stats()
+    wrapped_out = _dispatched(broker, unique_topic, SUB_WRAPPED)
+    official_out = _dispatched(broker, unique_topic, SUB_OFFICIAL)
+    wrapped.close()
+    official.close()
+    problems = _problems(wrapped_journal)
+    if wrapped_out > official_out:
+        problems["broker messages dispatched: wrapper > official at a fixed delay"] = (
+            wrapped_out,
+            official_out,
+        )
+    if not official_journal.done():
+        problems["the official consumer did not get its nacked messages back"] = len(official_journal.nacked)
+    if stats.chunked_redelivered == 0:
+        problems["no sibling handed out from the hold"] = stats
+    if leftovers := leftover(pulsar_client, unique_topic, SUB_WRAPPED):
+        problems["a fresh consumer of the wrapper's subscription got"] = sorted(leftovers)[:10]
+    assert not problems, problems
+
+
+def test_asyncio_consumer_hands_held_siblings_out_at_their_time(
+    broker: Broker, pulsar_client: Any, unique_topic: str
+) -> None:
+    journal, official_journal = Journal(per_message=True), Journal(per_message=False)
+    official = pulsar_client.subscribe(
+        unique_topic,
+        SUB_OFFICIAL,
+        consumer_type=pulsar.ConsumerType.Shared,
+        negative_ack_redelivery_delay_ms=FIXED_DELAY_MS,
+    )
+
+    async def run() -> tuple[Any, int]:
+        client = aio.Client(broker.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+        try:
+            consumer = await client.subscribe(
+                unique_topic, SUB_WRAPPED, consumer_type=pulsar.ConsumerType.Shared
+            )
+            await asyncio.to_thread(produce_bursts, pulsar_client, unique_topic, 10 * BATCHES, None, 100, 10)
+            deadline = time.monotonic() + TIMEOUT_S
+            quiet_until: float | None = None
+            while time.monotonic() < deadline:
+                if journal.done() and official_journal.done():
+                    quiet_until = quiet_until or time.monotonic() + 1.0
+                    if time.monotonic() >= quiet_until:
+                        break
+                try:
+                    message = await asyncio.wait_for(consumer.receive(), 0.2)
+                except TimeoutError:
+                    continue
+                delay = journal.decide(message)
+                if delay is None:
+                    await consumer.acknowledge(message)
+                else:
+                    await consumer.negative_acknowledge(message, delay_ms=delay)
+            stats = consumer.nack_stats()
+            out = _dispatched(broker, unique_topic, SUB_WRAPPED)
+            await consumer.close()
+            return stats, out
+        finally:
+            await client.close()
+
+    stop = threading.Event()
+    thread = threading.Thread(target=_receive_loop, args=(official, official_journal, stop, False))
+    thread.start()
+    try:
+        stats, out = asyncio.run(run())
+    finally:
+        stop.set()
+        thread.join(10)
+    official_out = _dispatched(broker, unique_topic, SUB_OFFICIAL)
+    official.close()
+    problems = _problems(journal)
+    if out > official_out:
+        problems["broker messages dispatched: wrapper > official at a fixed delay"] = (out, official_out)
+    if not official_journal.done():
+        problems["the official consumer did not get its nacked messages back"] = len(official_journal.nacked)
+    if stats.chunked_redelivered == 0:
+        problems["no sibling handed out from the hold"] = stats
+    if leftovers := leftover(pulsar_client, unique_topic, SUB_WRAPPED):
+        problems["a fresh consumer of the wrapper's subscription got"] = sorted(leftovers)[:10]
+    assert not problems, problems
+
+
+def test_take_pending_message_takes_a_batch_message_pending_on_its_own_only() -> None:
+    """The filter's side, without a broker: a sibling's pending nack leaves the filter and the index, and
+    a later copy of it is a duplicate (the kept copy is the application's); one forwarded already, one
+    covered by a whole-entry nack, or with an ack timeout set, stays as it is."""
+
+    def make() -> tuple[ArrivalFilter, TimeBucketIndex]:
+        index = TimeBucketIndex(0, "floor")
+        arrivals = ArrivalFilter(
+            lambda *ids: None,
+            clock=lambda: 1_000.0,
+            batch_size=lambda _: 10,
+            pending_mask=index.pending_mask,
+            add=index.add,
+            remove=index.remove,
+        )
+        for i in range(10):
+            assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
+        return arrivals, index
+
+    arrivals, index = make()
+    for i in (0, 1, 2):
+        arrivals.file(2_000 + i, 7, 1, i, "t")
+    arrivals.forwarded("t", 7, [1], {1: (0,)}, 1_000.0, 2_000)
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD
+    assert arrivals.take_pending_message(7, 1, 1, "t") is True
+    assert index.due_of(7, 1, 1, "t") is None and index.due_of(7, 1, 2, "t") == 2_002
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "the kept copy is the application's"
+    assert arrivals.take_pending_message(7, 1, 1, "t") is False, "taken already"
+    assert arrivals.take_pending_message(7, 1, 0, "t") is False, "in flight: its forward's copy decides"
+    assert arrivals.take_pending_message(7, 1, 5, "t") is False, "not nacked"
+
+    # A quiet entry (every message acked or pending: one bit) whose copy comes: the taken message's ack,
+    # its last, must ack the entry at the broker (the copy's acked siblings are covered by that ack).
+    arrivals, index = make()
+    for i in range(8):
+        assert arrivals.acked_plain(("t", 7, 1), i)
+    arrivals.file(2_000, 7, 1, 8, "t")
+    arrivals.file(3_000, 7, 1, 9, "t")
+    assert arrivals.counts().open_entries == 1 and not arrivals._entries, "kept as one bit"
+    assert arrivals.admit(7, 1, 9, "t", None) is Verdict.HOLD
+    assert arrivals.take_pending_message(7, 1, 9, "t") is True
+    assert arrivals.acked(7, 1, 8, "t")[2] is False, "9 is not acked yet"
+    assert arrivals.acked(7, 1, 9, "t")[2] is True, "the last ack acks the entry"
+
+    arrivals, index = make()
+    arrivals.file(2_000, 7, 1, -1, "t")  # the whole entry
+    arrivals.file(2_000, 7, 1, 3, "t")
+    assert arrivals.take_pending_message(7, 1, 3, "t") is False, "a whole-entry nack covers it"
+
+    arrivals, index = make()
+    arrivals.expect_ack_timeout(10_000)
+    arrivals.file(2_000, 7, 1, 3, "t")
+    assert arrivals.take_pending_message(7, 1, 3, "t") is False, "with an ack timeout"
+    assert index.due_of(7, 1, 3, "t") == 2_000
+
+
+def test_take_parked_gives_a_parked_copy_of_a_message_the_application_holds_once() -> None:
+    """A copy that came while the application held the message (parked, to be acked with its own) serves
+    the application's nack of it: taken once, counted as a nack kept in memory; none once the application
+    acked the message (its parked copies went with that ack), nor with an ack timeout."""
+    index = TimeBucketIndex(0, "floor")
+    arrivals = ArrivalFilter(
+        lambda *ids: None,
+        clock=lambda: 1_000.0,
+        batch_size=lambda _: 10,
+        pending_mask=index.pending_mask,
+        add=index.add,
+        remove=index.remove,
+    )
+    for i in range(10):
+        assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
+    assert not arrivals.has_parked and arrivals.take_parked(7, 1, 5, "t") is None
+    for i in (5, 6):
+        assert arrivals.admit(7, 1, i, "t", None) is Verdict.DUPLICATE
+        assert arrivals.park(7, 1, i, "t", f"copy {i}")
+    assert arrivals.has_parked
+    assert arrivals.take_parked(7, 1, 5, "t") == "copy 5"
+    assert arrivals.take_parked(7, 1, 5, "t") is None, "taken already"
+    assert arrivals.counts().kept == 1 and len(index) == 0, "no nack filed"
+    assert arrivals.acked(7, 1, 6, "t")[0] == ["copy 6"]
+    assert arrivals.take_parked(7, 1, 6, "t") is None, "acked: its parked copy went with the ack"
+    arrivals.expect_ack_timeout(10_000)
+    assert arrivals.admit(7, 1, 7, "t", None) is Verdict.DUPLICATE and arrivals.park(7, 1, 7, "t", "copy 7")
+    assert arrivals.take_parked(7, 1, 7, "t") is None, "with an ack timeout"
