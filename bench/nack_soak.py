@@ -47,8 +47,9 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
     url, minutes, rate = payload["url"], payload["minutes"], payload["rate"]
     share, delay_ms = payload["share"], int(payload["delay_s"] * 1000)
+    wrapped = payload["kind"] == "wrapper"
     topic = f"persistent://public/default/soak-{uuid.uuid4().hex[:12]}"
-    client = pulsar_nack.Client(url)
+    client = pulsar_nack.Client(url) if wrapped else pulsar.Client(url)
     consumer = client.subscribe(
         topic, "soak", consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=delay_ms
     )
@@ -82,13 +83,13 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
             if now >= next_sample:
                 gc.collect()
                 heap = heap_in_use()
-                stats = consumer.nack_stats(with_memory=True)
+                stats = consumer.nack_stats(with_memory=True) if wrapped else None
                 samples.append(
                     {
                         "t_s": now - started,
                         "heap": heap,
-                        "reported": stats.memory_bytes or 0,
-                        "pending": stats.pending,
+                        "reported": stats.memory_bytes or 0 if stats is not None else 0,
+                        "pending": stats.pending if stats is not None else 0,
                         "received": received,
                         "sent": sent[0],
                     }
@@ -109,9 +110,13 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         stop.set()
         thread.join(5)
-        consumer.close()
-        client.close()
-    return {"samples": samples, "received": received, "nacked": nacked, "sent": sent[0]}
+        closed = True
+        try:  # a close that times out (the official consumer's, once, on a loaded machine) loses no sample
+            consumer.close()
+            client.close()
+        except pulsar.PulsarException:
+            closed = False
+    return {"samples": samples, "received": received, "nacked": nacked, "sent": sent[0], "closed": closed}
 
 
 def steady(samples: list[dict[str, float]], warmup_s: float, key: str) -> dict[str, float]:
@@ -138,6 +143,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=int, default=2_000, help="messages a second (default 2,000)")
     parser.add_argument("--share", type=float, default=0.5, help="share of first deliveries nacked")
     parser.add_argument("--delay-s", type=float, default=10.0, help="the nack delay (default 10 s)")
+    parser.add_argument(
+        "--kinds", default="wrapper,native", help="consumers, in this order: wrapper and/or native (official)"
+    )
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(probe(json.loads(args.probe))), flush=True)
@@ -147,6 +155,8 @@ def main(argv: list[str]) -> int:
         parser.error(
             f"--minutes: at least {(warmup_s + 3 * SAMPLE_S) / 60:.1f} with --delay-s {args.delay_s:g}"
         )
+    if not args.kinds or set(args.kinds.split(",")) - {"wrapper", "native"}:
+        parser.error(f"--kinds: wrapper and/or native, got {args.kinds!r}")
     if not 0 < args.share <= 1:
         parser.error(f"--share: in (0, 1], got {args.share}")
     from pulsar_nack.memory import MEASURING_ENV
@@ -155,45 +165,51 @@ def main(argv: list[str]) -> int:
     facts = report.machine()
     env = {**os.environ, **MEASURING_ENV, "PYTHONMALLOC": "malloc"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(report.ROOT), env.get("PYTHONPATH")) if p)
+    settings = {"minutes": args.minutes, "rate": args.rate, "share": args.share, "delay_s": args.delay_s}
+    runs: dict[str, dict[str, Any]] = {}
     with PulsarLite() as broker:
-        payload = {
-            "url": broker.service_url,
-            "minutes": args.minutes,
-            "rate": args.rate,
-            "share": args.share,
-            "delay_s": args.delay_s,
-        }
-        child = subprocess.run(
-            [sys.executable, str(SCRIPT), "--probe", json.dumps(payload)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=args.minutes * 60 + 300,
-        )
-    if child.returncode != 0:
-        raise SystemExit(f"soak probe failed:\n{child.stderr[-3000:]}")
-    result = json.loads(child.stdout.strip().splitlines()[-1])
-    samples = result["samples"]
-    heap, reported = steady(samples, warmup_s, "heap"), steady(samples, warmup_s, "reported")
-    pending = [s["pending"] for s in samples if s["t_s"] >= warmup_s]
-    report.save_json(
-        "nack_soak",
-        {"machine": facts, "settings": payload | {"url": None}, "heap": heap, "reported": reported, **result},
-    )
+        # the official consumer on the same broker with the same traffic, in turn (one fresh process each)
+        for kind in args.kinds.split(","):
+            payload = {"url": broker.service_url, "kind": kind, **settings}
+            child = subprocess.run(
+                [sys.executable, str(SCRIPT), "--probe", json.dumps(payload)],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=args.minutes * 60 + 300,
+            )
+            if child.returncode != 0:
+                raise SystemExit(f"soak probe {kind} failed:\n{child.stderr[-3000:]}")
+            runs[kind] = json.loads(child.stdout.strip().splitlines()[-1])
+            runs[kind]["heap"] = steady(runs[kind]["samples"], warmup_s, "heap")
+            if kind == "wrapper":
+                runs[kind]["reported"] = steady(runs[kind]["samples"], warmup_s, "reported")
+    report.save_json("nack_soak", {"machine": facts, "settings": settings, "runs": runs})
+    labels = {
+        "wrapper": "pulsar-nack: process heap (from outside)",
+        "native": "official consumer: process heap",
+    }
+    figures = [(labels[kind], run["heap"]) for kind, run in runs.items()]
+    if "wrapper" in runs:
+        figures.append(("pulsar-nack: nack_stats().memory_bytes", runs["wrapper"]["reported"]))
     rows = [
         [
             label,
-            f"{figures['first']:,.0f}",
-            f"{figures['last']:,.0f}",
-            f"{figures['growth']:+,.0f}",
-            f"{figures['slope_per_min']:+,.0f}",
+            f"{f['first']:,.0f}",
+            f"{f['last']:,.0f}",
+            f"{f['growth']:+,.0f}",
+            f"{f['slope_per_min']:+,.0f}",
         ]
-        for label, figures in (("process heap (from outside)", heap), ("nack_stats().memory_bytes", reported))
+        for label, f in figures
     ]
+    result = runs.get("wrapper") or next(iter(runs.values()))
+    heap = result["heap"]
+    pending = [s["pending"] for s in result["samples"] if s["t_s"] >= warmup_s]
     text = "\n\n".join(
         [
             "## Soak at constant pending: memory over run time",
-            "`python bench/nack_soak.py` — one consumer on pulsar-lite for "
+            "`python bench/nack_soak.py` — one consumer on pulsar-lite (pulsar-nack's, then the official "
+            "one with the same traffic, each in a fresh process) for "
             f"{args.minutes:g} min: {args.rate:,} messages/s in batches of 10, {args.share:.0%} of first "
             f"deliveries nacked with a {args.delay_s:g} s delay, everything else acked; the consumer "
             "process (fresh, `PYTHONMALLOC=malloc`, tcache off) samples its heap from outside and "
