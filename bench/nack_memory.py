@@ -37,7 +37,7 @@ import random
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import report
@@ -104,6 +104,14 @@ class Point:
         base = f"{self.delay_s // 3600} h" if self.delay_s >= 3600 else f"{self.delay_s} s"
         return base if self.spread == "fixed" else f"{base} + U(0, {SPREAD_S} s)"
 
+    def fields(self) -> dict[str, Any]:
+        """The point as a result row's fields (:meth:`of` reads them back)."""
+        return {"point": self.name, **asdict(self)}
+
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Point:
+        return cls(row["topics"], row["batch"], row["share"], row["delay_s"], row["spread"], row["k"])
+
     def workload(self, pending: int) -> Workload:
         """Messages over the shortest delay, so that every nack is still pending at the end."""
         low = self.delay_s * 1_000.0
@@ -163,13 +171,7 @@ def measure(point: Point, pending: int) -> dict[str, Any]:
     result = _run_probe("malloc", point.workload(pending), lambda _done: None)
     per_nack = result["bytes"] / result["pending"]
     return {
-        "point": point.name,
-        "topics": point.topics,
-        "batch": point.batch,
-        "share": point.share,
-        "delay_s": point.delay_s,
-        "spread": point.spread,
-        "k": point.k,
+        **point.fields(),
         "pending": result["pending"],
         "buckets": result["buckets"],
         "measured_bytes": result["bytes"],
@@ -188,13 +190,7 @@ def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str,
     result = profile_broker(point.workload(pending), service_url, java=False, timeout_s=900.0)
     native = result.native or {}
     return {
-        "point": point.name,
-        "topics": point.topics,
-        "batch": point.batch,
-        "share": point.share,
-        "delay_s": point.delay_s,
-        "spread": point.spread,
-        "k": point.k,
+        **point.fields(),
         "pending": result.pending,
         "wrapper_bytes": result.memory["malloc"],
         "wrapper_per_nack": result.per_pending("malloc"),
@@ -208,9 +204,7 @@ def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str,
 
 
 def _broker_row(result: dict[str, Any]) -> list[str]:
-    point = Point(
-        result["topics"], result["batch"], result["share"], result["delay_s"], result["spread"], result["k"]
-    )
+    point = Point.of(result)
     ours, native = result["wrapper_per_nack"], result["native_per_nack"]
     return [
         f"{point.topics:,}",
@@ -227,9 +221,7 @@ def _broker_row(result: dict[str, Any]) -> list[str]:
 
 def _row(result: dict[str, Any], native: float | None) -> list[str]:
     ours, error = result["measured_per_nack"], result["reported_error"]
-    point = Point(
-        result["topics"], result["batch"], result["share"], result["delay_s"], result["spread"], result["k"]
-    )
+    point = Point.of(result)
     return [
         f"{point.topics:,}",
         "–" if point.batch == 1 else str(point.batch),

@@ -874,19 +874,8 @@ class _HotIndex:
         topic: str = "",
         fresh: bool = False,
     ) -> int:
-        """Schedule one id; returns the bucket time it was filed under. Complexity: see the class.
-
-        A pending id keeps its earlier due time (earliest wins).
-
-        ``batch_index`` -1 means the whole entry; ``>= 0`` one message of a batch. A pending whole entry
-        covers its batch messages, so adding a batch message it covers is a no-op.
-        ``fresh``: the caller knows that neither this id nor its whole entry is pending (and, for a whole
-        entry, none of its batch messages), so the dedupe against the ledger's other buckets is skipped —
-        O(1) even for ids inside the ledger's pending range (the consumer's arrival filter knows this for
-        every nack). A wrong ``fresh`` makes an id pending twice.
-        A due time beyond :data:`MAX_DUE_MS` is filed as that one.
-        Raises ``ValueError``/``TypeError`` naming the bad parameter; the index is then unchanged.
-        """
+        """The live tier's :meth:`TimeBucketIndex.add` (its docstring holds the contract). Complexity: see
+        the class."""
         if type(due_ms) is not int or not 0 <= due_ms <= MAX_DUE_MS:  # bools, floats, negatives, huge
             due_ms = _check_due(due_ms)
         bucket = (due_ms + self._round_up) & self._mask
