@@ -112,6 +112,11 @@ class Point:
     def of(cls, row: dict[str, Any]) -> Point:
         return cls(row["topics"], row["batch"], row["share"], row["delay_s"], row["spread"], row["k"])
 
+    def cells(self) -> list[str]:
+        """The point's columns of a table (topics, batch, nacked, delay, k)."""
+        batch = "–" if self.batch == 1 else str(self.batch)
+        return [f"{self.topics:,}", batch, f"{self.share:.0%}", self.delay_text(), str(self.k)]
+
     def workload(self, pending: int) -> Workload:
         """Messages over the shortest delay, so that every nack is still pending at the end."""
         low = self.delay_s * 1_000.0
@@ -207,11 +212,7 @@ def _broker_row(result: dict[str, Any]) -> list[str]:
     point = Point.of(result)
     ours, native = result["wrapper_per_nack"], result["native_per_nack"]
     return [
-        f"{point.topics:,}",
-        "–" if point.batch == 1 else str(point.batch),
-        f"{point.share:.0%}",
-        point.delay_text(),
-        str(point.k),
+        *point.cells(),
         f"{result['pending']:,}",
         f"{ours:.1f} (within the noise)" if ours <= 0 else f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
         "–" if native is None else f"{native:.1f}",
@@ -223,11 +224,7 @@ def _row(result: dict[str, Any], native: float | None) -> list[str]:
     ours, error = result["measured_per_nack"], result["reported_error"]
     point = Point.of(result)
     return [
-        f"{point.topics:,}",
-        "–" if point.batch == 1 else str(point.batch),
-        f"{point.share:.0%}",
-        point.delay_text(),
-        str(point.k),
+        *point.cells(),
         f"{result['pending']:,}",
         f"{result['buckets']:,}",
         f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",

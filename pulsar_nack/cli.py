@@ -588,6 +588,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     # ``python -m pulsar_nack.cli``: run the imported module's main, whose UsageError / RunError are the
     # classes the subcommands raise (this file's copy as ``__main__`` has classes of its own).
-    from pulsar_nack.cli import main as _main
+    from pulsar_nack.cli import main as cli_main
 
-    sys.exit(_main())
+    sys.exit(cli_main())

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
+from pulsar_nack.observed import NackSource, ObservedConsumers
 from pulsar_nack.tracker import NackStats
 
 __all__ = ["NackCollector", "NackSource"]
@@ -92,24 +92,6 @@ _SNAPSHOT_COUNTERS = (
 )
 
 
-@runtime_checkable
-class NackSource(Protocol):
-    """What the collector reads: :class:`pulsar_nack.NackConsumer` and :class:`pulsar_nack.aio.NackConsumer`
-    qualify, as does anything else with these methods."""
-
-    def nack_stats(self, *, with_memory: bool = False) -> NackStats: ...
-
-    def topic(self) -> str: ...
-
-    def subscription_name(self) -> str: ...
-
-
-@dataclasses.dataclass
-class _Memory:
-    measured_at: float
-    bytes: int | None  # None: the source could not measure it
-
-
 class NackCollector:
     """A Prometheus collector of the nack statistics of some consumers (see the module for the metrics).
 
@@ -132,18 +114,9 @@ class NackCollector:
                 f"namespace must be a Prometheus metric name prefix ([a-zA-Z_:][a-zA-Z0-9_:]*), "
                 f"got {namespace!r}"
             )
-        if memory_ttl_s is not None and (
-            isinstance(memory_ttl_s, bool)
-            or not isinstance(memory_ttl_s, int | float)
-            or not memory_ttl_s >= 0
-        ):
-            raise ValueError(f"memory_ttl_s must be a number of seconds >= 0 or None, got {memory_ttl_s!r}")
+        self._observed = ObservedConsumers("NackCollector", memory_ttl_s, clock)
         self.namespace = namespace
-        self.memory_ttl_s = None if memory_ttl_s is None else float(memory_ttl_s)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._consumers: list[NackSource] = []
-        self._memory: dict[int, _Memory] = {}  # id(consumer) → its last memory walk
+        self.memory_ttl_s = self._observed.memory_ttl_s
         for consumer in consumers:
             self.add(consumer)
 
@@ -151,24 +124,15 @@ class NackCollector:
 
     def add(self, consumer: NackSource) -> None:
         """Report ``consumer`` from the next scrape on. O(consumers)."""
-        if not isinstance(consumer, NackSource):
-            raise TypeError(
-                "NackCollector takes consumers with nack_stats(), topic() and subscription_name() "
-                f"(pulsar_nack.NackConsumer or pulsar_nack.aio.NackConsumer), got {type(consumer).__name__}"
-            )
-        with self._lock:
-            if not any(c is consumer for c in self._consumers):
-                self._consumers.append(consumer)
+        self._observed.add(consumer)
 
     def remove(self, consumer: NackSource) -> None:
         """Stop reporting ``consumer`` (its counters leave the sums: Prometheus sees a counter reset)."""
-        with self._lock:
-            self._consumers = [c for c in self._consumers if c is not consumer]
-            self._memory.pop(id(consumer), None)
+        self._observed.remove(consumer)
 
     @property
     def consumers(self) -> tuple[NackSource, ...]:
-        return tuple(self._consumers)
+        return self._observed.consumers()
 
     # -- the collector protocol ---------------------------------------------------------------------
 
@@ -228,29 +192,18 @@ class NackCollector:
         return f"{self.namespace}_{suffix}"
 
     def _stats_by_series(self) -> dict[tuple[str, str], list[NackStats]]:
-        with self._lock:
-            consumers = list(self._consumers)
         series: dict[tuple[str, str], list[NackStats]] = {}
-        for consumer in consumers:
+        for consumer in self._observed.consumers():
             key = (str(consumer.topic()), str(consumer.subscription_name()))
             series.setdefault(key, []).append(self._stats(consumer))
         return series
 
     def _stats(self, consumer: NackSource) -> NackStats:
         """The consumer's stats, with a memory figure at most ``memory_ttl_s`` old (none if None)."""
+        stats = consumer.nack_stats()
         if self.memory_ttl_s is None:
-            return consumer.nack_stats()
-        now = self._clock()
-        with self._lock:
-            cached = self._memory.get(id(consumer))
-        if cached is not None and now - cached.measured_at < self.memory_ttl_s:
-            stats = consumer.nack_stats()
-            return dataclasses.replace(stats, memory_bytes=cached.bytes)
-        stats = consumer.nack_stats(with_memory=True)
-        with self._lock:
-            if any(c is consumer for c in self._consumers):  # not removed meanwhile
-                self._memory[id(consumer)] = _Memory(now, stats.memory_bytes)
-        return stats
+            return stats
+        return dataclasses.replace(stats, memory_bytes=self._observed.memory_bytes(consumer))
 
 
 def _import_prometheus() -> Any:

@@ -31,13 +31,12 @@ count acks or receipts (the official client does that in C++, without exposing i
 from __future__ import annotations
 
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pulsar_nack import __version__
-from pulsar_nack.metrics import NackSource
+from pulsar_nack.observed import NackSource, ObservedConsumers
 
 __all__ = ["NackMeter", "attributes_of"]
 
@@ -89,21 +88,10 @@ class NackMeter:
         except ImportError:
             message = "pulsar_nack.otel needs opentelemetry-api: pip install 'pulsar-nack[otel]'"
             raise ImportError(message) from None
-        if memory_ttl_s is not None and (
-            isinstance(memory_ttl_s, bool)
-            or not isinstance(memory_ttl_s, int | float)
-            or not memory_ttl_s >= 0
-        ):
-            raise ValueError(f"memory_ttl_s must be a number of seconds >= 0 or None, got {memory_ttl_s!r}")
+        self._observed = ObservedConsumers("NackMeter", memory_ttl_s, clock)
         if not isinstance(topic_attributes, bool):
             raise TypeError(f"topic_attributes must be a bool, got {topic_attributes!r}")
-        self.memory_ttl_s = None if memory_ttl_s is None else float(memory_ttl_s)
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._consumers: list[NackSource] = []
-        self._memory: dict[
-            int, tuple[float, int | None]
-        ] = {}  # id(consumer) → (when, bytes) of its last walk
+        self.memory_ttl_s = self._observed.memory_ttl_s
         self._topic_attributes = topic_attributes
         for consumer in consumers:
             self.add(consumer)
@@ -155,7 +143,7 @@ class NackMeter:
         if self.memory_ttl_s is not None:
             meter.create_observable_gauge(
                 "pulsar_nack.consumer.nack.memory",
-                [summed(self._memory_bytes)],
+                [summed(self._observed.memory_bytes)],
                 "By",
                 "Memory held by the index (Python objects and CRoaring heap), measured every memory_ttl_s.",
             )
@@ -163,24 +151,14 @@ class NackMeter:
     def add(self, consumer: NackSource) -> None:
         """Observe ``consumer`` too (a duplicate is ignored); ``TypeError`` for anything without
         ``nack_stats()``, ``topic()`` and ``subscription_name()``. O(consumers)."""
-        if not isinstance(consumer, NackSource):
-            raise TypeError(
-                "NackMeter takes consumers with nack_stats(), topic() and subscription_name() "
-                f"(pulsar_nack.NackConsumer or pulsar_nack.aio.NackConsumer), got {type(consumer).__name__}"
-            )
-        with self._lock:
-            if not any(c is consumer for c in self._consumers):
-                self._consumers.append(consumer)
+        self._observed.add(consumer)
 
     def remove(self, consumer: NackSource) -> None:
         """Stop observing ``consumer`` (before closing it). O(consumers)."""
-        with self._lock:
-            self._consumers = [c for c in self._consumers if c is not consumer]
-            self._memory.pop(id(consumer), None)
+        self._observed.remove(consumer)
 
     def _keyed(self) -> list[tuple[tuple[tuple[str, Any], ...], NackSource]]:
-        with self._lock:
-            consumers = list(self._consumers)
+        consumers = self._observed.consumers()
         topic_attributes = self._topic_attributes
         return [
             (
@@ -210,20 +188,6 @@ class NackMeter:
             else:
                 totals[key] = totals.get(key, 0) + figure
         return [(key, total) for key, total in totals.items() if key not in missing]
-
-    def _memory_bytes(self, consumer: NackSource) -> int | None:
-        """The consumer's memory, walked at most every ``memory_ttl_s`` (as NackCollector does)."""
-        assert self.memory_ttl_s is not None
-        now = self._clock()
-        with self._lock:
-            cached = self._memory.get(id(consumer))
-        if cached is not None and now - cached[0] < self.memory_ttl_s:
-            return cached[1]
-        measured = consumer.nack_stats(with_memory=True).memory_bytes
-        with self._lock:
-            if any(c is consumer for c in self._consumers):  # not removed meanwhile
-                self._memory[id(consumer)] = (now, measured)
-        return measured
 
     def _lateness(self, _options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
