@@ -1,7 +1,7 @@
 """Benchmark: the broker's delayed-delivery trackers as measured models, beside the figures of the Pulsar
 3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”).
 
-Runs the tracker sweep (:func:`pulsar_nack.sweep.spark.run_trackers`) on Spark: the article's workload
+Runs the tracker sweep (:func:`delayed_tracker_sweep.run_trackers`) on Spark: the article's workload
 (1,000 messages/s, delays of 48 h to 48 h 10 min, 50,000 entries per ledger) fed to the in-memory
 triple-long heap (doubling with no limit; by segments under a 1 GiB direct-memory limit), the TimeBucket
 variant and PIP-195's bucket tracker on our segment store, at 1M to 100M messages; each point measures
@@ -21,17 +21,22 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import report
+from delayed_tracker_sweep import (
+    ARTICLE,
+    article_comparison,
+    load_tracker_grid,
+    plot_trackers,
+    run_trackers,
+    tracker_findings,
+    tracker_table,
+)
+from delayed_trackers import ARTICLE_FIGURES
 
-from pulsar_nack.sweep.grid import GridError, load_tracker_grid
-from pulsar_nack.sweep.plots import plot_trackers
-from pulsar_nack.sweep.report import ARTICLE, seed_comparison, tracker_findings, tracker_table
-from pulsar_nack.sweep.trackers import SEED004
+from pulsar_nack.sweep.grid import GridError
 
 NAME = "broker_trackers"
 PLOT = report.RESULTS / f"{NAME}.png"
@@ -47,7 +52,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--read-cost-us",
         type=float,
-        default=SEED004.recovery_us_per_message,
+        default=ARTICLE_FIGURES.recovery_us_per_message,
         help="modelled cost of reading one replayed message, shown beside the measured recoveries "
         "(default: the seed's in-memory recovery per message, 6,120 s / 35M = %(default).1f)",
     )
@@ -62,17 +67,15 @@ def main(argv: list[str]) -> int:
         except GridError as error:
             parser.error(f"--grid: {error}")
         from pulsar_nack.memory import MEASURING_ENV
-        from pulsar_nack.sweep.spark import run_trackers
 
         os.environ.update(MEASURING_ENV)  # inherited by Spark's Python workers: no glibc tcache
-        with tempfile.TemporaryDirectory(prefix="broker-trackers-") as scratch:
-            result = run_trackers(args.grid, points, Path(scratch), master=args.master)
+        rows, info = run_trackers(args.grid, points, master=args.master)
         results = {
             "machine": report.machine(),
             "grid": args.grid,
-            "run": asdict(result.info),
-            "seed004": asdict(SEED004),
-            "rows": result.rows,
+            "run": asdict(info),
+            "seed004": asdict(ARTICLE_FIGURES),
+            "rows": rows,
         }
     results["read_cost_us"] = args.read_cost_us  # a modelled figure: stored, and re-chosen by --render
     report.save_json(NAME, results)
@@ -90,7 +93,7 @@ def render(results: dict[str, Any]) -> str:
     rows, run = results["rows"], results["run"]
     headers, cells = tracker_table(rows)
     read_cost_us = results["read_cost_us"]
-    comparison = seed_comparison(rows, read_cost_us=read_cost_us)
+    comparison = article_comparison(rows, read_cost_us=read_cost_us)
     parts = [
         f"## The broker's delayed-delivery trackers, measured (the Pulsar 3.0 article, {ARTICLE})",
         "",
@@ -98,7 +101,7 @@ def render(results: dict[str, Any]) -> str:
         f"points, {run['ids']:,} delayed messages in all, on Spark `{run['master']}` "
         f"({run['sweep_s']:.0f} s). The article's workload (`pulsar-perf produce -dr 172800,173400 -r 1000`: "
         "1,000 messages/s, delays of 48 h to 48 h 10 min; 50,000 entries per ledger) fed in publish order to "
-        "three models (`pulsar_nack/sweep/trackers.py`): the in-memory `TripleLongPriorityQueue` (24 B per "
+        "three models (`bench/delayed_trackers.py`): the in-memory `TripleLongPriorityQueue` (24 B per "
         "index; buffers doubling with no limit, or growing by 1M-index segments under a 1 GiB direct-memory "
         "limit — the limit is ours, the article does not give its broker's), the TimeBucket variant of "
         "apache/pulsar PR #23611 (tick 1,000 ms → 2^9 ms buckets; `strict` rounds up) and PIP-195's bucket "

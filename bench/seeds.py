@@ -43,9 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import report
+from delayed_trackers import ArticleWorkload
 from tqdm import tqdm
-
-from pulsar_nack.sweep.trackers import Seed004Workload
 
 SCRIPT = Path(__file__).resolve()
 SEEDS_MD = report.ROOT / "docs" / "seeds.md"
@@ -616,11 +615,11 @@ def pip195_section(trackers: dict[str, Any] | None) -> list[str]:
     notes.append(
         "- (a) No Java figure: the Java module here (`bench/java`) builds PIP-393's nack structure only; "
         "neither the broker's `TripleLongPriorityQueue` nor its bucket tracker is built there. Our models "
-        "follow their layouts (`pulsar_nack/sweep/trackers.py`)."
+        "follow their layouts (`bench/delayed_trackers.py`)."
     )
     if timebucket is not None:
         largest = max((r for r in rows if r["model"] == "timebucket"), key=lambda r: r["held"])
-        workload = Seed004Workload(1)  # the article's delays, as the sweep generated them
+        workload = ArticleWorkload(1)  # the article's delays, as the sweep generated them
         spread_s = workload.max_delay_s - workload.min_delay_s
         notes.append(
             "- Not in the article: the in-memory tracker on the TimeBucket index (apache/pulsar PR #23611, "
@@ -632,7 +631,7 @@ def pip195_section(trackers: dict[str, Any] | None) -> list[str]:
     return [
         *parts,
         f"The article ran Apache Pulsar 3.0.4 with 100M messages at 1,000/s, delays of 48 h to 48 h 10 min. "
-        f"Ours: the tracker models (`pulsar_nack/sweep/trackers.py`) fed the same workload, measured by "
+        f"Ours: the tracker models (`bench/delayed_trackers.py`) fed the same workload, measured by "
         f"`python bench/broker_trackers.py` (grid `{trackers['grid']}`, read from `{trackers['source']}`: "
         f"{machine['date']}, commit {machine['commit']}); memory is the process heap around the tracker, "
         "recovery the measured rebuild or restore after a restart (see docs/sweep.md).",

@@ -10,8 +10,5 @@ numpy, pyroaring and sortedcontainers. One module per concept:
 * :mod:`~pulsar_nack.sweep.spark` — the Spark session and job (``pulsar-nack sweep``);
 * :mod:`~pulsar_nack.sweep.plots`, :mod:`~pulsar_nack.sweep.report` — the plots and the report;
 * :mod:`~pulsar_nack.sweep.java_results` — the Java PIP-393 structure's figures, read from the results
-  file of ``bench/index_memory.py`` (the report's Java bars; none without the file);
-* :mod:`~pulsar_nack.sweep.trackers` — models of the broker's delayed-delivery trackers (the triple-long
-  heap, the TimeBucket variant, PIP-195's bucket tracker on the snapshot segments), swept by
-  :func:`~pulsar_nack.sweep.spark.run_trackers` over :class:`~pulsar_nack.sweep.grid.TrackerPoint` grids.
+  file of ``bench/index_memory.py`` (the report's Java bars; none without the file).
 """

@@ -8,36 +8,29 @@ JSON format (:func:`parse_grid`, :func:`load_grid`); ``default`` is 48 (x, k) po
 32 ids per ms; k = 0, 4, 8, 10, 12, 15, 16, 18) plus one point per baseline, ``small`` a dozen quick points
 that touch every axis.
 
-:class:`TrackerPoint` is one experiment of the tracker sweep (a model of the broker's delayed-delivery
-tracker fed the workload of the Pulsar 3.0 delayed-message article, :mod:`pulsar_nack.sweep.trackers`);
-:data:`TRACKER_GRIDS` holds ``seed004`` (that article's experiment: 1M to 100M messages, every model) and
-``small``; :func:`load_tracker_grid` reads those or a
-JSON file in the same format with :class:`TrackerPoint`'s fields.
+:func:`parse_points` parses the same format into points of another class (``bench/`` uses it).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Final, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, Protocol, TypeVar, get_args
 
 from pulsar_nack.index import MAX_ENTRY_ID, MAX_PRECISION_BITS, Rounding
-from pulsar_nack.sweep.trackers import MODELS, BucketSettings, Growth, Model
 
 __all__ = [
     "CONTENDERS",
     "GRIDS",
-    "TRACKER_GRIDS",
     "Contender",
     "GridError",
     "GridPoint",
-    "TrackerPoint",
     "load_grid",
-    "load_tracker_grid",
     "parse_grid",
+    "parse_points",
 ]
 
 Contender = Literal["index", "hashmap", "heap"]
@@ -172,7 +165,7 @@ def parse_grid(spec: Any, source: str = "grid") -> list[GridPoint]:
     first key outermost; fields left out come from ``defaults``, then from :class:`GridPoint`. Fields
     are those of :class:`GridPoint`. Raises :class:`GridError` naming ``source`` and the bad part.
     """
-    return _parse_points(spec, source, GridPoint, _FIELDS)
+    return parse_points(spec, source, GridPoint, _FIELDS)
 
 
 def load_grid(grid: str) -> list[GridPoint]:
@@ -201,11 +194,16 @@ def _check_fields(values: Mapping[str, Any], where: str, names: Sequence[str] = 
         raise GridError(f"{where}: unknown field(s) {unknown}; fields are {', '.join(names)}")
 
 
-P = TypeVar("P", "GridPoint", "TrackerPoint")
+class _Point(Protocol, Hashable):
+    def label(self) -> str: ...
 
 
-def _parse_points(spec: Any, source: str, cls: type[P], names: Sequence[str]) -> list[P]:
-    """:func:`parse_grid` for points of ``cls`` with the fields ``names``."""
+P = TypeVar("P", bound=_Point)
+
+
+def parse_points(spec: Any, source: str, cls: type[P], names: Sequence[str]) -> list[P]:
+    """:func:`parse_grid`'s format for points of another frozen dataclass ``cls`` with the fields ``names``
+    (a point must be hashable and have a ``label()``: repeated points are an error). O(points)."""
     if not isinstance(spec, Mapping):
         raise GridError(f"{source}: must be a JSON object with 'grids' (and optional 'defaults')")
     unknown = set(spec) - {"defaults", "grids"}
@@ -250,142 +248,3 @@ def _product(grid: Mapping[str, Any], where: str) -> Iterator[dict[str, Any]]:
             axes.append([value])
     for combination in itertools.product(*axes):
         yield dict(zip(grid, combination, strict=True))
-
-
-# -- the broker's delayed-delivery trackers (the Pulsar 3.0 delayed-message article's experiment) -------
-
-
-@dataclass(frozen=True)
-class TrackerPoint:
-    """One experiment of the tracker sweep: ``model`` fed the first ``n`` messages of the Pulsar 3.0
-    article's workload (:class:`~pulsar_nack.sweep.trackers.Seed004Workload`), its memory measured, then a
-    restart recovered.
-
-    ``growth`` and ``memory_limit_bytes`` (0: none) apply to the heap; ``tick_ms`` (the broker's
-    ``delayedDeliveryTickTimeMillis``) to the TimeBucket and bucket models, ``rounding`` to the TimeBucket
-    one (``ceil`` is the strict variant); the next five are the bucket tracker's settings
-    (:class:`~pulsar_nack.sweep.trackers.BucketSettings`), ``fsync`` whether its segment files are synced;
-    ``read_cost_us`` is the modelled cost of reading one replayed message (not measured). Values are
-    checked on construction; errors name the field.
-    """
-
-    model: Model = "heap"
-    n: int = 1_000_000
-    growth: Growth = "double"
-    memory_limit_bytes: int = 0
-    tick_ms: int = 1_000
-    rounding: Rounding = "floor"
-    min_index_count_per_bucket: int = 50_000
-    max_indexes_per_segment: int = 5_000
-    max_time_step_per_segment_s: int = 300
-    max_num_buckets: int = -1
-    max_loaded_ids: int = 100_000
-    fsync: bool = True
-    read_cost_us: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
-        if self.growth not in ("double", "segmented"):
-            raise ValueError(f"growth must be 'double' or 'segmented', got {self.growth!r}")
-        if isinstance(self.memory_limit_bytes, bool) or not isinstance(self.memory_limit_bytes, int):
-            raise TypeError(f"memory_limit_bytes must be an int, got {self.memory_limit_bytes!r}")
-        if self.memory_limit_bytes < 0:
-            raise ValueError(f"memory_limit_bytes must be >= 0 (0: no limit), got {self.memory_limit_bytes}")
-        if self.rounding not in get_args(Rounding):
-            raise ValueError(f"rounding must be 'floor' or 'ceil', got {self.rounding!r}")
-        if not isinstance(self.fsync, bool):
-            raise TypeError(f"fsync must be true or false, got {self.fsync!r}")
-        if isinstance(self.read_cost_us, bool) or not isinstance(self.read_cost_us, int | float):
-            raise TypeError(f"read_cost_us must be a number, got {self.read_cost_us!r}")
-        object.__setattr__(self, "read_cost_us", float(self.read_cost_us))
-        if not self.read_cost_us >= 0:
-            raise ValueError(f"read_cost_us must be >= 0, got {self.read_cost_us}")
-        self.bucket_settings()  # checks tick_ms and the bucket settings, naming the field
-
-    def bucket_settings(self) -> BucketSettings:
-        """The bucket tracker's settings of this point."""
-        return BucketSettings(
-            min_index_count_per_bucket=self.min_index_count_per_bucket,
-            max_indexes_per_segment=self.max_indexes_per_segment,
-            max_time_step_per_segment_s=self.max_time_step_per_segment_s,
-            max_num_buckets=self.max_num_buckets,
-            tick_ms=self.tick_ms,
-            max_loaded_ids=self.max_loaded_ids,
-        )
-
-    def variant(self) -> str:
-        """The model and the settings that set it apart, e.g. ``heap segmented, limit 1,024 MiB``."""
-        if self.model == "heap":
-            limit = f", limit {self.memory_limit_bytes / 2**20:,.0f} MiB" if self.memory_limit_bytes else ""
-            return f"heap {self.growth}{limit}"
-        if self.model == "timebucket":
-            strict = " strict" if self.rounding == "ceil" else ""
-            return f"timebucket tick {self.tick_ms} ms{strict}"
-        merge = f", ≤ {self.max_num_buckets} segments" if self.max_num_buckets != -1 else ""
-        return f"buckets budget {self.max_loaded_ids:,}{merge}"
-
-    def label(self) -> str:
-        """:meth:`variant` and the message count, e.g. ``heap double n=10,000,000``."""
-        return f"{self.variant()} n={self.n:,}"
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> TrackerPoint:
-        """The point a row of :func:`~pulsar_nack.sweep.measure.measure_tracker` was measured at."""
-        return cls(**{name: row[name] for name in _TRACKER_FIELDS})
-
-
-_TRACKER_FIELDS: Final = tuple(f.name for f in fields(TrackerPoint))
-_GIB: Final = 2**30
-
-#: Built-in tracker grids, in :func:`parse_grid`'s JSON format with :class:`TrackerPoint`'s fields.
-TRACKER_GRIDS: Final[dict[str, dict[str, Any]]] = {
-    # The Pulsar 3.0 article's experiment up to its 100M messages: the heap growing by doubling with no
-    # limit, the heap growing by segments under a 1 GiB direct-memory limit (our choice: the article does not
-    # give its broker's), the TimeBucket variant (floor; strict once), and the bucket tracker.
-    "seed004": {
-        "grids": [
-            {
-                "model": "heap",
-                "growth": "double",
-                "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000],
-            },
-            {
-                "model": "heap",
-                "growth": "segmented",
-                "memory_limit_bytes": _GIB,
-                "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000],
-            },
-            {"model": "timebucket", "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000]},
-            {"model": "timebucket", "rounding": "ceil", "n": 10_000_000},
-            {"model": "buckets", "n": [1_000_000, 3_000_000, 10_000_000, 30_000_000, 100_000_000]},
-        ],
-    },
-    # Every model at 60,000 and 120,000 messages (one and two sealed ledgers): for tests.
-    "small": {
-        "defaults": {"fsync": False, "min_index_count_per_bucket": 5_000, "max_loaded_ids": 2_000},
-        "grids": [{"model": ["heap", "timebucket", "buckets"], "n": [60_000, 120_000]}],
-    },
-}
-
-
-def load_tracker_grid(grid: str) -> list[TrackerPoint]:
-    """The points of a built-in tracker grid (``seed004``, ``small``) or of a JSON grid file of
-    :class:`TrackerPoint` fields (:func:`parse_grid`'s format). Raises :class:`GridError`."""
-    if grid in TRACKER_GRIDS:
-        spec: Any = TRACKER_GRIDS[grid]
-        source = f"tracker grid {grid!r}"
-    else:
-        path = Path(grid)
-        if not path.is_file():
-            raise GridError(
-                f"{grid!r} is neither a built-in tracker grid ({', '.join(TRACKER_GRIDS)}) nor a file"
-            )
-        try:
-            spec = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise GridError(f"cannot read tracker grid file {grid}: {error}") from None
-        source = f"tracker grid file {grid}"
-    return _parse_points(spec, source, TrackerPoint, _TRACKER_FIELDS)

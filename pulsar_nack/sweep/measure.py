@@ -28,12 +28,9 @@ from __future__ import annotations
 
 import gc
 import math
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Final, TypeAlias
 
 import numpy as np
@@ -42,27 +39,15 @@ import numpy.typing as npt
 from pulsar_nack.index import TimeBucketIndex
 from pulsar_nack.memory import heap_in_use
 from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
-from pulsar_nack.sweep.grid import GridPoint, TrackerPoint
-from pulsar_nack.sweep.trackers import (
-    BucketTracker,
-    DelayedTracker,
-    Seed004Workload,
-    TimeBucketTracker,
-    TrackerOutOfMemory,
-    TripleLongPriorityQueue,
-    precision_bits_for_tick,
-    recover,
-)
+from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.workloads import Workload
 
 __all__ = [
     "COLUMNS",
     "MEMORY_COLUMNS",
     "TIMING_COLUMNS",
-    "TRACKER_COLUMNS",
     "Row",
     "measure",
-    "measure_tracker",
     "number",
     "per_id",
     "pip393_bytes_per_id",
@@ -297,133 +282,3 @@ def number(value: object) -> float:
 def per_id(row: Row, column: str) -> float:
     """``row[column]`` per id of the point (divided by its ``n``)."""
     return number(row[column]) / number(row["n"])
-
-
-# -- the broker's delayed-delivery trackers -------------------------------------------------------------
-
-#: Every column of a tracker row, in order, with its type: the point's fields, then the measurements.
-TRACKER_COLUMNS: Final[dict[str, type]] = {
-    "model": str,
-    "n": int,
-    "growth": str,
-    "memory_limit_bytes": int,
-    "tick_ms": int,
-    "rounding": str,
-    "min_index_count_per_bucket": int,
-    "max_indexes_per_segment": int,
-    "max_time_step_per_segment_s": int,
-    "max_num_buckets": int,
-    "max_loaded_ids": int,
-    "fsync": bool,
-    "read_cost_us": float,
-    "variant": str,
-    "precision_bits": int,
-    "held": int,
-    "oom_at": int,
-    "heap_bytes": int,
-    "own_bytes": int,
-    "bytes_per_id": float,
-    "ids_in_memory": int,
-    "segments": int,
-    "snapshot_bytes": int,
-    "build_s": float,
-    "recovery_s": float,
-    "replayed": int,
-    "restored": int,
-    "recovered": int,
-    "modelled_read_s": float,
-    "recovery_heap_bytes": int,
-    "measure_s": float,
-}
-
-
-def measure_tracker(point: TrackerPoint, scratch: str | None = None) -> Row:
-    """Feed the point's model the first ``n`` messages of the Pulsar 3.0 article's workload in publish
-    order, measure it, restart it (:func:`~pulsar_nack.sweep.trackers.recover`) and measure the recovered
-    tracker.
-
-    Memory is **measured**: ``heap_bytes`` is the :func:`~pulsar_nack.memory.heap_in_use` delta (pymalloc
-    blocks + glibc in-use chunks, numpy's buffers and CRoaring's heap included) between before the
-    tracker existed and after it holds every id, with no workload array alive at either reading;
-    ``own_bytes`` is the model's own account (heap: its buffers; TimeBucket: the index's walk; buckets:
-    none), a cross-check. ``recovery_heap_bytes`` is the same delta after the recovery (the old tracker
-    released first). A heap with ``memory_limit_bytes`` stops at the growth that would pass the limit:
-    ``oom_at`` is how many ids it held (the topic's backlog for the recovery is then those ids), and
-    None when every id fit. The restart happens when the producer stops: with the article's delays (≥ 48 h)
-    nothing is due yet, so every held id must come back (RuntimeError otherwise).
-
-    The bucket tracker writes its segments into a fresh folder under ``scratch`` (default: the system's
-    temporary folder), removed afterwards. Cost: O(n) — see each model's complexities.
-    """
-    started_all = time.perf_counter()
-    workload_ = Seed004Workload(point.n)
-    folder = Path(tempfile.mkdtemp(prefix="pulsar-nack-trackers-", dir=scratch))
-    try:
-        gc.collect()
-        before = heap_in_use()
-        tracker = _tracker(point, folder)
-        oom_at: int | None = None
-        started = time.perf_counter()
-        for low in range(0, point.n, workload_.chunk):
-            if isinstance(tracker, BucketTracker):
-                tracker.now_ms = workload_.published_ms(low + 1)
-            try:
-                tracker.add_many(*workload_.slice(low, min(low + workload_.chunk, point.n)))
-            except TrackerOutOfMemory as error:
-                oom_at = error.held
-                break
-        build_s = time.perf_counter() - started
-        held = len(tracker)
-        stopped_ms = workload_.published_ms(held)
-        if isinstance(tracker, BucketTracker):
-            tracker.now_ms = stopped_ms
-        gc.collect()
-        heap_bytes = heap_in_use() - before
-        row: Row = dict.fromkeys(TRACKER_COLUMNS)
-        row |= asdict(point)
-        row |= {
-            "variant": point.variant(),
-            "precision_bits": None if point.model == "heap" else precision_bits_for_tick(point.tick_ms),
-            "held": held,
-            "oom_at": oom_at,
-            "heap_bytes": heap_bytes,
-            "own_bytes": tracker.own_bytes(),
-            "bytes_per_id": heap_bytes / held,
-            "ids_in_memory": held,
-            "build_s": build_s,
-        }
-        if isinstance(tracker, BucketTracker):
-            stats = tracker.store.stats()
-            row |= {
-                "ids_in_memory": stats.ids_in_memory,
-                "segments": stats.segments_total,
-                "snapshot_bytes": stats.bytes_total,
-            }
-        backlog = workload_ if oom_at is None else Seed004Workload(held)
-        recovered, recovery = recover(tracker, backlog, stopped_ms, point.read_cost_us / 1e6)
-        del tracker
-        gc.collect()
-        row |= {
-            "recovery_s": recovery.seconds,
-            "replayed": recovery.replayed,
-            "restored": recovery.restored,
-            "recovered": recovery.pending,
-            "modelled_read_s": recovery.modelled_read_s,
-            "recovery_heap_bytes": heap_in_use() - before,
-        }
-        if recovery.pending != held:
-            raise RuntimeError(f"{point.label()}: {held:,} ids held, {recovery.pending:,} after the recovery")
-        recovered.close()
-        del recovered
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    row["measure_s"] = time.perf_counter() - started_all
-    return row
-
-
-def _tracker(point: TrackerPoint, folder: Path) -> DelayedTracker:
-    if point.model == "heap":
-        return TripleLongPriorityQueue(point.memory_limit_bytes, point.growth)
-    if point.model == "timebucket":
-        return TimeBucketTracker(point.tick_ms, point.rounding)
-    return BucketTracker(folder, point.bucket_settings(), fsync=point.fsync)

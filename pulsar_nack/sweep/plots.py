@@ -1,9 +1,8 @@
 """The sweep report's plots (matplotlib, drawn off-screen): bytes/id against M = x·2^k with PIP-393's
 curve, buckets against k, memory against precision, the index against the baselines and the Java
-structure; and :func:`plot_trackers`, the models of the broker's delayed-delivery trackers beside the
-figures of the Pulsar 3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”). Each plot function
-takes the measured rows and returns None when they lack its data; the Java structure's bars come from a
-results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`), and are left out without one.
+structure. Each plot function takes the measured rows and returns None when they lack its data; the
+Java structure's bars come from a results file of the benchmark (:mod:`pulsar_nack.sweep.java_results`),
+and are left out without one.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from pulsar_nack.shipped import repository_file
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, pip393_bytes_per_id, reference_rows
-from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
 
 __all__ = [
     "DEFAULT_SEEDS_RESULTS",
@@ -35,8 +33,6 @@ __all__ = [
     "plot_memory_vs_precision",
     "plot_seeds_bytes_per_id",
     "plot_seeds_memory",
-    "plot_trackers",
-    "tracker_series",
 ]
 
 _BEFORE, _AFTER, _THEORY = "#1f77b4", "#d62728", "#555555"
@@ -232,96 +228,6 @@ def figures(rows: Sequence[Row], java: JavaResults | None = None) -> dict[str, F
     the Java bars only with ``java``."""
     drawn = {name: plot(rows, java) for name, (_, plot) in PLOTS.items()}
     return {name: figure for name, figure in drawn.items() if figure is not None}
-
-
-# -- the broker's delayed-delivery trackers ----------------------------------------------------------------
-
-_MODEL_COLOURS: Final = {"heap": "#d62728", "timebucket": "#ff7f0e", "buckets": "#1f77b4"}
-_MILLION: Final = 1e6
-
-
-def tracker_series(rows: Sequence[Row]) -> dict[str, list[Row]]:
-    """Tracker rows by variant (model and settings), each sorted by n; variants measured at one n only
-    are left out (they make no line)."""
-    series: dict[str, list[Row]] = {}
-    for row in rows:
-        series.setdefault(str(row["variant"]), []).append(row)
-    return {
-        name: sorted(group, key=lambda r: number(r["n"])) for name, group in series.items() if len(group) > 1
-    }
-
-
-def plot_trackers(
-    rows: Sequence[Row], seed: Seed004Figures = SEED004, read_cost_us: float | None = None
-) -> Figure | None:
-    """The two charts of the Pulsar 3.0 delayed-message article for the models, against the messages each
-    tracker *held* (a heap with a memory limit stops where it ran out, marked with a cross): measured memory,
-    and measured recovery time (log scale) — with ``read_cost_us``, also the recovery plus a modelled read of
-    every replayed message (thin dotted lines, labelled as modelled). The article's figures are black stars.
-    None without two sizes of any variant."""
-    series = tracker_series(rows)
-    if not series:
-        return None
-    figure = Figure(figsize=(13, 5.5), layout="constrained")
-    memory, recovery = figure.subplots(1, 2)
-    for (name, group), style in zip(series.items(), itertools.cycle(("-", "--", ":", "-."))):
-        colour = _MODEL_COLOURS.get(str(group[0]["model"]), "#555555")
-        x = [number(r["held"]) / _MILLION for r in group]
-        mib = [number(r["heap_bytes"]) / 2**20 for r in group]
-        memory.plot(x, mib, ls=style, marker="o", c=colour, label=name)
-        recovery.plot(x, [number(r["recovery_s"]) for r in group], ls=style, marker="o", c=colour, label=name)
-        if read_cost_us is not None:
-            recovery.plot(
-                x,
-                [number(r["recovery_s"]) + number(r["replayed"]) * read_cost_us / 1e6 for r in group],
-                ls=":",
-                lw=1,
-                c=colour,
-                label=f"{name} + modelled read",
-            )
-        oom = [r for r in group if r["oom_at"] is not None]
-        if oom:
-            held, held_mib = number(oom[0]["held"]) / _MILLION, number(oom[0]["heap_bytes"]) / 2**20
-            memory.scatter(held, held_mib, marker="X", s=120, c=colour, zorder=4)
-            memory.annotate(
-                f"out of memory at {held:.1f}M",
-                (held, held_mib),
-                textcoords="offset points",
-                xytext=(8, -14),
-                fontsize="small",
-                color=colour,
-            )
-    memory.scatter(
-        seed.in_memory_oom_messages / _MILLION,
-        seed.in_memory_direct_memory_mb,
-        marker="*",
-        s=160,
-        c="black",
-        label=f"Pulsar 3.0 article: in-memory tracker, {seed.in_memory_direct_memory_mb} MB, then out of "
-        "memory",
-        zorder=5,
-    )
-    recovery.scatter(
-        [seed.in_memory_recovery_messages / _MILLION, seed.bucket_messages / _MILLION],
-        [seed.in_memory_recovery_s, seed.bucket_recovery_s],
-        marker="*",
-        s=160,
-        c="black",
-        label=f"Pulsar 3.0 article: in-memory {seed.in_memory_recovery_s:,} s, buckets "
-        f"{seed.bucket_recovery_s} s",
-        zorder=5,
-    )
-    memory.set(xlabel="delayed messages held (millions)", ylabel="measured memory (MiB)")
-    memory.set_title("Memory against delayed messages (X: out of memory)")
-    recovery.set(xlabel="delayed messages held (millions)", ylabel="recovery (s)", yscale="log")
-    title = "Recovery after a restart, measured"
-    if read_cost_us is not None:
-        title += f"\n(dotted: + modelled read, {read_cost_us:.0f} µs per replayed message)"
-    recovery.set_title(title, fontsize="medium")
-    for axes in (memory, recovery):
-        axes.grid(True, alpha=0.3)
-        axes.legend(fontsize="x-small")
-    return figure
 
 
 # -- the published figures, checked (bench/seeds.py's results) ------------------------------------------

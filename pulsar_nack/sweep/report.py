@@ -1,13 +1,10 @@
 """The sweep's report: a table of every point, findings computed from the rows, and ``report.md`` /
-``report.html`` around the plots of :mod:`pulsar_nack.sweep.plots`; the same for the models of the
-broker's delayed-delivery trackers (:func:`write_tracker_report`), with the figures of the Pulsar 3.0
-delayed-message article (“New Delayed Message In Pulsar 3.0”) beside ours.
+``report.html`` around the plots of :mod:`pulsar_nack.sweep.plots`.
 """
 
 from __future__ import annotations
 
 import html
-import math
 import re
 import statistics
 from collections.abc import Callable, Sequence
@@ -18,26 +15,15 @@ from typing import Any, Final, TypeAlias
 from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import HOW_TO_PRODUCE, JavaResults
 from pulsar_nack.sweep.measure import Row, number, per_id, reference_rows
-from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures, plot_trackers, tracker_series
-from pulsar_nack.sweep.trackers import SEED004, Seed004Figures
+from pulsar_nack.sweep.plots import PLOTS, contender_cases, figures
 
 __all__ = [
-    "ARTICLE",
     "RunInfo",
     "findings",
     "java_note",
-    "seed_comparison",
     "summary_table",
-    "tracker_findings",
-    "tracker_table",
     "write_report",
-    "write_tracker_report",
 ]
-
-
-#: The public source of the tracker experiment and of :data:`~pulsar_nack.sweep.trackers.SEED004`'s
-#: figures (StreamNative's Pulsar 3.0 delayed-message article), as reports name it.
-ARTICLE: Final = "“New Delayed Message In Pulsar 3.0”"
 
 
 @dataclass(frozen=True)
@@ -268,216 +254,3 @@ def _html(blocks: Sequence[Block], title: str) -> str:
         f"<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n"
     )
-
-
-# -- the broker's delayed-delivery trackers ----------------------------------------------------------------
-
-
-def _mib(value: object) -> str:
-    return "–" if value is None else f"{number(value) / 2**20:,.1f}"
-
-
-#: Columns of the tracker report's table: header → cell of a row.
-_TRACKERS: Final[dict[str, Callable[[Row], str]]] = {
-    "model": lambda r: str(r["variant"]),
-    "messages": lambda r: f"{int(number(r['n'])):,}",
-    "held": lambda r: f"{int(number(r['held'])):,}" + (" (out of memory)" if r["oom_at"] is not None else ""),
-    "memory MiB": lambda r: _mib(r["heap_bytes"]),
-    "B/id": lambda r: f"{number(r['bytes_per_id']):.2f}",
-    "own account MiB": lambda r: _mib(r["own_bytes"]),
-    "ids in memory": lambda r: f"{int(number(r['ids_in_memory'])):,}",
-    "segments": lambda r: _int(r["segments"]),
-    "snapshots MiB": lambda r: _mib(r["snapshot_bytes"]),
-    "build s": lambda r: f"{number(r['build_s']):.1f}",
-    "recovery s": lambda r: f"{number(r['recovery_s']):.2f}",
-    "replayed": lambda r: f"{int(number(r['replayed'])):,}",
-    "restored": lambda r: f"{int(number(r['restored'])):,}",
-    "modelled read s": lambda r: f"{number(r['modelled_read_s']):,.0f}",
-}
-
-
-def tracker_table(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
-    """The tracker report's table of all points: (headers, rows of formatted cells), in grid order."""
-    return list(_TRACKERS), [[cell(row) for cell in _TRACKERS.values()] for row in rows]
-
-
-def _largest(rows: Sequence[Row], **match: object) -> Row | None:
-    """The row with the most messages among those whose columns equal ``match``."""
-    chosen = [r for r in rows if all(r[name] == value for name, value in match.items())]
-    return max(chosen, key=lambda r: number(r["n"])) if chosen else None
-
-
-def _nearest(rows: Sequence[Row], n: int, **match: object) -> Row | None:
-    """The row whose message count is nearest ``n`` (on a log scale) among those matching ``match``."""
-    chosen = [r for r in rows if all(r[name] == value for name, value in match.items())]
-    if not chosen:
-        return None
-    return min(chosen, key=lambda r: abs(math.log(number(r["held"]) / n)))
-
-
-def seed_comparison(
-    rows: Sequence[Row], seed: Seed004Figures = SEED004, read_cost_us: float | None = None
-) -> list[list[str]]:
-    """The Pulsar 3.0 article's figures with ours beside them: (what, its value, ours, our row) rows; a
-    figure the rows cannot answer is left out. With ``read_cost_us`` the recoveries also show a *modelled*
-    read of every replayed message at that cost, labelled as such (the rows' own ``modelled_read_s``
-    otherwise)."""
-
-    def read_s(row: Row) -> float:
-        if read_cost_us is None:
-            return number(row["modelled_read_s"])
-        return number(row["replayed"]) * read_cost_us / 1e6
-
-    modelled = "modelled read" if read_cost_us is None else f"modelled read at {read_cost_us:.0f} µs/message"
-    out: list[list[str]] = []
-    limited = [r for r in rows if r["model"] == "heap" and r["oom_at"] is not None]
-    if limited:
-        row = min(limited, key=lambda r: number(r["oom_at"]))
-        out.append(
-            [
-                "in-memory tracker: messages when it ran out of memory",
-                f"{seed.in_memory_oom_messages:,}",
-                f"{int(number(row['oom_at'])):,} "
-                f"(limit {number(row['memory_limit_bytes']) / 2**20:,.0f} MiB, ours)",
-                str(row["variant"]),
-            ]
-        )
-        out.append(
-            [
-                "in-memory tracker: memory at that point",
-                f"{seed.in_memory_direct_memory_mb} MB (direct memory)",
-                f"{_mib(row['heap_bytes'])} MiB ({number(row['bytes_per_id']):.1f} B/id)",
-                str(row["variant"]),
-            ]
-        )
-    for model in ("heap", "timebucket"):
-        near = _nearest(rows, seed.in_memory_recovery_messages, model=model, oom_at=None)
-        if near is not None:
-            row = near
-            out.append(
-                [
-                    f"in-memory tracker ({model}): recovery of {int(number(row['held'])):,} messages",
-                    f"{seed.in_memory_recovery_s:,} s for {seed.in_memory_recovery_messages:,}",
-                    f"{number(row['recovery_s']):,.1f} s index rebuild "
-                    f"(+ {read_s(row):,.0f} s {modelled} of {int(number(row['replayed'])):,})",
-                    str(row["variant"]),
-                ]
-            )
-    buckets = _largest(rows, model="buckets")
-    if buckets is not None:
-        out.append(
-            [
-                f"bucket tracker: {int(number(buckets['held'])):,} messages held",
-                f"{seed.bucket_messages:,} held, direct memory low and flat",
-                f"{_mib(buckets['heap_bytes'])} MiB ({number(buckets['bytes_per_id']):.2f} B/id), "
-                f"{int(number(buckets['ids_in_memory'])):,} ids in memory",
-                str(buckets["variant"]),
-            ]
-        )
-        out.append(
-            [
-                f"bucket tracker: recovery of {int(number(buckets['held'])):,} messages",
-                f"{seed.bucket_recovery_s} s for {seed.bucket_messages:,}",
-                f"{number(buckets['recovery_s']):,.1f} s ({int(number(buckets['restored'])):,} restored "
-                f"from the segment files; + {read_s(buckets):,.1f} s {modelled} of "
-                f"{int(number(buckets['replayed'])):,} replayed)",
-                str(buckets["variant"]),
-            ]
-        )
-    return out
-
-
-def tracker_findings(rows: Sequence[Row]) -> list[str]:
-    """Plain sentences on the shape the rows show, computed from them."""
-    out: list[str] = []
-    for name, group in tracker_series(rows).items():
-        fitting = [r for r in group if r["oom_at"] is None]
-        first, last = group[0], group[-1]
-        if len(fitting) >= 2:
-            low, high = fitting[0], fitting[-1]
-            slope = (number(high["heap_bytes"]) - number(low["heap_bytes"])) / (
-                number(high["held"]) - number(low["held"])
-            )
-            out.append(
-                f"{name}: {_mib(low['heap_bytes'])} MiB at {int(number(low['held'])):,} messages, "
-                f"{_mib(high['heap_bytes'])} MiB at {int(number(high['held'])):,} — {slope:.2f} B per added "
-                f"message; recovery {number(low['recovery_s']):.2f} s → {number(high['recovery_s']):.2f} s."
-            )
-        oom = next((r for r in group if r["oom_at"] is not None), None)
-        if oom is not None:
-            out.append(
-                f"{name}: out of memory at {int(number(oom['oom_at'])):,} messages "
-                f"({_mib(oom['heap_bytes'])} MiB held); every larger point holds the same."
-            )
-        if first["model"] == "buckets":
-            out.append(
-                f"{name}: at most {max(int(number(r['ids_in_memory'])) for r in group):,} ids in memory "
-                "at any size (the open bucket; the loaded budget is "
-                f"{int(number(last['max_loaded_ids'])):,}); what grows is each segment's membership "
-                "bitmaps and metadata."
-            )
-            if last["segments"]:
-                per_segment = number(last["heap_bytes"]) / number(last["segments"])
-                out.append(
-                    f"{name}: {per_segment / 1024:,.1f} KiB of memory per segment at "
-                    f"{int(number(last['held'])):,} messages ({int(number(last['segments'])):,} segments "
-                    f"of ≤ {int(number(last['max_indexes_per_segment'])):,} ids): random delays scatter a "
-                    "segment's ids over its ledger, so its membership bitmap is a dense bitset rather than "
-                    "a run (one bitmap per bucket and ledger would hold the ledger's consecutive "
-                    "entries as one run)."
-                )
-            full = [r for r in rows if r["model"] != "buckets" and r["oom_at"] is None]
-            if full:
-                most = max(full, key=lambda r: number(r["held"]))
-                out.append(
-                    f"Replayed after a restart: {int(number(last['replayed'])):,} messages for the bucket "
-                    f"tracker at {int(number(last['held'])):,} held (the open bucket only), against "
-                    f"{int(number(most['replayed'])):,} for the in-memory tracker at "
-                    f"{int(number(most['held'])):,} (every message) — the article's recovery gap is mostly "
-                    "this read, which the models measure as a count, not as time."
-                )
-    return out
-
-
-def write_tracker_report(
-    rows: Sequence[Row], out: Path, info: RunInfo, read_cost_us: float | None = None
-) -> Path:
-    """Write ``trackers.png``, ``trackers.md`` and ``trackers.html`` into ``out``; returns the Markdown
-    path. ``read_cost_us``: a modelled cost of reading one replayed message, shown beside the measured
-    recoveries (plot and the article's table) and labelled as modelled; None shows the rows' own."""
-    blocks: list[Block] = [
-        ("h1", f"The broker's delayed-delivery trackers: grid {info.grid}, {info.points} points"),
-        (
-            "p",
-            f"{info.ids:,} delayed messages in all on `{info.master}` (Spark {info.spark_version}, Python "
-            f"{info.python}), {info.date}; sweep {info.sweep_s:.1f} s. The workload of the Pulsar 3.0 "
-            f"delayed-message article ({ARTICLE}) "
-            "(1,000 messages/s, delays of 48 h to 48 h 10 min, 50,000 entries per ledger). Memory is "
-            "measured: the process heap "
-            "(pymalloc blocks + glibc in-use chunks) around the tracker. Recovery is measured too: the index "
-            "rebuild from the backlog for the in-memory models (reading the messages from storage is not: "
-            "`modelled read s` = replayed × `read_cost_us`), the restore from the segment files plus the "
-            "replay of the open bucket for the bucket tracker.",
-        ),
-    ]
-    notes = tracker_findings(rows)
-    if notes:
-        blocks += [("h2", "Findings"), ("ul", notes)]
-    figure = plot_trackers(rows, read_cost_us=read_cost_us)
-    if figure is not None:
-        figure.savefig(out / "trackers.png", dpi=110)
-        blocks += [
-            ("h2", "Memory and recovery against delayed messages"),
-            ("img", ("trackers.png", "trackers")),
-        ]
-    comparison = seed_comparison(rows, read_cost_us=read_cost_us)
-    if comparison:
-        blocks += [
-            ("h2", "The Pulsar 3.0 delayed-message article beside ours"),
-            ("p", f"The article's values ({ARTICLE}) are quoted from it; ours are measured in this run."),
-            ("table", (["figure", "Pulsar 3.0 article", "ours", "our model"], comparison)),
-        ]
-    blocks += [("h2", "All points"), ("table", tracker_table(rows))]
-    (out / "trackers.md").write_text(_markdown(blocks))
-    (out / "trackers.html").write_text(_html(blocks, f"pulsar-nack tracker models: {info.grid}"))
-    return out / "trackers.md"

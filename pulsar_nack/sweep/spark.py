@@ -13,11 +13,6 @@ are usable on their own:
 * the report — :func:`pulsar_nack.sweep.report.write_report`, with the plots of
   :mod:`pulsar_nack.sweep.plots`.
 
-:func:`run_trackers` is the same job for the models of the broker's delayed-delivery trackers
-(:mod:`pulsar_nack.sweep.trackers`): :func:`sweep_trackers` runs
-:func:`pulsar_nack.sweep.measure.measure_tracker` per point, the report is
-:func:`pulsar_nack.sweep.report.write_tracker_report`.
-
 The job's cost is the points' own work (see :mod:`pulsar_nack.sweep.measure`) spread over the cores, plus
 a Spark start of several seconds.
 """
@@ -35,12 +30,12 @@ import threading
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,10 +44,10 @@ from pyspark.sql import SparkSession
 from tqdm import tqdm
 
 from pulsar_nack.progress import ProgressStream
-from pulsar_nack.sweep.grid import GridPoint, TrackerPoint
+from pulsar_nack.sweep.grid import GridPoint
 from pulsar_nack.sweep.java_results import load_java_results
-from pulsar_nack.sweep.measure import COLUMNS, TRACKER_COLUMNS, Row, measure, measure_tracker
-from pulsar_nack.sweep.report import RunInfo, write_report, write_tracker_report
+from pulsar_nack.sweep.measure import COLUMNS, Row, measure
+from pulsar_nack.sweep.report import RunInfo, write_report
 
 __all__ = [
     "DEFAULT_MASTER",
@@ -61,15 +56,15 @@ __all__ = [
     "parquet_schema",
     "points_rdd",
     "run",
-    "run_trackers",
+    "run_info",
+    "run_tasks",
     "spark_session",
     "sweep",
-    "sweep_trackers",
-    "tracker_parquet_schema",
     "write_parquet",
 ]
 
 DEFAULT_MASTER: Final = "local[2]"
+T = TypeVar("T")
 
 # -- the session ---------------------------------------------------------------------------------------
 
@@ -213,7 +208,7 @@ def _package_zip(folder: Path) -> Path:
 # -- the job -----------------------------------------------------------------------------------------------
 
 
-def points_rdd(spark: SparkSession, points: Sequence[GridPoint]) -> RDD[GridPoint]:
+def points_rdd(spark: SparkSession, points: Sequence[T]) -> RDD[T]:
     """The grid as an RDD with one partition per point, in grid order (so heavy points run side by side)."""
     if not points:
         raise ValueError("points must not be empty")
@@ -227,10 +222,18 @@ def sweep(spark: SparkSession, points: Sequence[GridPoint], progress: bool = Tru
     With ``progress`` a tqdm bar on stderr follows the finished tasks. The workers must be able to import
     ``pulsar_nack`` (installed, or shipped as :func:`spark_session` does for cluster masters).
     """
+    return run_tasks(spark, points, measure, "pulsar-nack memory sweep", progress)
+
+
+def run_tasks(
+    spark: SparkSession, points: Sequence[T], task: Callable[[T], Row], name: str, progress: bool = True
+) -> list[Row]:
+    """``task`` of every point on Spark (one partition and task each, :func:`points_rdd`); rows in grid
+    order. ``name`` describes the job to Spark; ``progress`` as in :func:`sweep`."""
     context = spark.sparkContext
-    group = f"pulsar-nack-sweep-{uuid.uuid4().hex[:8]}"
-    context.setJobGroup(group, f"pulsar-nack memory sweep, {len(points)} points")
-    rdd = points_rdd(spark, points).map(measure)
+    group = f"pulsar-nack-{uuid.uuid4().hex[:8]}"
+    context.setJobGroup(group, f"{name}, {len(points)} points")
+    rdd = points_rdd(spark, points).map(task)
     if not progress:
         return rdd.collect()
     with _Progress(context, group, len(points)):
@@ -303,15 +306,21 @@ class SweepResult:
     report: Path
 
 
-def _run_info(
+class _Counted(Protocol):
+    @property
+    def n(self) -> int: ...
+
+
+def run_info(
     grid: str,
     master: str,
-    points: Sequence[GridPoint] | Sequence[TrackerPoint],
+    points: Sequence[_Counted],
     spark_version: str,
     marks: tuple[float, float, float, float, float],
 ) -> RunInfo:
-    """The run facts of a job whose phases ended at ``marks`` (perf_counter: started, Spark up, swept,
-    Spark stopped, Parquet written); the report's and the total time are filled in once it is written."""
+    """The run facts of a job over ``points`` (each counting ``n`` ids) whose phases ended at ``marks``
+    (perf_counter: started, Spark up, swept, Spark stopped, Parquet written); the report's and the total
+    time are filled in once it is written."""
     started, spark_up, swept, stopped, written = marks
     return RunInfo(
         grid=grid,
@@ -357,58 +366,10 @@ def run(
     stopped = time.perf_counter()
     parquet = write_parquet(rows, out / "sweep.parquet")
     written = time.perf_counter()
-    info = _run_info(grid, used_master, points, version, (started, spark_up, swept, stopped, written))
+    info = run_info(grid, used_master, points, version, (started, spark_up, swept, stopped, written))
     info = replace(info, java_results=None if java_results is None else str(java_results))
     report = write_report(rows, out, info, java)
     finished = time.perf_counter()
     info = replace(info, report_s=finished - written, total_s=finished - started)
     (out / "sweep.json").write_text(json.dumps(asdict(info), indent=2) + "\n")
-    return SweepResult(rows, info, parquet, report)
-
-
-# -- the broker's delayed-delivery trackers ----------------------------------------------------------------
-
-
-def sweep_trackers(spark: SparkSession, points: Sequence[TrackerPoint], progress: bool = True) -> list[Row]:
-    """Measure every tracker point on Spark (one partition and task each, in grid order,
-    :func:`~pulsar_nack.sweep.measure.measure_tracker`); rows in grid order. As :func:`sweep`."""
-    if not points:
-        raise ValueError("points must not be empty")
-    context = spark.sparkContext
-    group = f"pulsar-nack-trackers-{uuid.uuid4().hex[:8]}"
-    context.setJobGroup(group, f"pulsar-nack tracker models, {len(points)} points")
-    rdd = context.parallelize(list(points), len(points)).map(measure_tracker)
-    if not progress:
-        return rdd.collect()
-    with _Progress(context, group, len(points)):
-        return rdd.collect()
-
-
-def tracker_parquet_schema() -> Any:
-    """The tracker rows' Arrow schema, from :data:`pulsar_nack.sweep.measure.TRACKER_COLUMNS`."""
-    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in TRACKER_COLUMNS.items()])
-
-
-def run_trackers(
-    grid: str, points: Sequence[TrackerPoint], out: Path, master: str | None = None, progress: bool = True
-) -> SweepResult:
-    """The tracker sweep end to end: start Spark, measure ``points``, write ``out/trackers.parquet``,
-    ``out/trackers.json`` (the run facts), ``out/trackers.md``, ``out/trackers.html`` and
-    ``out/trackers.png``. ``grid`` names the grid in the report."""
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    with spark_session(master, app_name="pulsar-nack tracker models") as spark:
-        spark_up = time.perf_counter()
-        rows = sweep_trackers(spark, points, progress)
-        swept = time.perf_counter()
-        version, used_master = spark.version, str(spark.sparkContext.master)
-    stopped = time.perf_counter()
-    parquet = out / "trackers.parquet"
-    pq.write_table(pa.Table.from_pylist(list(rows), schema=tracker_parquet_schema()), parquet)
-    written = time.perf_counter()
-    info = _run_info(grid, used_master, points, version, (started, spark_up, swept, stopped, written))
-    report = write_tracker_report(rows, out, info)
-    finished = time.perf_counter()
-    info = replace(info, report_s=finished - written, total_s=finished - started)
-    (out / "trackers.json").write_text(json.dumps(asdict(info), indent=2) + "\n")
     return SweepResult(rows, info, parquet, report)

@@ -4,7 +4,7 @@ delayed-message article, “New Delayed Message In Pulsar 3.0”).
 
 Three models behind one interface (:class:`DelayedTracker`): ``add_many`` N delayed indexes with due times,
 ``pop_due`` what is due, ``own_bytes`` — the model's own account of its memory, a cross-check: the sweep
-measures the process heap around it (:func:`pulsar_nack.sweep.measure.measure_tracker`) — and
+measures the process heap around it (:func:`delayed_tracker_sweep.measure_tracker`) — and
 :func:`recover` after a restart.
 
 * :class:`TripleLongPriorityQueue` — the broker's in-memory tracker before Pulsar 3.0 (its class of the
@@ -39,7 +39,8 @@ Recovery (:func:`recover`, after the old tracker is gone):
 Messages due by the time of the restart are not indexed again (the broker dispatches them at once), so a
 recovered tracker holds exactly the ids that were pending and not due.
 
-Every class here is single-threaded (the sweep runs one per task).
+Every class here is single-threaded (the sweep runs one per task). A bench module (``bench/``), not
+shipped: ``bench/broker_trackers.py`` runs the experiment (:mod:`delayed_tracker_sweep`).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentSt
 from pulsar_nack.sweep.workloads import T0_MS, splitmix64
 
 __all__ = [
+    "ARTICLE_FIGURES",
     "MODELS",
-    "SEED004",
     "ArrayBacklog",
+    "ArticleFigures",
+    "ArticleWorkload",
     "Backlog",
     "BucketSettings",
     "BucketTracker",
@@ -70,8 +73,6 @@ __all__ = [
     "IdArrays",
     "Model",
     "Recovery",
-    "Seed004Figures",
-    "Seed004Workload",
     "TimeBucketTracker",
     "TrackerOutOfMemory",
     "TripleLongPriorityQueue",
@@ -95,7 +96,7 @@ _LONG = 8
 
 
 @dataclass(frozen=True)
-class Seed004Figures:
+class ArticleFigures:
     """The results of the Pulsar 3.0 delayed-message article (“New Delayed Message In Pulsar 3.0”; Apache
     Pulsar 3.0.4 on the smallest StreamNative Cloud cluster; 100M messages at 1,000/s with delays of 48 h
     to 48 h 10 min). Quoted from the article, never measured here."""
@@ -115,7 +116,7 @@ class Seed004Figures:
 
 
 #: The article's figures, to print beside ours.
-SEED004: Final = Seed004Figures()
+ARTICLE_FIGURES: Final = ArticleFigures()
 
 
 class TrackerOutOfMemory(MemoryError):
@@ -158,7 +159,7 @@ class Backlog(Protocol):
 
 
 @dataclass(frozen=True)
-class Seed004Workload:
+class ArticleWorkload:
     """The Pulsar 3.0 article's test (``pulsar-perf produce -dr 172800,173400 -r 1000``), reproducible and
     chunked.
 

@@ -1,26 +1,43 @@
-"""The models of the broker's delayed-delivery trackers: pop order, nothing lost, recovery, memory, bad
-parameters, and one small Spark run."""
+"""bench/delayed_trackers.py and bench/delayed_tracker_sweep.py, the models of the broker's delayed-delivery
+trackers: pop order, nothing lost, recovery, memory, bad parameters, what bench/broker_trackers.py renders,
+and one small Spark run."""
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from pulsar_nack.sweep.grid import GridError, TrackerPoint, load_tracker_grid
-from pulsar_nack.sweep.measure import TRACKER_COLUMNS, measure_tracker
-from pulsar_nack.sweep.plots import plot_trackers
-from pulsar_nack.sweep.report import RunInfo, seed_comparison, tracker_table, write_tracker_report
-from pulsar_nack.sweep.trackers import (
+from pulsar_nack.sweep.grid import GridError
+from pulsar_nack.sweep.report import RunInfo
+
+# bench/ is a directory of scripts that import each other by name, as `python bench/x.py` lets them.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "bench"))
+
+import broker_trackers
+import report
+from delayed_tracker_sweep import (
+    TRACKER_COLUMNS,
+    TrackerPoint,
+    article_comparison,
+    load_tracker_grid,
+    measure_tracker,
+    plot_trackers,
+    sweep_trackers,
+    tracker_table,
+)
+from delayed_trackers import (
     ArrayBacklog,
+    ArticleWorkload,
     BucketSettings,
     BucketTracker,
     DelayedTracker,
-    Seed004Workload,
     TimeBucketTracker,
     TrackerOutOfMemory,
     TripleLongPriorityQueue,
@@ -30,7 +47,7 @@ from pulsar_nack.sweep.trackers import (
 
 #: A short version of the Pulsar 3.0 delayed-message article's workload: 100 messages/s for 80 s, delays of
 #: 1–30 s, 1,000 entries per ledger (8 ledgers), so that everything falls due within the test.
-SHORT = Seed004Workload(8_000, rate_per_s=100, min_delay_s=1, max_delay_s=30, entries_per_ledger=1_000)
+SHORT = ArticleWorkload(8_000, rate_per_s=100, min_delay_s=1, max_delay_s=30, entries_per_ledger=1_000)
 _FAR = 2**62
 
 
@@ -55,7 +72,7 @@ MAKERS: dict[str, Callable[[Path], DelayedTracker]] = {
 }
 
 
-def _feed(tracker: DelayedTracker, workload: Seed004Workload, chunk: int = 1_500) -> ArrayBacklog:
+def _feed(tracker: DelayedTracker, workload: ArticleWorkload, chunk: int = 1_500) -> ArrayBacklog:
     """Publish the workload in chunks (the bucket tracker's clock following the publish time); returns
     the log as a backlog."""
     backlog = ArrayBacklog()
@@ -207,8 +224,8 @@ def test_bad_parameters_are_rejected_naming_them(tmp_path: Path) -> None:
         (lambda: BucketSettings(max_time_step_per_segment_s=0), "max_time_step_per_segment_s must"),
         (lambda: BucketSettings(max_num_buckets=-2), "max_num_buckets must"),
         (lambda: BucketSettings(max_loaded_ids=-1), "max_loaded_ids must"),
-        (lambda: Seed004Workload(10, min_delay_s=9, max_delay_s=1), "min_delay_s and max_delay_s"),
-        (lambda: Seed004Workload(10, rate_per_s=0), "rate_per_s must"),
+        (lambda: ArticleWorkload(10, min_delay_s=9, max_delay_s=1), "min_delay_s and max_delay_s"),
+        (lambda: ArticleWorkload(10, rate_per_s=0), "rate_per_s must"),
         (lambda: TrackerPoint(model="lsm"), "model must"),  # type: ignore[arg-type]
         (lambda: TrackerPoint(n=0), "n must"),
         (lambda: TrackerPoint(read_cost_us=-1.0), "read_cost_us must"),
@@ -262,7 +279,7 @@ def test_bucket_settings_map_onto_the_segment_config() -> None:
 
 
 def test_the_seed_workload_is_reproducible_by_chunk() -> None:
-    workload = Seed004Workload(250_000, chunk=100_000)
+    workload = ArticleWorkload(250_000, chunk=100_000)
     due, ledgers, entries = (np.concatenate(parts) for parts in zip(*workload.chunks(), strict=True))
     again = workload.slice(0, 250_000)
     assert all(np.array_equal(a, b) for a, b in zip((due, ledgers, entries), again, strict=True))
@@ -275,31 +292,35 @@ def test_the_seed_workload_is_reproducible_by_chunk() -> None:
     assert sum(len(part[0]) for part in tail) == 50_000 and tail[0][1][0] == 10_004
 
 
-def test_reports_and_plots_name_the_public_sources(tmp_path: Path) -> None:
-    """Readers cannot see the project's seed files: the tracker report, its table header and the plot's
+def _rendered(rows: list[dict[str, Any]], grid: str, read_cost_us: float = 0.0) -> str:
+    """What bench/broker_trackers.py writes into docs/performance.md for ``rows``."""
+    points = [TrackerPoint.from_row(row) for row in rows]
+    info = RunInfo(grid, "local", len(rows), sum(p.n for p in points), "4", "3.11", "today", 1, 2, 0, 0, 0, 0)
+    results = {"rows": rows, "run": asdict(info), "grid": grid, "read_cost_us": read_cost_us}
+    return broker_trackers.render(results | {"machine": report.machine()})
+
+
+def test_reports_and_plots_name_the_public_sources() -> None:
+    """Readers cannot see the project's seed files: the tracker section, its table header and the plot's
     legend name the article itself, never "seed 004"."""
     points = [TrackerPoint("heap", n, fsync=False) for n in (2_000, 4_000)]
     points += [
         TrackerPoint("buckets", n, fsync=False, min_index_count_per_bucket=1_000) for n in (2_000, 4_000)
     ]
     rows = [measure_tracker(point) for point in points]
-    info = RunInfo("tiny", "local", len(rows), 12_000, "4", "3.11", "today", 1, 2, 0, 0, 0, 0)
-    text = write_tracker_report(rows, tmp_path, info).read_text()
+    text = _rendered(rows, "tiny")
     assert "“New Delayed Message In Pulsar 3.0”" in text
     assert "| figure | Pulsar 3.0 article | ours | our model |" in text
-    html = (tmp_path / "trackers.html").read_text()
     figure = plot_trackers(rows)
     assert figure is not None
     legends = [axes.get_legend() for axes in figure.axes]
     labels = [label.get_text() for legend in legends if legend is not None for label in legend.get_texts()]
     assert any(label.startswith("Pulsar 3.0 article: in-memory tracker, 847 MB") for label in labels)
-    for shown in (text, html, *labels):
+    for shown in (text, *labels):
         assert "seed 0" not in shown.lower() and "PR 23611" not in shown
 
 
-def test_a_small_spark_run_of_the_models(spark: Any, tmp_path: Path) -> None:
-    from pulsar_nack.sweep.spark import sweep_trackers
-
+def test_a_small_spark_run_of_the_models(spark: Any) -> None:
     points = load_tracker_grid("small")
     rows: list[dict[str, Any]] = sweep_trackers(spark, points, progress=False)
     assert [(row["model"], row["n"]) for row in rows] == [(p.model, p.n) for p in points]
@@ -318,18 +339,14 @@ def test_a_small_spark_run_of_the_models(spark: Any, tmp_path: Path) -> None:
         assert list(got) == list(TRACKER_COLUMNS)
         assert {name: got[name] for name in exact} == {name: want[name] for name in exact}
         assert got["heap_bytes"] > 0 and got["recovered"] == got["n"]
-    info = RunInfo(
-        "small", "local[2]", len(points), sum(p.n for p in points), "4", "3.11", "today", 1, 2, 0, 0, 0, 0
-    )
-    text = write_tracker_report(rows, tmp_path, info).read_text()
-    assert (tmp_path / "trackers.png").stat().st_size > 10_000 and "](trackers.png)" in text
+    text = _rendered(rows, "small", read_cost_us=100.0)
     headers, cells = tracker_table(rows)
     assert len(cells) == len(points) and "| " + " | ".join(headers) + " |" in text
-    assert (tmp_path / "trackers.html").read_text().count("<tr>") >= len(points) + 1
-    assert all(" | ".join(row) in text for row in seed_comparison(rows))
+    assert all("| " + " | ".join(row) + " |" in text for row in cells)
+    assert all(" | ".join(row) in text for row in article_comparison(rows, read_cost_us=100.0))
     # a modelled read cost is shown apart from the measured recovery, as replayed × cost
     buckets = max((r for r in rows if r["model"] == "buckets"), key=lambda r: r["n"])
-    modelled = seed_comparison(rows, read_cost_us=100.0)[-1][2]
+    modelled = article_comparison(rows, read_cost_us=100.0)[-1][2]
     assert modelled.startswith(f"{buckets['recovery_s']:,.1f} s (")
     assert (
         f"+ {buckets['replayed'] * 1e-4:,.1f} s modelled read at 100 µs/message of {buckets['replayed']:,}"
