@@ -56,7 +56,7 @@ BASELINE_SCALAR_IDS = 2_000_000
 
 
 def _tracker(contender: str, k: int) -> Any:
-    from pulsar_nack import TimeBucketIndex
+    from pulsar_nack.lowlevel import TimeBucketIndex
     from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
 
     if contender == "index":
@@ -150,7 +150,7 @@ def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -
     (resident pages, default allocator)."""
     import tracemalloc
 
-    from pulsar_nack import TimeBucketIndex
+    from pulsar_nack.lowlevel import TimeBucketIndex
     from pulsar_nack.memory import heap_in_use, release_free_heap
 
     read: Any = {"tracemalloc": lambda: tracemalloc.get_traced_memory()[0], "rss": _rss}.get(
@@ -204,7 +204,7 @@ def _run_measure(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _probe_due_of(due: Any, ledgers: Any, entries: Any, k: int) -> dict[str, Any]:
-    from pulsar_nack import TimeBucketIndex
+    from pulsar_nack.lowlevel import TimeBucketIndex
 
     index = TimeBucketIndex(k)
     index.add_many(due, ledgers, entries)

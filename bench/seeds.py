@@ -70,7 +70,7 @@ def _rss() -> int:
 def probe(payload: dict[str, Any]) -> dict[str, Any]:
     import tracemalloc
 
-    from pulsar_nack import TimeBucketIndex
+    from pulsar_nack.lowlevel import TimeBucketIndex
     from pulsar_nack.memory import heap_in_use, release_free_heap
     from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
     from pulsar_nack.sweep.workloads import Workload

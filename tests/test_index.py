@@ -13,8 +13,8 @@ from typing import NotRequired, TypedDict
 import numpy as np
 import pytest
 
-from pulsar_nack import TimeBucketIndex
 from pulsar_nack.index import MAX_ENTRY_ID
+from pulsar_nack.lowlevel import TimeBucketIndex
 from pulsar_nack.memory import MEASURING_ENV
 
 
@@ -251,7 +251,7 @@ def test_concurrent_adds_and_pops_lose_nothing() -> None:
 
 _FRESH_PROCESS = """
 import gc, json, sys
-from pulsar_nack import TimeBucketIndex
+from pulsar_nack.lowlevel import TimeBucketIndex
 from pulsar_nack.memory import heap_in_use
 from pulsar_nack.sweep.workloads import Workload
 x, k, share, compact, n = json.loads(sys.argv[1])
@@ -559,7 +559,7 @@ def test_promote_at_is_checked(value: object, error: type[Exception]) -> None:
 
 _MANY_TOPICS = """
 import gc, json, random
-from pulsar_nack import TimeBucketIndex
+from pulsar_nack.lowlevel import TimeBucketIndex
 from pulsar_nack.memory import heap_in_use
 def build(n):
     index, rng = TimeBucketIndex(8, pack_below=0), random.Random(7)  # the live tier's shared bitmaps
@@ -878,7 +878,7 @@ def test_batch_members_cost_a_dict_entry_each() -> None:
 
 _RSS_PROCESS = """
 import gc, json, sys
-from pulsar_nack import TimeBucketIndex
+from pulsar_nack.lowlevel import TimeBucketIndex
 from pulsar_nack.sweep.workloads import Workload
 def rss():
     with open("/proc/self/statm") as statm:

@@ -19,8 +19,8 @@ import numpy as np
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pulsar_nack import TimeBucketIndex
 from pulsar_nack.index import PROMOTE_AT
+from pulsar_nack.lowlevel import TimeBucketIndex
 
 TOPICS = ("", "persistent://public/default/t-partition-1")
 #: 2 topics × 3 ledger ids = 6 ledger keys: the shared bitmaps' codes go through 0 to 3 low ordinal bits

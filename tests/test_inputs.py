@@ -26,16 +26,9 @@ import pytest
 from messaging import produce, receive_all
 
 import pulsar_nack
-from pulsar_nack import (
-    DelayLimitExceeded,
-    MultiplierRedeliveryBackoff,
-    NackConsumer,
-    NackOptions,
-    NativeTiming,
-    TimeBucketIndex,
-    aio,
-)
+from pulsar_nack import DelayLimitExceeded, MultiplierRedeliveryBackoff, NackConsumer, NackOptions, aio
 from pulsar_nack.consumer import _wrap_lateness_ms
+from pulsar_nack.lowlevel import NativeTiming, TimeBucketIndex
 from pulsar_nack.testing import PulsarLite
 
 NAN, INF = math.nan, math.inf

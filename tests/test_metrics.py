@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pulsar_nack import Client, NackStats, TimerWheel
+from pulsar_nack import Client, NackStats
+from pulsar_nack.lowlevel import TimerWheel
 from pulsar_nack.metrics import NackCollector
 from pulsar_nack.testing import PulsarLite
 from pulsar_nack.tracker import NackTracker

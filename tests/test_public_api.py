@@ -1,8 +1,10 @@
-"""The package's public surface: ``__all__`` pinned, names resolved lazily, and what importing a module
-pulls in — the sweep and the index never import the Pulsar client; memory never imports the index."""
+"""The package's public surface: ``__all__`` pinned (the SDK at the top level, the building blocks in
+``pulsar_nack.lowlevel``), names resolved lazily, and what importing a module pulls in — the sweep, the
+index and lowlevel never import the Pulsar client; memory never imports the index."""
 
 from __future__ import annotations
 
+import ast
 import inspect
 import subprocess
 import sys
@@ -12,31 +14,44 @@ from typing import Any
 import pytest
 
 import pulsar_nack
+import pulsar_nack.lowlevel
 
 ROOT = Path(__file__).resolve().parent.parent
 
 EXPORTED = [
-    "NATIVE_DELAY_MS",
     "Client",
-    "DelayLimitExceeded",
-    "DelayLimitedProducer",
-    "DueIds",
-    "MemoryUsage",
-    "MultiplierRedeliveryBackoff",
     "NackConsumer",
     "NackOptions",
-    "NackStats",
-    "NackTracker",
-    "NativeTiming",
-    "RedeliveryBackoff",
-    "TimeBucketIndex",
-    "TimerWheel",
     "wrap",
+    "NackStats",
+    "NATIVE_DELAY_MS",
+    "MultiplierRedeliveryBackoff",
+    "RedeliveryBackoff",
+    "DelayLimitedProducer",
+    "DelayLimitExceeded",
 ]
+LOWLEVEL = ["DueIds", "MemoryUsage", "NackTracker", "NativeTiming", "TimeBucketIndex", "TimerWheel"]
 
 
 def test_all_is_pinned() -> None:
     assert pulsar_nack.__all__ == EXPORTED
+    assert pulsar_nack.lowlevel.__all__ == LOWLEVEL
+    assert not set(EXPORTED) & set(LOWLEVEL)
+
+
+def test_type_checkers_see_the_exported_names() -> None:
+    """The ``TYPE_CHECKING`` imports of ``__init__.py`` re-export exactly ``__all__``, each from the module
+    the lazy import takes it from."""
+    tree = ast.parse((ROOT / "pulsar_nack" / "__init__.py").read_text())
+    guarded = next(node for node in tree.body if isinstance(node, ast.If))
+    seen = {
+        alias.asname: node.module
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.asname == alias.name
+    }
+    assert seen == pulsar_nack._EXPORTS
 
 
 def test_every_exported_name_resolves_and_is_listed() -> None:
@@ -62,11 +77,12 @@ def _imported_after(statement: str) -> set[str]:
         "import pulsar_nack.sweep.grid, pulsar_nack.sweep.measure, pulsar_nack.sweep.spark, "
         "pulsar_nack.sweep.report, pulsar_nack.sweep.plots",
         "import pulsar_nack.index, pulsar_nack.timer",
+        "import pulsar_nack.lowlevel",
     ],
 )
 def test_the_pulsar_client_is_not_imported(statement: str) -> None:
     modules = _imported_after(statement)
-    assert "pulsar_nack.index" in modules or "pulsar_nack.sweep.grid" in modules
+    assert {"pulsar_nack.index", "pulsar_nack.sweep.grid"} & modules
     assert not {"_pulsar", "pulsar"} & modules
 
 

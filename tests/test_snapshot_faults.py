@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_metrics import FakeClock
 from test_snapshot_segments import Flaky
 
-from pulsar_nack import NackStats, TimerWheel
+from pulsar_nack import NackStats
+from pulsar_nack.lowlevel import TimerWheel
 from pulsar_nack.metrics import NackCollector
 from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.storage import InMemoryStorage, LocalDirectoryStorage, SnapshotStorageError

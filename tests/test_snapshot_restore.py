@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pulsar_nack import DueIds, TimerWheel
+from pulsar_nack.lowlevel import DueIds, TimerWheel
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
 from pulsar_nack.tracker import NackTracker, Verdict, epoch_clock
 

@@ -177,7 +177,7 @@ def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_bac
     dead member's: B's next maintenance starts the takeover on its own thread (never on the timer
     thread), B's arrival filter learns A's ids, and the copies the broker then hands B are held until
     due, forwarded, and handed out once — none early."""
-    from pulsar_nack import DueIds, TimerWheel
+    from pulsar_nack.lowlevel import DueIds, TimerWheel
     from pulsar_nack.tracker import NackTracker, Verdict
 
     epoch = 1_790_000_000_000
@@ -225,7 +225,7 @@ def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_bac
 
 def test_a_closed_consumer_takes_nothing_over_any_more(tmp_path: Path) -> None:
     """Closing the tracker stops its takeover: no further run starts, a run adopts no member."""
-    from pulsar_nack import TimerWheel
+    from pulsar_nack.lowlevel import TimerWheel
     from pulsar_nack.tracker import NackTracker
 
     base = LocalDirectoryStorage(tmp_path, fsync=False)

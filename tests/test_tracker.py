@@ -15,9 +15,10 @@ from typing import Any, TypedDict
 import numpy as np
 import pytest
 
-from pulsar_nack import DueIds, MultiplierRedeliveryBackoff, NativeTiming, TimerWheel
+from pulsar_nack import MultiplierRedeliveryBackoff
 from pulsar_nack.delay_limit import DelayLimitExceeded, limit_delay
 from pulsar_nack.index import Rounding, TimeBucketIndex
+from pulsar_nack.lowlevel import DueIds, NativeTiming, TimerWheel
 from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker, Verdict
 
