@@ -5,9 +5,9 @@
 `python -m build` makes the sdist, then the wheel *from the sdist* (so a file missing from MANIFEST.in
 breaks the wheel too). The contents are checked: the sdist ships no tests (they need the repository), both
 carry the repository files setup.py copies into the package (Java reference, results, Spark recipe).
-Each artifact goes into its own new venv with the `broker` extra; the wheel's venv gets the *lowest*
-pulsar-client setup.cfg allows (the floor CI tests), the sdist's the newest pip picks. Then, from a folder
-outside the checkout, with no PYTHONPATH: `pulsar-nack --version`, `estimate`, a short `profile` (with
+Each artifact goes into its own new venv with the `broker` and `profile` extras; the wheel's venv gets the
+*lowest* pulsar-client setup.cfg allows (the floor CI tests), the sdist's the newest pip picks. Then, from a
+folder outside the checkout, with no PYTHONPATH: `pulsar-nack --version`, `estimate`, a short `profile` (with
 the Java column when java and mvn are on PATH: built from the packaged sources in a fresh cache), a short
 `demo` on the embedded broker and `sweep --files`. Everything lives in build/packages/ (removed at the
 end unless --keep). Prints the time of each step; exits non-zero at the first failure.
@@ -97,8 +97,8 @@ def try_artifact(kind: str, artifact: Path, version: str, extra_requirements: li
     step(f"{kind}: new venv", [sys.executable, "-m", "venv", str(venv)])
     python, cli = venv / "bin" / "python", str(venv / "bin" / "pulsar-nack")
     step(
-        f"{kind}: pip install {artifact.name}[broker] {' '.join(extra_requirements)}",
-        [str(python), "-m", "pip", "install", "--quiet", f"pulsar-nack[broker] @ {artifact.as_uri()}",
+        f"{kind}: pip install {artifact.name}[broker,profile] {' '.join(extra_requirements)}",
+        [str(python), "-m", "pip", "install", "--quiet", f"pulsar-nack[broker,profile] @ {artifact.as_uri()}",
          *extra_requirements],
     )  # fmt: skip
     client = step(

@@ -39,6 +39,7 @@ __all__ = [
     "check_reachable",
     "check_service_url",
     "main",
+    "require_extra",
 ]
 
 
@@ -114,6 +115,14 @@ def check_writable(option: str, path: Path | None) -> None:
         raise UsageError(f"{option}: cannot write {path}: {error.strerror or error}") from None
     if not existed:
         path.unlink()
+
+
+def require_extra(what: str, extra: str, *modules: str) -> None:
+    """RunError naming the extra to install unless every one of ``modules`` is importable: ``what`` (a
+    subcommand) needs them, and ``pip install 'pulsar-nack[extra]'`` brings them. O(modules)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RunError(f"{what} needs {', '.join(missing)}: pip install 'pulsar-nack[{extra}]'")
 
 
 # -- sweep ---------------------------------------------------------------------------------------------
@@ -214,8 +223,7 @@ def _sweep(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"--out: cannot create {args.out}: {error.strerror or error}") from None
     java_results = _java_results(args.java_results)
-    if importlib.util.find_spec("pyspark") is None:
-        raise RunError("the sweep needs pyspark: pip install 'pulsar-nack[spark]'")
+    require_extra("the sweep", "spark", "pyspark", "tqdm")
     if not submitted and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise RunError("Spark needs Java 17 or newer: put java on PATH or set JAVA_HOME")
     if args.master is not None and args.master.startswith("spark://"):
@@ -372,6 +380,7 @@ def _profile_workload(args: argparse.Namespace) -> Any:
 def _profile(args: argparse.Namespace) -> int:
     workload = _profile_workload(args)
     check_writable("--json", args.json)
+    require_extra("profile", "profile", "pympler", *([] if args.no_progress else ["tqdm"]))
     if args.broker is not None:
         return _profile_broker(args, workload)
     from pulsar_nack.profile import profile

@@ -42,6 +42,30 @@ def test_profile_end_to_end(tmp_path: Path) -> None:
     assert data["breakdown_total"] == sum(data["breakdown"].values())
 
 
+
+@pytest.mark.parametrize(
+    ("argv", "hidden", "named"),
+    [
+        (["profile", "--duration", "1s", "--no-progress"], "pympler", "profile needs pympler"),
+        (["profile", "--duration", "1s"], "tqdm", "profile needs tqdm"),
+        (["sweep", "--grid", "small", "--out", "out"], "pyspark", "the sweep needs pyspark"),
+    ],
+)
+def test_a_tool_without_its_extra_names_the_extra(
+    argv: list[str], hidden: str, named: str, tmp_path: Path
+) -> None:
+    """The SDK does not install the tools' libraries: a tool without them exits 1 with one line naming
+    the extra to install (``sys.modules[name] = None`` is Python's 'not installed')."""
+    extra = "spark" if argv[0] == "sweep" else "profile"
+    code = f"import sys; sys.modules[{hidden!r}] = None; from pulsar_nack.cli import main; sys.exit(main())"
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"pulsar-nack {argv[0]}: {named}: pip install 'pulsar-nack[{extra}]'"
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [
