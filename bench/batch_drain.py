@@ -24,7 +24,6 @@ import uuid
 from typing import Any
 
 import report
-from nack_lateness import _brokers
 
 BATCH = 10
 NACK_DELAY_MS = 1_000
@@ -139,7 +138,7 @@ def main(argv: list[str]) -> int:
     facts = report.machine()
     results: dict[str, Any] = {}
     rows = []
-    for label, broker_type in _brokers(args.brokers.split(",")):
+    for label, broker_type in report.brokers(args.brokers.split(",")):
         print(f"{label}: producing and draining {args.messages:,} messages ...", file=sys.stderr)
         with broker_type() as broker:
             result = results[label] = drain(broker.service_url, args.messages, args.timeout)

@@ -63,7 +63,6 @@ from pathlib import Path
 from typing import Any
 
 import report
-from nack_lateness import KINDS, _brokers, _client
 from tqdm import tqdm
 
 SCRIPT = Path(__file__).resolve()
@@ -179,7 +178,7 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
 
     if not pulsar_nack.__file__.startswith(spec["wrapper_path"]):
         raise RuntimeError(f"imported {pulsar_nack.__file__}, not the snapshot in {spec['wrapper_path']}")
-    client = _client(kind, spec["service_url"])
+    client = report.client(kind, spec["service_url"])
     args = _subscribe_args(mode)
     if mode == "listener":
         args["message_listener"] = handle
@@ -312,7 +311,7 @@ def _ratio(top: float | None, bottom: float | None) -> float | None:
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians per kind and the wrapper / native ratios."""
     out: dict[str, Any] = {}
-    for kind in KINDS:
+    for kind in report.KINDS:
         mine = [run for run in runs if run["kind"] == kind]
         out[kind] = {
             "rate": _median(mine, "rate"),
@@ -352,17 +351,17 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
     try:
         # warm-up, not recorded: the broker's caches, JIT (Apache Pulsar) and the page cache
         for batching in (False, True):
-            for kind in KINDS:
+            for kind in report.KINDS:
                 topic, _ = prepare_topic(client, min(args.messages, 20_000), batching)
                 spec = {**base, "kind": kind, "mode": "receive", "nack_every": 0, "topic": topic}
                 run_consumer({**spec, "messages": min(args.messages, 20_000)}, broker_pid)
         out: list[dict[str, Any]] = []
         todo = cells(args)
-        with tqdm(total=len(todo) * args.reps * len(KINDS), unit="run", file=sys.stderr) as bar:
+        with tqdm(total=len(todo) * args.reps * len(report.KINDS), unit="run", file=sys.stderr) as bar:
             for number, cell in enumerate(todo):
                 runs = []
                 for rep in range(args.reps):
-                    order = KINDS if (rep + number) % 2 == 0 else tuple(reversed(KINDS))
+                    order = report.KINDS if (rep + number) % 2 == 0 else tuple(reversed(report.KINDS))
                     for kind in order:
                         bar.set_description(
                             f"{label} {cell['scenario']} {cell['mode']} {_batching(cell)} {kind}"
@@ -442,7 +441,7 @@ def _mark(ok: bool) -> str:
 def _failures(row: dict[str, Any]) -> str:
     bad = [
         f"{kind} {row[kind]['runs'] - row[kind]['ok']}"
-        for kind in KINDS
+        for kind in report.KINDS
         if row[kind]["ok"] < row[kind]["runs"]
     ]
     return ", ".join(bad) if bad else ""
@@ -483,7 +482,7 @@ def _row(row: dict[str, Any]) -> list[str]:
 
 def _console_row(label: str, row: dict[str, Any]) -> str:
     cells_ = _row(row)
-    others = max(row[kind]["others_cores_max"] for kind in KINDS)
+    others = max(row[kind]["others_cores_max"] for kind in report.KINDS)
     return (
         f"{label:13} {cells_[0]:17} {cells_[1]:13} {cells_[2]:9} | msg/s native {cells_[3]:>9} wrapper "
         f"{cells_[4]:>9} -> {cells_[5]:22} | CPU µs/msg native {cells_[6]:>6} wrapper {cells_[7]:>6} -> "
@@ -704,7 +703,7 @@ def run(args: argparse.Namespace, argv: list[str], wrapper: dict[str, Any]) -> d
     }
     from harness.standalone import PulsarStandalone
 
-    for label, broker_type in _brokers(args.brokers.split(",")):
+    for label, broker_type in report.brokers(args.brokers.split(",")):
         print(f"starting {label} ...", file=sys.stderr)
         # the JIT's full tiers for a throughput benchmark (PulsarStandalone's default is C1 only)
         options = {"c1_only": False} if broker_type is PulsarStandalone else {}

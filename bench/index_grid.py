@@ -29,10 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -154,20 +151,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_point(point: tuple[int, int, float, str, int], pending: int) -> dict[str, Any]:
-    from pulsar_nack.memory import MEASURING_ENV
-
-    env = dict(os.environ, PYTHONMALLOC="malloc", **MEASURING_ENV)
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--probe", json.dumps({"point": point, "pending": pending})],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode:
-        raise SystemExit(f"probe {point} failed:\n{done.stderr}")
-    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
-    return result
+    payload = {"point": point, "pending": pending}
+    return report.run_probe(SCRIPT, payload, env={"PYTHONMALLOC": "malloc"})
 
 
 def main() -> None:

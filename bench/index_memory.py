@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -138,11 +136,6 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -> dict[str, Any]:
     """The index after ``add_many`` + ``compact()``, measured one way: ``"tracemalloc"`` (traced Python
     allocations; CRoaring's heap, invisible to it, is reported apart as ``memory_usage()`` sees it),
@@ -153,7 +146,7 @@ def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -
     from pulsar_nack.lowlevel import TimeBucketIndex
     from pulsar_nack.memory import heap_in_use, release_free_heap
 
-    read: Any = {"tracemalloc": lambda: tracemalloc.get_traced_memory()[0], "rss": _rss}.get(
+    read: Any = {"tracemalloc": lambda: tracemalloc.get_traced_memory()[0], "rss": report.rss_bytes}.get(
         measure, heap_in_use
     )
     gc.collect()
@@ -182,25 +175,8 @@ def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -
 
 def _run_measure(payload: dict[str, Any]) -> dict[str, Any]:
     """A ``measure`` probe in a fresh interpreter; ``malloc`` runs with ``PYTHONMALLOC=malloc``."""
-    from pulsar_nack.memory import MEASURING_ENV
-
-    env = {**os.environ, **MEASURING_ENV}
-    env.pop("PYTHONMALLOC", None)
-    if payload["measure"] == "malloc":
-        env["PYTHONMALLOC"] = "malloc"
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--probe", json.dumps(payload)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=report.ROOT,
-        env=env,
-        check=False,
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"probe {payload} failed:\n{out.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    allocator = "malloc" if payload["measure"] == "malloc" else None
+    return report.run_probe(SCRIPT, payload, env={"PYTHONMALLOC": allocator})
 
 
 def _probe_due_of(due: Any, ledgers: Any, entries: Any, k: int) -> dict[str, Any]:

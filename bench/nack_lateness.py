@@ -40,23 +40,11 @@ from tqdm import tqdm
 
 SCRIPT = Path(__file__).resolve()
 PATTERNS = ("burst", "groups", "steady")
-KINDS = ("native", "wrapper")
 PRECISION_BITS = 8
 #: Package data of the demo: the native client's bytes per pending nack as this benchmark measured it.
 NATIVE_COST = report.ROOT / "pulsar_nack" / "data" / "native_nack_cost.json"
 #: The broker whose native figure the file carries first: the demo's (pulsar-lite), when it was measured.
 NATIVE_COST_BROKER = "pulsar-lite"
-
-
-def _client(kind: str, service_url: str) -> Any:
-    import pulsar
-
-    import pulsar_nack
-
-    client_type = pulsar.Client if kind == "native" else pulsar_nack.Client
-    return client_type(
-        service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
-    )
 
 
 def _subscribe(client: Any, topic: str, delay_ms: int) -> Any:
@@ -106,7 +94,7 @@ def lateness_run(service_url: str, kind: str, delay_ms: int, pattern: str, count
     """One consumer kind through one pattern; returns lateness figures (ms)."""
     import pulsar
 
-    client = _client(kind, service_url)
+    client = report.client(kind, service_url)
     topic = f"persistent://public/default/lateness-{kind}-{uuid.uuid4().hex[:8]}"
     try:
         consumer = _subscribe(client, topic, delay_ms)
@@ -166,10 +154,10 @@ def lateness_run(service_url: str, kind: str, delay_ms: int, pattern: str, count
 def call_cost(service_url: str, count: int, rounds: int = 3) -> dict[str, Any]:
     """µs per negative_acknowledge(message), each kind on received messages; median of ``rounds``."""
     out: dict[str, Any] = {}
-    for kind in KINDS:
+    for kind in report.KINDS:
         samples = []
         for _ in range(rounds):
-            client = _client(kind, service_url)
+            client = report.client(kind, service_url)
             topic = f"persistent://public/default/cost-{kind}-{uuid.uuid4().hex[:8]}"
             try:
                 consumer = _subscribe(client, topic, 600_000)
@@ -199,7 +187,7 @@ def memory_probe(payload: dict[str, Any]) -> dict[str, Any]:
     from pulsar_nack.memory import heap_in_use
 
     kind, count, service_url = payload["kind"], payload["count"], payload["service_url"]
-    client = _client(kind, service_url)
+    client = report.client(kind, service_url)
     topic = f"persistent://public/default/memory-{kind}-{uuid.uuid4().hex[:8]}"
     consumer = _subscribe(client, topic, 3_600_000)
     warm = [_pulsar.MessageId(-1, 1, i, -1) for i in range(1000)]
@@ -228,26 +216,6 @@ def memory_probe(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the run --------------------------------------------------------------------------------------
-
-
-def _brokers(names: list[str]) -> list[tuple[str, Any]]:
-    from harness.maven import apache_pulsar_available
-    from harness.standalone import PulsarStandalone
-    from pulsar_nack.testing import PulsarLite
-
-    found: list[tuple[str, Any]] = []
-    for name in names:
-        if name == "lite":
-            found.append(("pulsar-lite", PulsarLite))
-        elif name == "apache":
-            ok, reason = apache_pulsar_available()
-            if ok:
-                found.append(("Apache Pulsar", PulsarStandalone))
-            else:
-                print(f"Apache Pulsar skipped: {reason}", file=sys.stderr)
-        else:
-            raise SystemExit(f"--brokers: unknown broker {name!r} (lite, apache)")
-    return found
 
 
 def main(argv: list[str]) -> int:
@@ -284,7 +252,7 @@ def main(argv: list[str]) -> int:
         "precision_bits": PRECISION_BITS,
         "rounding": NackOptions().rounding,  # the wrapper's default, which the bench subscribes with
     }
-    for label, broker_type in _brokers(args.brokers.split(",")):
+    for label, broker_type in report.brokers(args.brokers.split(",")):
         print(f"starting {label} ...", file=sys.stderr)
         with broker_type() as broker:
             results["brokers"][label] = run_broker(broker.service_url, delays, args)
@@ -326,13 +294,13 @@ def export_native_cost(results: dict[str, Any], path: Path = NATIVE_COST) -> Pat
 def run_broker(service_url: str, delays: list[int], args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"lateness": []}
     jobs = [(delay, pattern) for delay in delays for pattern in PATTERNS]
-    with tqdm(total=len(jobs) + 1 + len(KINDS), unit="run", file=sys.stderr) as bar:
+    with tqdm(total=len(jobs) + 1 + len(report.KINDS), unit="run", file=sys.stderr) as bar:
         for delay, pattern in jobs:
             bar.set_description(f"lateness {pattern} {delay} ms")
-            with ThreadPoolExecutor(len(KINDS)) as pool:  # native and wrapper side by side
+            with ThreadPoolExecutor(len(report.KINDS)) as pool:  # native and wrapper side by side
                 futures = {
                     kind: pool.submit(lateness_run, service_url, kind, delay, pattern, args.messages)
-                    for kind in KINDS
+                    for kind in report.KINDS
                 }
                 row = {"delay_ms": delay, "pattern": pattern, **{k: f.result() for k, f in futures.items()}}
             out["lateness"].append(row)
@@ -341,7 +309,7 @@ def run_broker(service_url: str, delays: list[int], args: argparse.Namespace) ->
         out["call_cost_us"] = call_cost(service_url, args.cost_messages)
         bar.update()
         out["memory"] = {}
-        for kind in KINDS:
+        for kind in report.KINDS:
             bar.set_description(f"memory {kind}")
             payload = {"kind": kind, "count": args.memory_nacks, "service_url": service_url}
             out["memory"][kind] = report.run_probe(SCRIPT, payload)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -159,28 +158,18 @@ def main(argv: list[str]) -> int:
         parser.error(f"--kinds: wrapper and/or native, got {args.kinds!r}")
     if not 0 < args.share <= 1:
         parser.error(f"--share: in (0, 1], got {args.share}")
-    from pulsar_nack.memory import MEASURING_ENV
     from pulsar_nack.testing import PulsarLite
 
     facts = report.machine()
-    env = {**os.environ, **MEASURING_ENV, "PYTHONMALLOC": "malloc"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(report.ROOT), env.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (str(report.ROOT), os.environ.get("PYTHONPATH")) if p)
+    env: dict[str, str | None] = {"PYTHONMALLOC": "malloc", "PYTHONPATH": path}
     settings = {"minutes": args.minutes, "rate": args.rate, "share": args.share, "delay_s": args.delay_s}
     runs: dict[str, dict[str, Any]] = {}
     with PulsarLite() as broker:
         # the official consumer on the same broker with the same traffic, in turn (one fresh process each)
         for kind in args.kinds.split(","):
             payload = {"url": broker.service_url, "kind": kind, **settings}
-            child = subprocess.run(
-                [sys.executable, str(SCRIPT), "--probe", json.dumps(payload)],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=args.minutes * 60 + 300,
-            )
-            if child.returncode != 0:
-                raise SystemExit(f"soak probe {kind} failed:\n{child.stderr[-3000:]}")
-            runs[kind] = json.loads(child.stdout.strip().splitlines()[-1])
+            runs[kind] = report.run_probe(SCRIPT, payload, timeout=args.minutes * 60 + 300, env=env)
             runs[kind]["heap"] = steady(runs[kind]["samples"], warmup_s, "heap")
             if kind == "wrapper":
                 runs[kind]["reported"] = steady(runs[kind]["samples"], warmup_s, "reported")

@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import report
-from nack_lateness import _brokers
 
 from pulsar_nack.consumer import KEPT_COPY_BYTES
 
@@ -226,7 +225,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     facts = report.machine()
     results: dict[str, Any] = {}
-    for label, broker_type in _brokers(args.brokers.split(",")):
+    for label, broker_type in report.brokers(args.brokers.split(",")):
         with broker_type() as broker:
             results[label] = {}
             for mode in MODES:

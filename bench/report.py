@@ -1,4 +1,6 @@
-"""Shared plumbing of the benchmarks: machine facts, JSON results, and sections of docs/performance.md.
+"""Shared plumbing of the benchmarks: machine facts, JSON results, sections of docs/performance.md, a probe
+in a fresh interpreter (:func:`run_probe`), the process's RSS (:func:`rss_bytes`), and the brokers and
+clients the broker benchmarks run (:func:`brokers`, :func:`client`).
 
 Each benchmark owns one section of ``docs/performance.md`` between ``<!-- BEGIN name -->`` and
 ``<!-- END name -->`` and rewrites only that, so benchmarks can run separately.
@@ -94,20 +96,81 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def run_probe(script: Path, payload: dict[str, Any], timeout: float = 900) -> dict[str, Any]:
-    """Run ``script --probe JSON`` in a fresh interpreter set up for heap measurement
-    (``pulsar_nack.memory.MEASURING_ENV``); it prints one JSON object as its last line."""
+def run_probe(
+    script: Path | str,
+    payload: Any,
+    timeout: float = 900,
+    env: dict[str, str | None] | None = None,
+    measuring: bool = True,
+    flag: str = "--probe",
+) -> dict[str, Any]:
+    """Run ``script --probe JSON(payload)`` in a fresh interpreter from the repository root and return the
+    JSON object its last line prints; RuntimeError with the tail of its stderr if it fails.
+
+    The environment is this process's, set up for heap measurement (``pulsar_nack.memory.MEASURING_ENV``)
+    unless ``measuring`` is false, then ``env`` on top (a None value removes the variable)."""
     from pulsar_nack.memory import MEASURING_ENV
 
+    child_env = {**os.environ, **(MEASURING_ENV if measuring else {})}
+    for name, value in (env or {}).items():
+        if value is None:
+            child_env.pop(name, None)
+        else:
+            child_env[name] = value
     out = subprocess.run(
-        [sys.executable, str(script), "--probe", json.dumps(payload)],
+        [sys.executable, str(script), flag, json.dumps(payload)],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=ROOT,
-        env={**os.environ, **MEASURING_ENV},
+        env=child_env,
     )
     if out.returncode != 0:
         raise RuntimeError(f"probe {payload} failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (``/proc/self/statm``), bytes. O(1)."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+#: The two consumers the broker benchmarks compare: the official client's and pulsar-nack's.
+KINDS = ("native", "wrapper")
+
+
+def client(kind: str, service_url: str) -> Any:
+    """A ``pulsar.Client`` (``kind`` ``native``) or a ``pulsar_nack.Client`` (``wrapper``) on
+    ``service_url``, logging errors only."""
+    import pulsar
+
+    import pulsar_nack
+
+    client_type = pulsar.Client if kind == "native" else pulsar_nack.Client
+    return client_type(
+        service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    )
+
+
+def brokers(names: list[str]) -> list[tuple[str, Any]]:
+    """The brokers ``--brokers`` names (``lite``, ``apache``) as (label, class) pairs; Apache Pulsar is
+    skipped, saying why on stderr, where it cannot run. SystemExit for an unknown name."""
+    from harness.maven import apache_pulsar_available
+    from harness.standalone import PulsarStandalone
+    from pulsar_nack.testing import PulsarLite
+
+    found: list[tuple[str, Any]] = []
+    for name in names:
+        if name == "lite":
+            found.append(("pulsar-lite", PulsarLite))
+        elif name == "apache":
+            ok, reason = apache_pulsar_available()
+            if ok:
+                found.append(("Apache Pulsar", PulsarStandalone))
+            else:
+                print(f"Apache Pulsar skipped: {reason}", file=sys.stderr)
+        else:
+            raise SystemExit(f"--brokers: unknown broker {name!r} (lite, apache)")
+    return found

@@ -35,8 +35,6 @@ import argparse
 import gc
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -60,11 +58,6 @@ PIP393_OLD_MAP = {1_000_000: 64.0, 10_000_000: 512.0}
 
 
 # -- probe (a fresh interpreter) --------------------------------------------------------------------------
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def probe(payload: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +85,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     def now() -> int:
         if measure == "tracemalloc":
             return int(tracemalloc.get_traced_memory()[0])
-        return _rss() if measure == "rss" else heap_in_use()
+        return report.rss_bytes() if measure == "rss" else heap_in_use()
 
     if measure == "tracemalloc":
         tracemalloc.start()
@@ -116,20 +109,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
 def run_probe(payload: dict[str, Any]) -> dict[str, Any]:
     """``probe`` in a fresh interpreter, with the allocator the measure needs."""
-    from pulsar_nack.memory import MEASURING_ENV
-
-    env = {**os.environ, **MEASURING_ENV}
-    env.pop("PYTHONMALLOC", None)
-    if payload["measure"] == "malloc":
-        env["PYTHONMALLOC"] = "malloc"
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--probe", json.dumps(payload)],
-        capture_output=True, text=True, timeout=1800, cwd=report.ROOT, env=env,
-    )  # fmt: skip
-    if out.returncode != 0:
-        raise RuntimeError(f"probe {payload} failed:\n{out.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    allocator = "malloc" if payload["measure"] == "malloc" else None
+    return report.run_probe(SCRIPT, payload, timeout=1800, env={"PYTHONMALLOC": allocator})
 
 
 # -- the run ---------------------------------------------------------------------------------------------

@@ -44,8 +44,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
@@ -177,11 +175,6 @@ def _write_pending(directory: str, spread: str) -> dict[str, Any]:
     return {"files": len(names), "bytes": sum(os.path.getsize(os.path.join(directory, n)) for n in names)}
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def restore_probe(directory: str, part: str) -> dict[str, Any]:
     """One restore of the snapshot in ``directory``, in this fresh process: ``store`` (the segment
     store's) or ``tracker`` (what subscribe does: the store's, then the arrival filter taught every id).
@@ -199,7 +192,7 @@ def restore_probe(directory: str, part: str) -> dict[str, Any]:
         return float(RESTORE_NOW)
 
     gc.collect()
-    heap_before, rss_before = heap_in_use(), _rss_bytes()
+    heap_before, rss_before = heap_in_use(), report.rss_bytes()
     high_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     store = SegmentStore(LocalDirectoryStorage(directory, fsync=False))  # the default memory bound
     started = time.perf_counter()
@@ -230,32 +223,19 @@ def restore_probe(directory: str, part: str) -> dict[str, Any]:
 def restore_runs() -> list[dict[str, Any]]:
     """For each spread: write the snapshot (a process of its own), then restore it in fresh processes
     (started with MEASURING_ENV, as memory.heap_in_use wants): the store's, then the tracker's."""
-    from pulsar_nack.memory import MEASURING_ENV
 
     rows = []
     for spread in ("ordered", "random"):
         with tempfile.TemporaryDirectory() as directory:
-            row: dict[str, Any] = {"spread": spread, **_probe({"write": [directory, spread]})}
+            written = report.run_probe(__file__, {"write": [directory, spread]}, measuring=False)
+            row: dict[str, Any] = {"spread": spread, **written}
             for part in ("store", "tracker"):
-                row[part] = _probe({"restore": [directory, part]}, env=MEASURING_ENV)
+                row[part] = report.run_probe(__file__, {"restore": [directory, part]})
             row["ids"] = row["store"]["ids"]
             row["bytes_per_id"] = row["bytes"] / row["ids"]
         rows.append(row)
         print("restore", rows[-1])
     return rows
-
-
-def _probe(spec: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--probe", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-        env={**os.environ, **(env or {})},
-    )
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
 
 
 def message_delays(count: int, spread: str) -> list[float]:
@@ -381,15 +361,7 @@ def consumer_runs(rounds: int, spread: str = "one", kind: str = "lite") -> dict[
                 producer.flush()
                 client.close()
                 spec = {"consumer": [broker.service_url, topic, mode == "snapshots", spread]}
-                out = subprocess.run(
-                    [sys.executable, __file__, "--probe", json.dumps(spec)],
-                    capture_output=True,
-                    text=True,
-                    timeout=CONSUMER_DEADLINE_S + 120,
-                )
-                if out.returncode:
-                    raise RuntimeError(f"consumer probe {spec} failed: {out.stderr[-2000:]}")
-                row = json.loads(out.stdout.strip().splitlines()[-1])
+                row = report.run_probe(__file__, spec, timeout=CONSUMER_DEADLINE_S + 120, measuring=False)
                 runs[mode].append(row)
                 print(
                     f"consumer {spread} {mode}: CPU {row['cpu_s']:.2f} s, {row['nacks']:,} nacked, "
@@ -482,14 +454,8 @@ def main() -> None:
     runs: dict[str, list[dict[str, Any]]] = {"bare": [], "snapshots": []}
     for _ in range(ROUNDS):
         for mode in ("bare", "snapshots"):
-            out = subprocess.run(
-                [sys.executable, __file__, "--probe", json.dumps({"snapshots": mode == "snapshots"})],
-                capture_output=True,
-                text=True,
-                timeout=SECONDS * 10,
-                check=True,
-            )
-            row = json.loads(out.stdout.strip().splitlines()[-1])
+            spec = {"snapshots": mode == "snapshots"}
+            row = report.run_probe(__file__, spec, timeout=SECONDS * 10, measuring=False)
             runs[mode].append(row)
             print(mode, row)
     cpu = {mode: statistics.median(r["cpu_s"] for r in rows) for mode, rows in runs.items()}

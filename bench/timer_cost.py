@@ -26,8 +26,6 @@ Writes ``bench/results/timer_cost.json`` and the ``timer-cost`` section of docs/
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -129,26 +127,15 @@ def cold_probe(precision_bits: int, repeats: int = 60) -> dict[str, Any]:
 
 
 def run_probe(precision_bits: int, per_ms: int, kind: str = "--probe") -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), kind, str(precision_bits), str(per_ms)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=report.ROOT,
-        env=os.environ.copy(),
-    )
-    if out.returncode != 0:
-        raise RuntimeError(f"probe k={precision_bits} failed:\n{out.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
+    return report.run_probe(SCRIPT, [precision_bits, per_ms], timeout=600, measuring=False, flag=kind)
 
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--probe"]:
-        print(json.dumps(probe(int(argv[1]), int(argv[2]))))
+        print(json.dumps(probe(*json.loads(argv[1]))))
         return 0
     if argv[:1] == ["--cold"]:
-        print(json.dumps(cold_probe(int(argv[1]))))
+        print(json.dumps(cold_probe(json.loads(argv[1])[0])))
         return 0
     facts = report.machine()
     rows = []

@@ -1,4 +1,4 @@
-"""Redelivery lateness as the application sees it: arrival − the due time it asked for (issue 24).
+"""Redelivery lateness as the application sees it: arrival − the due time it asked for.
 
 The index keeps buckets, not due times (that is where its memory goes down), so the exact due time of
 every pending nack is not known at arrival. Two fixed-size structures measure lateness anyway:

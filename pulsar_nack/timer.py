@@ -27,7 +27,7 @@ firing.
 The thread sleeps on a lock of its own (``_wake``) rather than a ``threading.Condition``: a
 ``Condition.wait`` runs ~15 lines of Python (a waiter lock allocated, queued and dequeued) that, with the
 caches cold after a sleep, cost ~20 µs of the thread's CPU per wake-up — a third of an empty wake-up's
-cost, and the redelivery timer wakes every 68 ms at small precision (issue 10). A scheduler that needs an
+cost, and the redelivery timer wakes every 68 ms at small precision. A scheduler that needs an
 earlier wake-up releases ``_wake``, and only while the thread sleeps on it (``_sleeping``), so the thread's
 own re-arming from a callback costs no extra wake-up.
 
@@ -76,7 +76,7 @@ def weak_callback(method: Callable[[], object]) -> Callable[[], None]:
 
     A weak reference to the object and the plain function, not a ``weakref.WeakMethod``: calling one runs
     its Python ``__call__`` and makes a bound method each time, which the redelivery timer paid at every
-    forward with cold caches (issue 10)."""
+    forward with cold caches."""
     if not isinstance(method, types.MethodType):
         raise TypeError(f"weak_callback needs a bound method, got {type(method).__name__}")
     ref, function = weakref.ref(method.__self__), method.__func__
