@@ -11,6 +11,7 @@ import weakref
 from typing import Any
 
 import numpy as np
+from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
@@ -19,16 +20,8 @@ from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import TimeBucketIndex
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make() -> tuple[ArrivalFilter, Clock, list[tuple[float, int, int, int, str]]]:
-    clock = Clock()
+def make() -> tuple[ArrivalFilter, FakeClock, list[tuple[float, int, int, int, str]]]:
+    clock = FakeClock()
     refiled: list[tuple[float, int, int, int, str]] = []
     arrivals = ArrivalFilter(lambda *ids: refiled.append(ids), clock=clock, linger_ms=1_000)
     return arrivals, clock, refiled
@@ -39,7 +32,7 @@ def admit(arrivals: ArrivalFilter, entry: int, index: int = -1, size: int = 10, 
 
 
 def forward(
-    arrivals: ArrivalFilter, clock: Clock, entry: int, indexes: tuple[int, ...] | None, target: float
+    arrivals: ArrivalFilter, clock: FakeClock, entry: int, indexes: tuple[int, ...] | None, target: float
 ) -> None:
     arrivals.forwarded("t", 7, [entry], {entry: indexes} if indexes else {}, clock.now, int(target))
 
@@ -278,7 +271,7 @@ def test_an_entry_acked_or_nacked_in_any_order_ends_as_one_bit(
     it are still classified (nacked: held; acked: acked). The nack path tests this with a cheap necessary
     condition before the full one: it must never miss the moment."""
     index = TimeBucketIndex(8, "floor")
-    clock = Clock()
+    clock = FakeClock()
     arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, pending_mask=index.pending_mask)
     nacked = set(data.draw(st.sets(st.integers(0, size - 1), min_size=1), label="nacked"))
     order = list(range(size))
@@ -311,7 +304,7 @@ def test_a_batch_size_is_read_once_per_entry_outside_the_lock() -> None:
         calls.append(arrivals._lock.locked())
         return size
 
-    arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
+    arrivals = ArrivalFilter(lambda *ids: None, clock=FakeClock(), linger_ms=1_000, batch_size=batch_size)
     for batch_index in range(4):
         assert admit(arrivals, 1, batch_index, size=4) is Verdict.DELIVER
     assert calls == [False], "read once, for the new entry, without the lock"
@@ -335,7 +328,7 @@ def test_concurrent_first_arrivals_of_one_batch_are_each_handed_out_once() -> No
         time.sleep(0)  # let another receiver in between the two turns of the lock
         return size
 
-    arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
+    arrivals = ArrivalFilter(lambda *ids: None, clock=FakeClock(), linger_ms=1_000, batch_size=batch_size)
     size, entries, threads = 20, 50, 8
     messages = [(entry, index) for entry in range(entries) for index in range(size)] * 2
     random.Random(5).shuffle(messages)
@@ -372,7 +365,7 @@ class _Model:
     """A filter wired to an index as the tracker wires them (nacks filed, due ids popped and forwarded),
     recording the forwards it asks to repeat."""
 
-    def __init__(self, clock: Clock) -> None:
+    def __init__(self, clock: FakeClock) -> None:
         self.clock = clock
         self.index = TimeBucketIndex(4, "floor")
         self.refiled: list[tuple[float, int, int, int, str]] = []
@@ -423,7 +416,7 @@ def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
     (other messages of the entry may be pending), and must still end in the same state. A third filter
     admits each message with ``admit_message`` (the consumer's per-message path) and takes acks as the
     second: same verdicts, same end state."""
-    clock_one, clock_all, clock_each = Clock(), Clock(), Clock()
+    clock_one, clock_all, clock_each = FakeClock(), FakeClock(), FakeClock()
     one, together, each = _Model(clock_one), _Model(clock_all), _Model(clock_each)
     for step in steps:
         for model in (one, together, each):
@@ -486,7 +479,7 @@ def test_admit_batched_reads_each_new_entrys_size_once_outside_the_lock() -> Non
         asked.append(position)
         return (first[position][1], 4)
 
-    arrivals = ArrivalFilter(lambda *ids: None, clock=Clock(), linger_ms=1_000, batch_size=batch_size)
+    arrivals = ArrivalFilter(lambda *ids: None, clock=FakeClock(), linger_ms=1_000, batch_size=batch_size)
     first = [(7, entry, index, "t") for entry in (1, 2) for index in range(4)]
     assert arrivals.admit_batched(first, token) == []
     assert calls == [(1, False), (2, False)]
@@ -556,7 +549,7 @@ def test_acked_plain_records_acks_beside_pending_nacks() -> None:
     take acked_plain (one lock round-trip), the nacked one does not; the last ack turns the entry into
     one bit, and copies of it are still classified."""
     index = TimeBucketIndex(8, "floor")
-    clock = Clock()
+    clock = FakeClock()
     arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, pending_mask=index.pending_mask)
     for batch_index in range(3):
         assert admit(arrivals, 1, batch_index, size=3) is Verdict.DELIVER

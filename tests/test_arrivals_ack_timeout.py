@@ -6,6 +6,7 @@ brokers, beside the official consumer: tests/test_ack_timeout.py.)"""
 from __future__ import annotations
 
 import pytest
+from fake_clock import FakeClock
 
 from pulsar_nack.arrivals import ACK_TIMEOUT_SLACK_MS, NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 
@@ -13,16 +14,9 @@ TIMEOUT_MS = 10_000
 D, H = Verdict.DELIVER, Verdict.DUPLICATE
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
 
-    def __call__(self) -> float:
-        return self.now
-
-
-def make(timeout_ms: int | None = TIMEOUT_MS) -> tuple[ArrivalFilter, Clock]:
-    clock = Clock()
+def make(timeout_ms: int | None = TIMEOUT_MS) -> tuple[ArrivalFilter, FakeClock]:
+    clock = FakeClock()
     arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=30_000)
     arrivals.expect_ack_timeout(timeout_ms)
     return arrivals, clock

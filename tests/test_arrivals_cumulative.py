@@ -4,6 +4,8 @@ Apache Pulsar, beside the official consumer: tests/test_cumulative_ack.py.)"""
 
 from __future__ import annotations
 
+from fake_clock import FakeClock
+
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import TimeBucketIndex
 
@@ -11,19 +13,12 @@ LINGER_MS = 1_000
 DUE = 60_000
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 class Setup:
     """A filter on a real index, wired as the tracker wires them."""
 
     def __init__(self) -> None:
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.index = TimeBucketIndex(0, "floor")
         self.refiled: list[tuple[float, int, int, int, str]] = []
         self.arrivals = ArrivalFilter(

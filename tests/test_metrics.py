@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pulsar
 import pytest
+from fake_clock import FakeClock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,14 +18,6 @@ from pulsar_nack.lowlevel import TimerWheel
 from pulsar_nack.metrics import NackCollector
 from pulsar_nack.testing import PulsarLite
 from pulsar_nack.tracker import NackTracker
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class TrackedConsumer:

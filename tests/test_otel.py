@@ -10,9 +10,10 @@ from typing import Any
 
 import pulsar
 import pytest
+from fake_clock import FakeClock
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from test_metrics import FakeClock, TrackedConsumer
+from test_metrics import TrackedConsumer
 
 from pulsar_nack import Client
 from pulsar_nack.otel import NackMeter, attributes_of

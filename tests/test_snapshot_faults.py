@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fake_clock import FakeClock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_metrics import FakeClock
 from test_snapshot_segments import Flaky
 
 from pulsar_nack import NackStats

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from fake_clock import FakeClock
 
 from pulsar_nack.lowlevel import DueIds, TimerWheel
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
@@ -26,13 +27,6 @@ EPOCH = 1_790_000_000_000.0  # a fake epoch clock (ms), as the consumer's tracke
 TOPIC = "persistent://public/default/t"
 NATIVE_MS = 102  # a forwarded id's copy arrives this long after the forward (the native latency)
 
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Consumer:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from fake_clock import FakeClock
 
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore, SnapshotStorageError
 from pulsar_nack.snapshot.namespace import SubscriptionStorage, snapshot_key, subscription_prefix
@@ -163,13 +164,6 @@ def test_a_member_busy_taking_over_refuses_the_owner_like_a_duplicate_name(tmp_p
         SubscriptionStorage(LocalDirectoryStorage(tmp_path, fsync=False), key).lock()
     held.unlock()
 
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_back(tmp_path: Path) -> None:

@@ -11,20 +11,13 @@ import tracemalloc
 import weakref
 
 import pytest
+from fake_clock import FakeClock
 
 from pulsar_nack.timer import MAX_WAIT_MS, TimerWheel, _Wheel, monotonic_ms, weak_callback
 
 
-class FakeClock:
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_fires_in_deadline_order_never_early_with_fake_clock() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1_000.0)
     wheel = TimerWheel(tick_ms=1, wheel_size=8, clock=clock, start=False)
     fired: list[tuple[int, float]] = []
     deadlines = [1_003, 1_001, 1_500, 1_007, 90_000, 1_002]  # spans several wheel levels
@@ -56,7 +49,7 @@ def test_coarse_ticks_round_up_and_never_fire_early() -> None:
 
 
 def test_cancel_is_exact_and_idempotent() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1_000.0)
     wheel = TimerWheel(clock=clock, start=False)
     fired: list[str] = []
     keep = wheel.schedule(1_010, lambda: fired.append("keep"))
@@ -71,7 +64,7 @@ def test_cancel_is_exact_and_idempotent() -> None:
 
 
 def test_due_on_arrival_fires_at_next_run() -> None:
-    clock = FakeClock()
+    clock = FakeClock(1_000.0)
     wheel = TimerWheel(clock=clock, start=False)
     fired: list[int] = []
     wheel.schedule(clock.now - 5, lambda: fired.append(1))
@@ -300,7 +293,7 @@ def test_the_thread_starts_on_the_first_schedule_and_ends_at_close() -> None:
 def test_memory_bytes_agrees_with_tracemalloc_and_falls_back_once_fired() -> None:
     """What ``nack_stats().memory_bytes`` adds for a tracker's own wheel: within 15 % of what tracemalloc
     sees the wheel allocate for 10,000 pending timeouts, and back near empty once they fired."""
-    clock = FakeClock()
+    clock = FakeClock(1_000.0)
     wheel = TimerWheel(clock=clock, start=False)
     empty = wheel.memory_bytes()
 
@@ -334,7 +327,7 @@ def _buckets_held(wheel: TimerWheel) -> int:
 def test_buckets_leave_their_slots_once_fired_or_cancelled() -> None:
     """Memory is flat in run time: a wheel that fired or cancelled everything holds no bucket, however
     many slots its timeouts passed through."""
-    clock = FakeClock()
+    clock = FakeClock(1_000.0)
     wheel = TimerWheel(tick_ms=1, wheel_size=64, clock=clock, start=False)
     cancelled = [wheel.schedule(clock.now + 5 + i * 101, lambda: None) for i in range(500)]
     assert _buckets_held(wheel) > 32

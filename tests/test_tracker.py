@@ -14,6 +14,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 import pytest
+from fake_clock import FakeClock
 
 from pulsar_nack import MultiplierRedeliveryBackoff
 from pulsar_nack.delay_limit import DelayLimitExceeded, limit_delay
@@ -21,14 +22,6 @@ from pulsar_nack.index import Rounding, TimeBucketIndex
 from pulsar_nack.lowlevel import DueIds, NativeTiming, TimerWheel
 from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker, Verdict
-
-
-class FakeClock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class _Quiet(TypedDict, total=False):
