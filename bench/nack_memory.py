@@ -42,7 +42,7 @@ from typing import Any
 
 import report
 
-from pulsar_nack.profile import Delay, Workload, _run_probe
+from pulsar_nack.profile import Delay, Workload, run_probe
 
 GOAL_BYTES = 16.0
 GOAL_REPORT_ERROR = 0.10
@@ -173,7 +173,7 @@ def native_bytes_per_nack() -> tuple[float | None, str]:
 
 def measure(point: Point, pending: int) -> dict[str, Any]:
     started = time.perf_counter()
-    result = _run_probe("malloc", point.workload(pending), lambda _done: None)
+    result = run_probe("malloc", point.workload(pending), lambda _done: None)
     per_nack = result["bytes"] / result["pending"]
     return {
         **point.fields(),

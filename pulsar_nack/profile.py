@@ -76,6 +76,7 @@ __all__ = [
     "parse_duration_ms",
     "profile",
     "render",
+    "run_probe",
     "type_breakdown",
 ]
 
@@ -712,8 +713,9 @@ def _probe_env(mode: str) -> dict[str, str]:
     return env
 
 
-def _run_probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dict[str, Any]:
-    """Run :func:`probe` in a fresh interpreter; it reports progress lines, then one JSON line."""
+def run_probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dict[str, Any]:
+    """Run :func:`probe` ``mode`` (``default``, ``malloc``, ``tracemalloc``) in a fresh interpreter set up for
+    it; it reports progress lines, then one JSON line, which this returns. O(workload) in the child."""
     command = [sys.executable, "-m", "pulsar_nack.profile", mode, json.dumps(workload.to_json())]
     return run_child(command, _probe_env(mode), f"profile probe {mode!r}", _PROBE_TIMEOUT_S, progress)
 
@@ -779,7 +781,7 @@ def profile(
     started = time.perf_counter()
     results: dict[str, dict[str, Any]] = {}
     for mode in ("default", *(m for m in _MODES[1:] if m in measures)):
-        results[mode] = _run_probe(mode, workload, _stage_progress(progress, mode, workload.messages))
+        results[mode] = run_probe(mode, workload, _stage_progress(progress, mode, workload.messages))
     main = results["default"]
     memory: dict[str, int] = {mode: int(results[mode]["bytes"]) for mode in _MODES[1:] if mode in results}
     memory |= {"rss": int(main["bytes"]), "reported": int(main["reported"])}
