@@ -171,6 +171,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         hold, clock, dead_letters = self._nacks.hold, self._nacks.tracker.now, self._dead_letters
         while (due := hold.next_due(clock(), dead_letters)) is not None:
             if isinstance(due, HeldMessage):
+                self._nacks.count_received((due,))
                 return due
             assert dead_letters is not None
             with hold.dead_lettering(due, clock()):
@@ -234,6 +235,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
     ) -> None:
         """``pulsar.asyncio.Consumer.acknowledge``; an acked batch message is not handed out again when
         its batch comes back for a sibling's nack."""
+        self._nacks.acked += 1
         self._nacks.note_ack(message)
         await super().acknowledge(message)
 
@@ -243,6 +245,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         """``pulsar.asyncio.Consumer.acknowledge_cumulative``; then pending nacks, forwards and batch records
         of the topic up to that message are settled, as the sync consumer's."""
         await super().acknowledge_cumulative(message)
+        self._nacks.acked += 1
         self._nacks.note_cumulative_ack(message)
 
     async def seek(self, messageid: Any) -> None:

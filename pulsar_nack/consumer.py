@@ -25,7 +25,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal, TypeVar
 
 import pulsar
@@ -352,6 +352,12 @@ class NackBridge:
         # A dead member's snapshot being adopted (pulsar_nack.snapshot.takeover): arrivals wait for it.
         self.adopting: Adoption | None = None
         self.check_deaths: Callable[[], None] | None = None  # the takeover's, called before admitting
+        # Java's PIP-342 consumer counters (nack_stats().received/received_bytes/acked): plain increments on
+        # the message paths, no lock — an increment may be lost only when two threads receive or ack on
+        # one consumer at the same instant (the GIL switches between the read and the write).
+        self.received = 0
+        self.received_bytes = 0
+        self.acked = 0
         if snapshots is not None:
             self.tracker.restore()
             # dead members' nacks; the takeover sets check_deaths while it watches a member (else None)
@@ -491,6 +497,8 @@ class NackBridge:
             message._pulsar_nack_ids = (ledger_id, entry_id, batch_index, topic)
             verdict = arrivals.admit_message((topic, ledger_id, entry_id), batch_index, message_id)
             if verdict is _DELIVER:
+                self.received += 1  # (Java: received.count/.size, what the application gets)
+                self.received_bytes += inner.length()
                 return True
             if verdict is _HOLD:
                 if self.holding:
@@ -505,12 +513,16 @@ class NackBridge:
             # a non-batched message of a single-topic consumer, no chunked message held: the common case
             if arrivals.idle:
                 message._pulsar_nack_ids = _UNTRACKED  # nothing can be a copy of it yet
+                self.received += 1  # (Java: received.count/.size, what the application gets)
+                self.received_bytes += inner.length()
                 return True
             ledger_id = message_id.ledger_id()
             entry_id = message_id.entry_id()
             message._pulsar_nack_ids = (ledger_id, entry_id, -1, topic)
             verdict = arrivals.admit_entry(ledger_id, entry_id, topic)
             if verdict is _DELIVER:
+                self.received += 1  # (Java: received.count/.size, what the application gets)
+                self.received_bytes += inner.length()
                 return True
             if verdict is _ACKED:  # (a DUPLICATE needs no ack: the application's ack of its id covers it)
                 self._native.acknowledge(inner)
@@ -529,9 +541,13 @@ class NackBridge:
             self.hold.count("copies_dropped")
             return False
         if batch_index < 0 and arrivals.idle:
+            self.received += 1  # (Java: received.count/.size, what the application gets)
+            self.received_bytes += inner.length()
             return True
         verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, message_id)
         if verdict is _DELIVER:
+            self.received += 1  # (Java: received.count/.size, what the application gets)
+            self.received_bytes += inner.length()
             return True
         if verdict is _HOLD and self.holding:
             if batch_index < 0:
@@ -547,6 +563,12 @@ class NackBridge:
         ):
             self._native.acknowledge(inner)
         return False
+
+    def count_received(self, messages: Sequence[Any]) -> None:
+        """Count messages handed to the application other than by :meth:`admit` (which counts its own):
+        a ``batch_receive``'s, held messages handed out again. O(messages)."""
+        self.received += len(messages)
+        self.received_bytes += sum(m._message.length() for m in messages)
 
     def admit_all(self, messages: Sequence[pulsar.Message]) -> list[pulsar.Message]:
         """:meth:`admit` for a ``batch_receive``'s messages: those the application gets, in order. The
@@ -590,6 +612,7 @@ class NackBridge:
             elif verdict is _HOLD and self.holding:
                 self._keep(message, ledger_id, entry_id, topic)
         if not batched:
+            self.count_received(admitted)
             return admitted  # (no None in it without batch messages)
 
         def token(index: int) -> Any:  # the id of the index-th batch message: its batch size is in it
@@ -599,6 +622,7 @@ class NackBridge:
 
         withheld = arrivals.admit_batched(batched, token)
         if not withheld:
+            self.count_received(admitted)
             return admitted  # every batch message is handed out: the common case
         for index, verdict in withheld:
             ledger_id, entry_id, batch_index, _ = batched[index]
@@ -614,7 +638,9 @@ class NackBridge:
                 verdict is _DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
             ):
                 self._native.acknowledge(inner)
-        return [m for m in admitted if m is not None]
+        handed = [m for m in admitted if m is not None]
+        self.count_received(handed)
+        return handed
 
     def _keep(self, message: pulsar.Message, ledger_id: int, entry_id: int, topic: str) -> None:
         """A broker copy of a non-batched message whose nack is pending (a reconnect or an ack timeout
@@ -833,7 +859,8 @@ class NackBridge:
     def stats(self, *, with_memory: bool = False) -> NackStats:
         """The tracker's stats with the held messages' ``chunked_*`` counters (one
         :class:`~pulsar_nack.tracker.NackStats`)."""
-        return self.hold.stats(self.tracker.stats(with_memory=with_memory), with_memory=with_memory)
+        stats = self.hold.stats(self.tracker.stats(with_memory=with_memory), with_memory=with_memory)
+        return replace(stats, received=self.received, received_bytes=self.received_bytes, acked=self.acked)
 
 
 _OFFICIAL_ACKNOWLEDGE = pulsar.Consumer.acknowledge
@@ -933,6 +960,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         hold, clock, dead_letters = self._nacks.hold, self._nacks.tracker.now, self._dead_letters
         while (due := hold.next_due(clock(), dead_letters)) is not None:
             if isinstance(due, HeldMessage):
+                self._nacks.count_received((due,))
                 return due
             assert dead_letters is not None
             with hold.dead_lettering(due, clock()):
@@ -971,6 +999,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 return admitted
 
     def acknowledge(self, message: Any) -> None:
+        self._nacks.acked += 1  # (Java's message.ack: every ack call, as its consumer counts them)
         if type(message) is _MESSAGE:
             self._nacks.acknowledge(message)  # the note and the native ack in one frame
             return
@@ -982,6 +1011,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         and batch records of the topic up to that message are settled: none of them is redelivered or
         asked for again. Raises as the official call does (nothing settled then)."""
         super().acknowledge_cumulative(message)
+        self._nacks.acked += 1
         self._nacks.note_cumulative_ack(message)
 
     def seek(self, messageid: Any) -> None:

@@ -1541,16 +1541,22 @@ class _HotIndex:
             renumbered[[old.ordinal(record.base) for record in records]] = np.arange(
                 len(records), dtype=np.uint64
             )
-        for bucket, slots in self._schedule.items():
-            packed = slots.packed
-            if packed is None or not packed:
-                continue
-            ordinals, entries = old.decode(_array_of(packed, np.uint64))
+        # One numpy pass over every shared bitmap's codes, not one per bucket: with one id per bucket
+        # (M = 1) the per-call overhead of a bucket-by-bucket re-encoding dominated add_many.
+        shared = [(bucket, slots) for bucket, slots in self._schedule.items() if slots.packed]
+        if shared:
+            parts = [_array_of(slots.packed, np.uint64) for _, slots in shared]  # type: ignore[arg-type]
+            ordinals, entries = old.decode(np.concatenate(parts))
             if renumbered is not None:
                 ordinals = renumbered[ordinals]
-            slots.packed = BitMap64(new.encode(ordinals, entries))
-            if bucket != self._slot_bucket:
-                self._cold[bucket] = None  # built anew: compact() shrinks it (and memory_usage knows)
+            codes = np.frombuffer(new.encode(ordinals, entries), dtype=np.uint64)
+            start = 0
+            for (bucket, slots), part in zip(shared, parts, strict=True):
+                end = start + len(part)
+                slots.packed = BitMap64(array("Q", codes[start:end].tobytes()))
+                start = end
+                if bucket != self._slot_bucket:
+                    self._cold[bucket] = None  # built anew: compact() shrinks it (and memory_usage knows)
         self._layout = new
         self._narrow_at = max(1, 1 << bits >> 2) if bits else -1  # ledgers at which to narrow again
         if renumbered is not None:
@@ -2049,11 +2055,13 @@ class _HotIndex:
                     self._set_mask(bucket, record, entry_id, 0)
             record.widen(int(fresh[0]), self._slot_is_last)
             record.widen(int(fresh[-1]), self._slot_is_last)
-        for entry_id in repeated or ():  # maybe pending elsewhere (or already here)
+        if repeated:
+            for entry_id in repeated:  # maybe pending elsewhere (or already here)
+                self._select(bucket, ledger_id, topic)
+                self._add_checked(entry_id, -1)
+            # (without repeated ids the slot is still the cached one, and the fresh ids are in it)
             self._select(bucket, ledger_id, topic)
-            self._add_checked(entry_id, -1)
-        self._select(bucket, ledger_id, topic)
-        self._drop_if_empty()
+            self._drop_if_empty()
 
     def _ledger_ids(self, record: _Ledger) -> BitMap:
         """Every entry id the ledger has pending, in any slot. O(B_l) bitmap unions plus O(P) numpy work
@@ -2089,7 +2097,10 @@ class _HotIndex:
                 if packed is None:
                     packed = slots.packed = BitMap64()
                 before = len(packed)
-                packed.update(self._layout.codes(record.base, fresh))
+                if len(fresh) == 1:  # (one id per run, as at M = 1: no numpy round-trip for it)
+                    packed.add(int(fresh[0]) << self._layout.bits | record.base)
+                else:
+                    packed.update(self._layout.codes(record.base, fresh))
                 added = len(packed) - before
                 sizes[self._slot_pos] = size + added
                 self._count += added

@@ -13,6 +13,9 @@ path. Where the Java client (PIP-342) has the concept, its name; ours are ``puls
 
 =========================================  ==========  =================================================
 ``pulsar.client.consumer.message.nack``    counter     messages negatively acknowledged
+``pulsar.client.consumer.message.ack``     counter     acknowledge and acknowledge_cumulative calls
+``….message.received.count``               counter     messages handed to the application
+``….message.received.size``                counter, By  their payload bytes
 ``pulsar_nack.consumer.nack.pending``      up-down     nacked ids waiting in the index
 ``pulsar_nack.consumer.nack.buckets``      up-down     time buckets in the index
 ``pulsar_nack.consumer.nack.memory``       gauge, By   the index's memory, walked every ``memory_ttl_s``
@@ -23,9 +26,12 @@ path. Where the Java client (PIP-342) has the concept, its name; ours are ``puls
 
 Attributes as Java's: ``pulsar.tenant``, ``pulsar.namespace``, ``pulsar.subscription``; ``pulsar.topic`` and
 ``pulsar.partition`` only with ``topic_attributes=True`` (cardinality). Consumers with the same attributes are
-one series: counts summed, lateness the largest. Java's ``.message.ack``, ``.message.dlq``,
-``.message.ack.timeout`` and ``.message.received.count``/``.size`` are not exported: the wrapper does not
-count acks or receipts (the official client does that in C++, without exposing it).
+one series: counts summed, lateness the largest. The ``received`` and ``ack`` counters are the
+consumer's (``nack_stats().received``, ``received_bytes``, ``acked``): like Java's, they count what the
+application receives (after the wrapper's filter, held messages handed out again included) and each ack
+call. Java's ``.message.dlq`` and ``.message.ack.timeout`` are not exported: the official client
+dead-letters and redelivers after an ack timeout inside its C++ consumer, without a callback or a counter
+the wrapper could read, so any figure would be a guess.
 """
 
 from __future__ import annotations
@@ -112,6 +118,24 @@ class NackMeter:
             [summed(field("nacked"))],
             "{message}",
             "Messages negatively acknowledged.",
+        )
+        meter.create_observable_counter(
+            "pulsar.client.consumer.message.ack",
+            [summed(field("acked"))],
+            "{message}",
+            "The number of acknowledged messages.",
+        )
+        meter.create_observable_counter(
+            "pulsar.client.consumer.message.received.count",
+            [summed(field("received"))],
+            "{message}",
+            "The number of messages explicitly received by the consumer application.",
+        )
+        meter.create_observable_counter(
+            "pulsar.client.consumer.message.received.size",
+            [summed(field("received_bytes"))],
+            "By",
+            "The number of bytes explicitly received by the consumer application.",
         )
         meter.create_observable_up_down_counter(
             "pulsar_nack.consumer.nack.pending",

@@ -122,7 +122,8 @@ class NackStats:
     Fields, by group: the index and its traffic (``pending`` … ``abandoned``, ``timer_failures``); lateness
     as the application sees it (``lateness_*``); memory (``memory_bytes``, ``memory_parts``); snapshots
     (``snapshots``: None unless ``snapshot_dir`` is set); chunked messages and early copies held in memory
-    (``chunked_*``: 0 on a bare tracker, see :mod:`pulsar_nack.chunks`)."""
+    (``chunked_*``: 0 on a bare tracker, see :mod:`pulsar_nack.chunks`); what the consumer received and
+    acked (``received``, ``received_bytes``, ``acked``: 0 on a bare tracker)."""
 
     pending: int  # ids waiting in the index (batch messages of one entry and bucket count once)
     buckets: int
@@ -152,6 +153,10 @@ class NackStats:
     chunked_over_bound: int = 0  # nacks not held because max_held_chunked_bytes was reached
     chunked_native: int = 0  # nacks sent to the broker as a nack of every chunk entry (over the bound too)
     chunked_copies_dropped: int = 0  # broker copies of a held message (a reconnect) not handed out
+    # counted by the consumer (0 on a bare tracker), Java's PIP-342 received.count/.size and ack:
+    received: int = 0  # messages handed to the application (first deliveries and redeliveries)
+    received_bytes: int = 0  # their payload bytes
+    acked: int = 0  # acknowledge and acknowledge_cumulative calls
 
 
 class _Learned:

@@ -23,6 +23,17 @@ def test_notebook_is_committed_clean() -> None:
     assert "parameters" in code[0].metadata.get("tags", []), "papermill's parameters cell comes first"
 
 
+def test_papermill_knows_every_documented_parameter() -> None:
+    """papermill infers the parameters from the tagged cell (a comment with ``=`` in it hides its line:
+    "Passed unknown parameter"); spark/README.md documents each of them."""
+    import papermill
+
+    inferred = papermill.inspect_notebook(str(NOTEBOOK))
+    assert list(inferred) == ["grid", "master", "out_dir", "java_results", "seeds_results"]
+    readme = (NOTEBOOK.parent / "README.md").read_text()
+    assert all(f"`{name}`" in readme for name in inferred)
+
+
 def test_notebook_runs_headless_and_draws_its_plots_and_table(tmp_path: Path) -> None:
     import papermill
 

@@ -72,6 +72,9 @@ def test_a_real_consumer_through_the_sdk_reader(lite_client: Client, unique_topi
         "pulsar.topic": consumer.topic(),
     }
     assert found["pulsar.client.consumer.message.nack"] == [(attributes, 2)]
+    assert found["pulsar.client.consumer.message.received.count"] == [(attributes, 2)]
+    assert found["pulsar.client.consumer.message.received.size"] == [(attributes, 4)]  # b"m0", b"m1"
+    assert found["pulsar.client.consumer.message.ack"] == [(attributes, 0)]
     assert found["pulsar_nack.consumer.nack.pending"] == [(attributes, 2)]
     assert value(found, "pulsar_nack.consumer.nack.buckets") >= 1
     assert value(found, "pulsar_nack.consumer.nack.memory") > 0
@@ -88,9 +91,42 @@ def test_a_real_consumer_through_the_sdk_reader(lite_client: Client, unique_topi
     assert value(found, "pulsar_nack.consumer.nack.pending") == 1
     assert value(found, "pulsar.client.consumer.message.nack") == 2
     assert value(found, "pulsar_nack.consumer.nack.lateness", quantile="0.99") >= 0.0
+    assert value(found, "pulsar.client.consumer.message.received.count") == 3  # m0 again
+    assert value(found, "pulsar.client.consumer.message.received.size") == 6
+    assert value(found, "pulsar.client.consumer.message.ack") == 1
     producer.close()
     consumer.close()
     provider.shutdown()
+
+
+def test_batch_receive_and_both_kinds_of_ack_are_counted(lite_client: Client, unique_topic: str) -> None:
+    reader = InMemoryMetricReader()
+    consumer = lite_client.subscribe(
+        unique_topic,
+        "sub",
+        negative_ack_redelivery_delay_ms=60_000,
+        batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(10, -1, 2_000),
+    )
+    NackMeter(consumer, meter_provider=MeterProvider(metric_readers=[reader]), memory_ttl_s=None)
+    producer = lite_client.create_producer(unique_topic, batching_max_publish_delay_ms=200)
+    got: list[Any] = []
+    for first in (0, 4):  # two rounds: the first one teaches the consumer its topic (another path)
+        for i in range(first, first + 4):
+            producer.send_async(f"batch-{i}".encode(), None)  # 7 bytes each, one batch of 4
+        producer.flush()
+        deadline = time.monotonic() + 10
+        while len(got) < first + 4 and time.monotonic() < deadline:
+            got += consumer.batch_receive()
+    assert [m.data() for m in got] == [f"batch-{i}".encode() for i in range(8)]
+    consumer.negative_acknowledge(got[0])
+    consumer.acknowledge(got[1])
+    consumer.acknowledge_cumulative(got[3])
+    found = points(reader)
+    assert value(found, "pulsar.client.consumer.message.received.count") == 8
+    assert value(found, "pulsar.client.consumer.message.received.size") == 56
+    assert value(found, "pulsar.client.consumer.message.ack") == 2
+    producer.close()
+    consumer.close()
 
 
 def test_attributes_follow_javas_and_topic_is_opt_in() -> None:

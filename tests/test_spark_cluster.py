@@ -1,27 +1,33 @@
-"""The sweep on a real Spark cluster: a standalone master and one worker on 127.0.0.1, started from pyspark's
-own ``bin/spark-class``, the job submitted with ``spark-submit --master spark://…`` and the project shipped.
+"""The sweep on a real Spark cluster, as spark/README.md documents it: a standalone master and one worker on
+127.0.0.1, started from pyspark's own ``bin/spark-class``, and the README's ``spark-submit`` command.
 
-The driver and the executors run a Python that has the sweep's dependencies (numpy, pyroaring,
-sortedcontainers, pyspark, pyarrow, matplotlib — this venv's site-packages on its path) but neither
-``pulsar_nack`` nor the Pulsar client (``pulsar``, ``_pulsar`` are blocked): the package reaches the driver
-only as ``--py-files`` — a zip with a wheel's name and layout, which Spark does *not* put on the executors'
-path — and reaches the executors only because the job ships it (``spark_session`` → ``_package_zip`` →
-``addPyFile``). The rows must equal those of a ``local[1]`` run of the same grid (see
+Each role gets a Python of its own — a venv, no system site-packages, holding exactly the packages of the
+README's ``pip install`` line for it (versions pinned to this venv's, installed by pip, cached under
+``.work/spark-roles/``): the workers ``numpy pyroaring sortedcontainers``, the driver those and
+``pyarrow matplotlib``. Neither has ``pulsar_nack``, the Pulsar client or ``pyspark``: Spark puts its
+``pyspark.zip`` on both roles' path, the package reaches the driver only as ``--py-files`` — a zip with a
+wheel's name and layout, which Spark does *not* put on the executors' path — and the executors only
+because the job ships it (``spark_session`` → ``_package_zip`` → ``addPyFile``). No ``PYSPARK_*``
+variable is set: the README's ``--conf spark.pyspark.python``/``spark.pyspark.driver.python`` choose the
+Pythons. The rows must equal those of a ``local[1]`` run of the same grid (see
 :func:`spark_fixtures.assert_rows_agree`: structure exactly, memory within the tolerances explained there,
-timings ignored). Both daemons are stopped by their process group (the one they were started in, with their
-executors and Python workers) whatever happens.
+timings ignored). Both daemons are stopped by their process group (the one they were started in, with
+their executors and Python workers) whatever happens.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 import time
 import urllib.request
 import zipfile
@@ -58,19 +64,67 @@ def _free_port() -> int:
         return port
 
 
-def _bare_python(folder: Path) -> Path:
-    """A venv whose Python sees this venv's third-party packages but not ``pulsar_nack`` (its editable
-    install is a ``.pth`` hook, which only a site directory runs) nor the Pulsar client (blocked)."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True, timeout=60)
+README = REPO / "spark" / "README.md"
+#: The README's spark-submit command's placeholders: the master, the wheel, the two Pythons.
+MASTER, WHEEL = "spark://spark-master:7077", "dist/pulsar_nack-0.1.0-py3-none-any.whl"
+WORKER_PYTHON, DRIVER_PYTHON = "/opt/venv/bin/python", "/opt/driver/bin/python"
+ROLES = {"worker": "on every worker", "driver": "on the driver's machine"}
+
+
+def documented_packages() -> dict[str, list[str]]:
+    """{role: packages} from spark/README.md's ``pip install … # on every worker`` / ``… # on the
+    driver's machine`` lines."""
+    found: dict[str, list[str]] = {}
+    for role, where in ROLES.items():
+        lines = re.findall(rf"^pip install ([\w .-]+?)\s+# {re.escape(where)}$", README.read_text(), re.M)
+        assert len(lines) == 1, f"spark/README.md has one 'pip install ... # {where}' line"
+        found[role] = lines[0].split()
+    return found
+
+
+def documented_submit() -> list[str]:
+    """spark/README.md's spark-submit command, as arguments (continuation lines joined)."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    [command] = [
+        line
+        for block in blocks
+        for line in block.replace("\\\n", " ").splitlines()
+        if line.startswith("spark-submit ")
+    ]
+    return shlex.split(command)
+
+
+def _role_python(role: str, packages: list[str]) -> Path:
+    """A venv (no system site-packages) with exactly ``packages`` and their dependencies, at this venv's
+    versions (a constraints file), installed by this venv's pip from the package index or its cache.
+    Cached under .work/spark-roles/ by role, packages and versions; built aside and renamed into place,
+    so an interrupted build leaves no half venv behind."""
+    frozen = subprocess.run(
+        [sys.executable, "-m", "pip", "freeze", "--exclude-editable"],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    key = hashlib.sha256(f"{sys.version}\n{role}\n{packages}\n{frozen}".encode()).hexdigest()[:12]
+    roles = REPO / ".work" / "spark-roles"
+    folder = roles / f"{role}-{key}"
     python = folder / "bin" / "python"
-    site = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True, timeout=30,
-    ).stdout.strip()  # fmt: skip
-    (Path(site) / "deps.pth").write_text(
-        sysconfig.get_paths()["purelib"] + "\n"
-        "import sys; sys.modules.update({'pulsar': None, '_pulsar': None})\n"
-    )
+    if python.is_file():
+        return python
+    roles.mkdir(parents=True, exist_ok=True)
+    building = roles / f".{role}-{key}-{os.getpid()}"
+    shutil.rmtree(building, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(building)], check=True, timeout=60)
+    constraints = building / "constraints.txt"
+    constraints.write_text(frozen)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(building / "bin" / "python"), "install",
+         "--quiet", "--disable-pip-version-check", "--only-binary", ":all:", "-c", str(constraints),
+         *packages],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert installed.returncode == 0, f"pip install {packages} for the {role}:\n{installed.stderr[-3000:]}"
+    with contextlib.suppress(OSError):  # (another run renamed its build into place first: use that)
+        building.rename(folder)
+    shutil.rmtree(building, ignore_errors=True)
     return python
 
 
@@ -85,7 +139,7 @@ def _package_archive(folder: Path) -> Path:
     return archive
 
 
-def _environment(tmp: Path, python: Path) -> dict[str, str]:
+def _environment(tmp: Path) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if not name.startswith(("PYSPARK_", "SPARK_"))}
     env.pop("PYTHONPATH", None)
     conf = tmp / "conf"
@@ -100,8 +154,6 @@ def _environment(tmp: Path, python: Path) -> dict[str, str]:
         SPARK_LOG_DIR=str(tmp / "logs"),
         SPARK_DAEMON_MEMORY=DAEMON_MEMORY,
         SPARK_DAEMON_JAVA_OPTS=f"{JVM_OPTIONS} -Djava.io.tmpdir={tmp}",
-        PYSPARK_PYTHON=str(python),
-        PYSPARK_DRIVER_PYTHON=str(python),
     )
     return env
 
@@ -180,15 +232,60 @@ def _rows(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _submit_command(master_url: str, archive: Path, pythons: dict[str, Path], out: Path) -> list[str]:
+    """The README's spark-submit command with its placeholders replaced (the master, the wheel, the two
+    Pythons, the small grid, ``out``) and this machine's memory and JVM options added."""
+    command = documented_submit()
+    assert command[0] == "spark-submit" and command.count("--conf") == 2
+    assert command[command.index("--grid") + 1] == "default"
+    command[command.index("--grid") + 1] = "small"
+    command[command.index("--out") + 1] = str(out)
+    replaced = {
+        MASTER: master_url,
+        WHEEL: str(archive),
+        f"spark.pyspark.python={WORKER_PYTHON}": f"spark.pyspark.python={pythons['worker']}",
+        f"spark.pyspark.driver.python={DRIVER_PYTHON}": f"spark.pyspark.driver.python={pythons['driver']}",
+        "spark/sweep_job.py": str(REPO / "spark" / "sweep_job.py"),
+    }
+    assert all(placeholder in command for placeholder in replaced), command
+    command = [replaced.get(argument, argument) for argument in command]
+    local = [
+        "--driver-memory", "512m",
+        "--conf", f"spark.executor.memory={EXECUTOR_MEMORY}",
+        "--conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS} -Djava.io.tmpdir={out.parent}",
+        "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS} -Djava.io.tmpdir={out.parent}",
+    ]  # fmt: skip
+    return [str(SPARK_HOME / "bin" / "spark-submit"), *command[1:3], *local, *command[3:], "--no-progress"]
+
+
+def test_both_readmes_give_the_same_pythons_to_spark_submit() -> None:
+    top = (REPO / "README.md").read_text()
+    assert f"--conf spark.pyspark.python={WORKER_PYTHON}" in top
+    assert f"--conf spark.pyspark.driver.python={DRIVER_PYTHON}" in top
+    packages = documented_packages()
+    extra = [name for name in packages["driver"] if name not in packages["worker"]]
+    assert f"`{' '.join(packages['worker'])}`" in top and f"`{' '.join(extra)}`" in top
+
+
 def test_sweep_on_a_standalone_cluster_equals_a_local_run(tmp_path: Path) -> None:
-    python = _bare_python(tmp_path / "bare")
-    for module in ("pulsar_nack", "pulsar", "_pulsar"):
-        found = subprocess.run(
-            [str(python), "-c", f"import {module}"], cwd=tmp_path, capture_output=True, timeout=60
-        )
-        assert found.returncode != 0, f"the cluster's Python must not import {module}"
-    assert subprocess.run([str(python), "-c", "import pyroaring, pyspark"], timeout=60).returncode == 0
-    env = _environment(tmp_path, python)
+    packages = documented_packages()
+    pythons = {role: _role_python(role, listed) for role, listed in packages.items()}
+    env = _environment(tmp_path)  # (no PYTHONPATH: the checks below see what Spark's processes see)
+    for role, python in pythons.items():
+        for module in ("pulsar_nack", "pulsar", "_pulsar", "pyspark", "pandas"):
+            found = subprocess.run(
+                [str(python), "-c", f"import {module}"],
+                cwd=tmp_path,
+                env=env,
+                capture_output=True,
+                timeout=60,
+            )
+            assert found.returncode != 0, f"the {role}'s Python must not import {module}"
+        imports = ", ".join(name.replace("-", "_") for name in packages[role])
+        assert subprocess.run([str(python), "-c", f"import {imports}"], env=env, timeout=60).returncode == 0
+    worker_python = str(pythons["worker"])
+    no_pyarrow = subprocess.run([worker_python, "-c", "import pyarrow"], env=env, capture_output=True)
+    assert no_pyarrow.returncode != 0, "the workers' Python has only the workers' packages"
     logs = tmp_path / "logs"
     spark_class = str(SPARK_HOME / "bin" / "spark-class")
     port, master_ui, worker_ui = _free_port(), _free_port(), _free_port()
@@ -215,21 +312,15 @@ def test_sweep_on_a_standalone_cluster_equals_a_local_run(tmp_path: Path) -> Non
         assert local.returncode == 0, local.stderr[-3000:]
         _wait_for_worker(master_ui, master, logs, timeout_s=60)
         submitted = _run(
-            [str(SPARK_HOME / "bin" / "spark-submit"),
-             "--master", master_url,
-             "--py-files", str(_package_archive(tmp_path)),
-             "--driver-memory", "512m",
-             "--conf", f"spark.executor.memory={EXECUTOR_MEMORY}",
-             "--conf", f"spark.pyspark.python={python}",
-             "--conf", f"spark.driver.extraJavaOptions={JVM_OPTIONS} -Djava.io.tmpdir={tmp_path}",
-             "--conf", f"spark.executor.extraJavaOptions={JVM_OPTIONS} -Djava.io.tmpdir={tmp_path}",
-             str(REPO / "spark" / "sweep_job.py"),
-             "--grid", "small", "--out", str(tmp_path / "cluster"), "--no-progress"],
-            timeout_s=120, env=env, cwd=tmp_path,
-        )  # fmt: skip
+            _submit_command(master_url, _package_archive(tmp_path), pythons, tmp_path / "cluster"),
+            timeout_s=180,
+            env=env,
+            cwd=tmp_path,
+        )
         executors = sorted((tmp_path / "work").glob("app-*/*/stderr"))
+        executor = _tail(executors[0]) if executors else "(none)"
         assert submitted.returncode == 0, (
-            f"{submitted.stderr[-4000:]}\n-- executor --\n{_tail(executors[0]) if executors else '(none)'}"
+            f"{submitted.stdout[-2000:]}\n{submitted.stderr[-4000:]}\n-- executor --\n{executor}"
         )
     info = json.loads((tmp_path / "cluster" / "sweep.json").read_text())
     assert info["master"] == master_url and info["points"] == len(SMALL)
@@ -239,4 +330,5 @@ def test_sweep_on_a_standalone_cluster_equals_a_local_run(tmp_path: Path) -> Non
         (point.contender, point.x, point.k) for point in SMALL
     ]
     assert_rows_agree(cluster_rows, local_rows)
+    assert (tmp_path / "cluster" / "report.md").is_file(), "the driver wrote the report"
     assert not _group_alive(master.pid) and not _group_alive(worker.pid), "both daemons' groups stopped"

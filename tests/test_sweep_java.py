@@ -71,9 +71,19 @@ def test_java_bars_come_from_the_results_file(rows: list[Row], tmp_path: Path) -
     java = load_java_results(_results_file(tmp_path))
     bars, ticks = _bars(rows, java)
     assert ticks == ["x=8\nk=4", "x=8\nk=6"], "only the (x, k) the file covers"
-    assert bars["Java PIP-393, 1,000 ids"] == [12_345 / _IDS, 23_456 / _IDS]
+    assert bars["Java PIP-393 as built, 1,000 ids"] == [12_345 / _IDS, 23_456 / _IDS]
     assert bars["Java + runOptimize, 1,000 ids"] == [678 / _IDS, 789 / _IDS]
-    assert len(bars["index, plain"]) == 2
+    # like for like side by side, each labeled with the ids it held; the title says the counts differ
+    assert list(bars) == [
+        "index as built, 2,000 ids",
+        "Java PIP-393 as built, 1,000 ids",
+        "index compacted, 2,000 ids",
+        "Java + runOptimize, 1,000 ids",
+    ]
+    assert len(bars["index as built, 2,000 ids"]) == 2
+    figure = plot_contenders(rows, java)
+    assert figure is not None
+    assert "(ids per point differ: index 2,000, Java 1,000)" in figure.axes[0].get_title()
 
 
 def test_without_results_no_java_bars(rows: list[Row]) -> None:

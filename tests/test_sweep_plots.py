@@ -48,3 +48,15 @@ def test_the_seeds_plots_draw_the_results_file() -> None:
     pending = _floats(native.get_xdata())
     assert _floats(native.get_ydata()) == pytest.approx([448.0 * p / 2**20 for p in pending])
     assert pending[:2] == sorted(int(count) for count in results["old"])
+    # like for like: compacted beside runOptimize, as built beside as built, at the same counts
+    drawn = {str(line.get_label()): _floats(line.get_ydata()) for line in memory.get_lines()}
+    rows = [results["old"][str(int(count))] for count in pending[:2]]
+    for ours, field, java, java_field in (
+        ("pulsar-nack compacted", "bytes", "Java + runOptimize", "retained_bytes_run_optimized"),
+        ("pulsar-nack as built", "bytes_before_compact", "Java PIP-393 as built", "retained_bytes"),
+    ):
+        assert drawn[f"{ours} (measured)"] == pytest.approx(
+            [r["ours"]["malloc"][field] / 2**20 for r in rows]
+        )
+        assert drawn[f"{java} (measured)"] == pytest.approx([r["java"][java_field] / 2**20 for r in rows])
+    assert not [label for label in drawn if "Java" in label and "estimate" in label]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, TypeAlias
 
@@ -176,16 +176,24 @@ def plot_contenders(rows: Sequence[Row], java: JavaResults | None = None) -> Fig
         return None
     figure = Figure(figsize=(9, 5), layout="constrained")
     axes = figure.add_subplot()
+    # Like for like, side by side: as built with as built, compacted with runOptimize; each bar's label
+    # says how many ids its structure held (bytes per id fall as more ids share the fixed overhead).
+    ours = theirs = _ids_label(int(number(row["n"])) for row in cases)
     series: list[tuple[str, Callable[[Row], float | None]]] = [
-        ("index, plain", lambda r: per_id(r, "bytes_before_compact")),
-        ("index, compacted", lambda r: number(r["bytes_per_id"]) if r["compact"] else None),
+        (f"index as built, {ours} ids", lambda r: per_id(r, "bytes_before_compact"))
     ]
     if java is not None:
-        ids = "/".join(f"{n:,}" for n in sorted({case.n for case in java.cases}))
-        series += [
-            (f"Java PIP-393, {ids} ids", lambda r: _java_per_id(java, r, run_optimized=False)),
-            (f"Java + runOptimize, {ids} ids", lambda r: _java_per_id(java, r, run_optimized=True)),
-        ]
+        theirs = _ids_label(case.n for case in java.cases)
+        series.append(
+            (f"Java PIP-393 as built, {theirs} ids", lambda r: _java_per_id(java, r, run_optimized=False))
+        )
+    series.append(
+        (f"index compacted, {ours} ids", lambda r: number(r["bytes_per_id"]) if r["compact"] else None)
+    )
+    if java is not None:
+        series.append(
+            (f"Java + runOptimize, {theirs} ids", lambda r: _java_per_id(java, r, run_optimized=True))
+        )
     width = 0.8 / len(series)
     for i, (label, value) in enumerate(series):
         points = [(j, value(row)) for j, row in enumerate(cases)]
@@ -200,10 +208,18 @@ def plot_contenders(rows: Sequence[Row], java: JavaResults | None = None) -> Fig
     axes.set_xticks(range(len(cases)), [f"x={r['x']}\nk={r['k']}" for r in cases])
     axes.set(yscale="log", ylabel="bytes per id")
     against = "the Java PIP-393 structure and the old designs" if java is not None else "the old designs"
-    axes.set_title(f"Index against {against}")
+    title = f"Index against {against}"
+    if java is not None and theirs != ours:
+        title += f"\n(ids per point differ: index {ours}, Java {theirs})"
+    axes.set_title(title)
     axes.grid(True, axis="y", alpha=0.3)
     axes.legend(fontsize="small")
     return figure
+
+
+def _ids_label(counts: Iterable[int]) -> str:
+    """``200,000`` or ``1,000,000/10,000,000``: the distinct id counts, ascending."""
+    return "/".join(f"{n:,}" for n in sorted(set(counts)))
 
 
 def _java_per_id(java: JavaResults, row: Row, run_optimized: bool) -> float | None:
@@ -281,38 +297,48 @@ def plot_seeds_bytes_per_id(results: Mapping[str, Any]) -> Figure:
 
 def plot_seeds_memory(results: Mapping[str, Any], native_bytes_per_nack: float) -> Figure:
     """Memory against pending nacks at PIP-393's example rate (``results``: ``bench/seeds.py``'s JSON):
-    pulsar-nack's index and the Java structure measured at 1M and 10M, the fitted estimates at 1 h and
-    5 h of nacks, and the native client at ``native_bytes_per_nack`` (its measured cost). O(cases)."""
+    pulsar-nack's index and the Java structure measured at 1M and 10M ids, like for like — both as built,
+    and compacted beside ``runOptimize`` —, pulsar-nack's tracker estimated at 1 h and 5 h of nacks, and the
+    native client at ``native_bytes_per_nack`` (its measured cost). O(cases)."""
     measured = sorted(int(count) for count in results["old"])
-    ours = [number(results["old"][str(c)]["ours"]["malloc"]["bytes"]) for c in measured]
-    java = [results["old"][str(c)]["java"] for c in measured]
+    rows = [results["old"][str(c)] for c in measured]
     estimates = [results["estimate"][name] for name in ("pip393_1h", "pip393_5h")]
     figure = Figure(figsize=(7, 4.2), layout="constrained")
     axes = figure.subplots()
     later = [number(e["pending"]) for e in estimates]
-    axes.plot(measured, [b / _MIB for b in ours], "o-", label="pulsar-nack index (measured)")
+    pairs: list[tuple[str, str, str, str]] = [  # (ours' label, field, Java's label, field), like for like
+        ("pulsar-nack as built", "bytes_before_compact", "Java PIP-393 as built", "retained_bytes"),
+        ("pulsar-nack compacted", "bytes", "Java + runOptimize", "retained_bytes_run_optimized"),
+    ]
+    for (ours, field, java, java_field), color in zip(pairs, ("tab:blue", "tab:green"), strict=True):
+        axes.plot(
+            measured,
+            [number(r["ours"]["malloc"][field]) / _MIB for r in rows],
+            "o-",
+            color=color,
+            label=f"{ours} (measured)",
+        )
+        if all(r["java"] is not None for r in rows):
+            axes.plot(
+                measured,
+                [number(r["java"][java_field]) / _MIB for r in rows],
+                "s--",
+                color=color,
+                label=f"{java} (measured)",
+            )
     axes.plot(
         later,
         [number(e["pulsar_nack_bytes"]) / _MIB for e in estimates],
         "o:",
+        color="tab:purple",
         label="pulsar-nack tracker (estimate)",
     )
-    if all(j is not None for j in java):
-        axes.plot(
-            measured,
-            [number(j["retained_bytes"]) / _MIB for j in java],
-            "s-",
-            label="Java PIP-393 (measured)",
-        )
-    if all(e["java_bytes"] is not None for e in estimates):
-        axes.plot(
-            later, [number(e["java_bytes"]) / _MIB for e in estimates], "s:", label="Java PIP-393 (estimate)"
-        )
     pending = [*measured, *later]
     axes.plot(
         pending,
         [native_bytes_per_nack * p / _MIB for p in pending],
         "^-",
+        color="tab:red",
         label=f"native client ({native_bytes_per_nack:.0f} B/nack)",
     )
     axes.set(xscale="log", yscale="log", xlabel="pending nacks (10k nacks/s, k = 8)", ylabel="MiB")
