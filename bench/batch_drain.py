@@ -9,6 +9,7 @@ application acked it; afterwards a fresh official consumer of the subscription r
 
     python bench/batch_drain.py                       # both brokers, 1M messages
     python bench/batch_drain.py --brokers lite --messages 200000
+    python bench/batch_drain.py --shape held --runs 3  # issue 27 item 3 on Apache (batch_drain_held.json)
 
 Writes ``bench/results/batch_drain.json`` and the ``batch-drain`` section of docs/performance.md.
 """
@@ -129,12 +130,245 @@ def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
     }
 
 
+#: The held shape's broker settings on Apache: no cap on a consumer's or subscription's unacked messages
+#: (each of the ~110,000 held messages is one; the default caps of 50,000 / 200,000 stall dispatch).
+HELD_MESSAGES = 1_100_000
+HELD_SETTINGS = {"maxUnackedMessagesPerConsumer": 0, "maxUnackedMessagesPerSubscription": 0}
+
+
+def held_drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
+    """Issue 27 item 3's shape: ``messages`` in batches of 10 with batch-index acks, consumed side by side
+    by the wrapper and the official consumer (one subscription each, at the same time): 4 receivers each
+    ack 9 messages of each 10 and hold the 10th (``i % 10 == 9``) unacked; once every message was handed
+    out, every held one is nacked with a 1 s delay, and acked when it comes back. Counts messages handed
+    out after the application acked them, per phase, for each consumer."""
+    import pulsar
+
+    import pulsar_nack
+
+    topic = f"persistent://public/default/held-drain-{uuid.uuid4().hex[:8]}"
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    clients = {
+        "wrapper": pulsar_nack.Client(service_url, operation_timeout_seconds=30, logger=logger),
+        "official": pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger),
+    }
+    consumers = {
+        name: client.subscribe(
+            topic, name, consumer_type=pulsar.ConsumerType.Shared, batch_index_ack_enabled=True,
+            negative_ack_redelivery_delay_ms=NACK_DELAY_MS,
+        )
+        for name, client in clients.items()
+    }  # fmt: skip
+    producer = clients["official"].create_producer(
+        topic, batching_enabled=True, batching_max_messages=BATCH, batching_max_publish_delay_ms=10,
+        block_if_queue_full=True,
+    )
+    started = time.monotonic()
+    for i in range(messages):
+        producer.send_async(i.to_bytes(4, "big"), None)
+    producer.flush()
+    produced_s = time.monotonic() - started
+    producer.close()
+    results: dict[str, Any] = {}
+
+    def run_one(name: str) -> None:
+        results[name] = _held_run(consumers[name], messages, timeout_s)
+
+    runs = [threading.Thread(target=run_one, args=(name,)) for name in consumers]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    for name, consumer in consumers.items():
+        if name == "wrapper":
+            stats = consumer.nack_stats()
+            results[name].update(
+                redelivered=stats.redelivered, dropped_copies=stats.dropped, reforwarded=stats.reforwarded,
+                abandoned=stats.abandoned,
+            )  # fmt: skip
+        consumer.close()
+    check = pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger)
+    for name in consumers:
+        fresh = check.subscribe(topic, name, consumer_type=pulsar.ConsumerType.Shared)
+        leftovers = 0
+        try:
+            while leftovers < 1000:
+                fresh.receive(3000)
+                leftovers += 1
+        except pulsar.Timeout:
+            pass
+        results[name]["leftovers_for_a_fresh_consumer"] = leftovers
+        fresh.close()
+    check.close()
+    for client in clients.values():
+        client.close()
+    return {
+        "messages": messages,
+        "produce_s": produced_s,
+        **results,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def held_main(messages: int, args: argparse.Namespace) -> int:
+    """``--shape held``: ``args.runs`` runs on one Apache standalone; writes
+    ``bench/results/batch_drain_held.json`` and the ``batch-drain-held`` section of docs/performance.md."""
+    from harness.standalone import PulsarStandalone
+
+    if not _brokers(["apache"]):
+        return 1
+    facts = report.machine()
+    runs: list[dict[str, Any]] = []
+    rows = []
+    with PulsarStandalone(settings=HELD_SETTINGS) as broker:
+        for number in range(1, args.runs + 1):
+            print(f"run {number}: {messages:,} messages, held shape ...", file=sys.stderr)
+            result = held_drain(broker.service_url, messages, args.timeout)
+            print(result, file=sys.stderr)
+            runs.append(result)
+            report.save_json("batch_drain_held", {"machine": facts, "settings": HELD_SETTINGS, "runs": runs})
+            for name in ("wrapper", "official"):
+                side = result[name]
+                first, second = side["handed_out_after_ack_by_phase"]
+                left = side["leftovers_for_a_fresh_consumer"]
+                rows.append([
+                    number, name, f"{messages:,}", f"{side['held']:,}", "yes" if side["drained"] else "NO",
+                    f"{side['first_phase_s']:.0f} / {side['second_phase_s']:.0f}",
+                    f"{first:,}", f"{second:,}", f"{left:,}",
+                    "✓" if side["drained"] and not first + second + left else "✗",
+                ])  # fmt: skip
+    headers = [
+        "run", "consumer", "messages", "held", "drained", "phase 1 / 2 s", "handed out after ack: phase 1",
+        "phase 2", "left for a fresh consumer", "ok",
+    ]  # fmt: skip
+    text = "\n\n".join([
+        "## Held batch messages nacked at scale, batch-index acks (Apache)",
+        f"`python bench/batch_drain.py --shape held --runs {args.runs}"
+        + (f" --messages {messages}" if messages != HELD_MESSAGES else "")
+        + f"` — issue 27 item 3: Apache standalone with `acknowledgmentAtBatchIndexLevelEnabled` (no unacked "
+        f"caps), {messages:,} messages in batches of {BATCH}, consumers with `batch_index_ack_enabled`; "
+        f"{RECEIVERS} receiver threads per consumer ack 9 messages of each 10 and hold the 10th; then every "
+        f"held one is nacked ({NACK_DELAY_MS} ms) and acked when it comes back. The wrapper and the official "
+        "consumer run at the same time, one subscription each. Goal: nothing handed out after its ack.",
+        report.machine_line(facts),
+        report.table(headers, rows),
+    ])  # fmt: skip
+    report.write_section("batch-drain-held", text)
+    print(text)
+    return 0
+
+
+def _held_run(consumer: Any, messages: int, timeout_s: float) -> dict[str, Any]:
+    """:func:`held_drain`'s two phases on one consumer (its ``negative_acknowledge`` takes no delay: both
+    consumers were subscribed with the 1 s delay)."""
+    import pulsar
+
+    handouts = bytearray(messages)  # hand-outs per message (capped at 255)
+    acked = bytearray(messages)
+    late: list[list[int]] = [[], []]  # messages handed out after the application acked them, by phase
+    held: list[Any] = []
+    entries: set[tuple[int, int]] = set()  # entries of the held messages
+    lock = threading.Lock()
+    phase = [0]
+    done = threading.Event()
+    wanted = [messages]  # phase 0: first hand-outs still to come; phase 1: held messages still unacked
+
+    def receive() -> None:
+        while not done.is_set():
+            try:
+                message = consumer.receive(200)
+            except pulsar.Timeout:
+                continue
+            i = int.from_bytes(message.data(), "big")
+            hold = False
+            with lock:
+                now = phase[0]
+                if acked[i]:
+                    late[now].append(i)
+                first = handouts[i] == 0
+                handouts[i] = min(handouts[i] + 1, 255)
+                if now == 0 and first:
+                    wanted[0] -= 1
+                    if i % BATCH == BATCH - 1:
+                        hold = True
+                        held.append(message)
+                        mid = message.message_id()
+                        entries.add((mid.ledger_id(), mid.entry_id()))
+                    if not wanted[0]:
+                        done.set()
+            if hold:
+                continue
+            consumer.acknowledge(message)
+            with lock:
+                if not acked[i]:
+                    acked[i] = 1
+                    if now == 1 and i % BATCH == BATCH - 1:
+                        wanted[0] -= 1
+                        if not wanted[0]:
+                            done.set()
+
+    def run_phase(deadline: float) -> bool:
+        threads = [threading.Thread(target=receive, daemon=True) for _ in range(RECEIVERS)]
+        for thread in threads:
+            thread.start()
+        while not done.wait(1.0) and time.monotonic() < deadline:
+            pass
+        ok = done.is_set()
+        done.set()
+        for thread in threads:
+            thread.join()
+        return ok
+
+    started = time.monotonic()
+    first_ok = run_phase(started + timeout_s)
+    first_s = time.monotonic() - started
+    phase[0] = 1
+    done.clear()
+    with lock:
+        wanted[0] = len(held)
+    started = time.monotonic()
+    for message in held:
+        consumer.negative_acknowledge(message)
+    nacked_s = time.monotonic() - started
+    held_count = len(held)
+    held.clear()
+    second_ok = run_phase(started + timeout_s)
+    second_s = time.monotonic() - started
+    done.clear()  # copies still on their way: received for 5 s more, counted if handed out after the ack
+    quiet = [threading.Thread(target=receive, daemon=True) for _ in range(RECEIVERS)]
+    for thread in quiet:
+        thread.start()
+    time.sleep(5.0)
+    done.set()
+    for thread in quiet:
+        thread.join()
+    return {
+        "held": held_count,
+        "held_entries": len(entries),
+        "drained": first_ok and second_ok,
+        "first_phase_s": first_s,
+        "nack_s": nacked_s,
+        "second_phase_s": second_s,
+        "handed_out_after_ack": len(late[0]) + len(late[1]),
+        "handed_out_after_ack_by_phase": [len(late[0]), len(late[1])],
+        "after_ack_examples": sorted(set(late[0] + late[1]))[:20],
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--brokers", default="lite,apache")
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per drain")
+    parser.add_argument(
+        "--shape", choices=("nack", "held"), default="nack",
+        help="nack: one nack per batch while draining; held: issue 27 item 3's shape (Apache only, "
+        "1,100,000 messages by default, beside the official consumer)",
+    )  # fmt: skip
+    parser.add_argument("--runs", type=int, default=3, help="runs of the held shape, on one broker")
     args = parser.parse_args(argv)
+    if args.shape == "held":
+        return held_main(args.messages if "--messages" in " ".join(argv) else HELD_MESSAGES, args)
     facts = report.machine()
     results: dict[str, Any] = {}
     rows = []

@@ -912,6 +912,19 @@ class ArrivalFilter:
                 entry.last_forward = self._clock()
             return True
 
+    def forwarded_lately(self, ledger_id: int, entry_id: int, topic: str) -> bool:
+        """Whether a batched entry was forwarded within ``linger_ms``: a copy of it that comes now is
+        likely one the broker sent for that forward (a broker that answers forwards), not an unasked one
+        (a restart's or reconnect's re-dispatch). Its record has a flights table once it saw a forward
+        (:meth:`forwarded`); ``last_forward`` alone may have been set by a kept copy
+        (:meth:`take_pending_message`). O(1), without the lock (reads only)."""
+        entry = self._entries.get((topic, ledger_id, entry_id))
+        return (
+            entry is not None
+            and entry.flights is not None
+            and self._clock() - entry.last_forward < self.linger_ms
+        )
+
     def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> float | None:
         """The exact due time sampled for a nack just taken (:meth:`take_pending`,
         :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
@@ -1112,6 +1125,10 @@ class ArrivalFilter:
                     for index, flight in list(entry.flights.items()):
                         if flight.at == at and self._retire(flight, key, index, again):
                             del entry.flights[index]
+                            if not flight.acked:
+                                # abandoned: still unacked at the broker, and the application has no copy
+                                # of it — the next copy the broker sends (a reconnect's) is handed out
+                                entry.out &= ~(1 << index)
                     if entry.settled:
                         self._forget(key)
             for table in (self._flights, self._entries):

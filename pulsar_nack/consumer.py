@@ -689,24 +689,30 @@ class NackBridge:
     def _keep_sibling(
         self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str
     ) -> None:
-        """A copy of a batch message whose nack is pending came with a forward of its entry (a sibling's
-        redelivery, issue 24): if it is due within :data:`HOLD_SIBLINGS_WITHIN_MS` and the hold has room,
-        keep this copy and hand it out at the nack's due time (as :meth:`_keep` does), and its nack leaves
-        the index: no forward of its own makes the broker dispatch the whole entry again. Else, or with
-        an ack timeout (the native client would redeliver a kept copy at its timeout), the nack stays
-        pending. The copy's memory counts in ``nack_stats()``: what it pins (:data:`KEPT_COPY_BYTES`) in
-        ``chunked_held_bytes``, bounded by ``max_held_chunked_bytes``. O(log held) plus the index's lookup
-        and removal."""
+        """A copy of a batch message whose nack is pending came early: with a forward of its entry (a
+        sibling's redelivery, issue 24), or unasked (a restart's or reconnect's re-dispatch, issue 27).
+        If the hold has room — and, for a copy that came with a forward, the nack is due within
+        :data:`HOLD_SIBLINGS_WITHIN_MS` — keep this copy and hand it out at the nack's due time (as
+        :meth:`_keep` does), and its nack leaves the index: no forward of its own makes the broker dispatch
+        the whole entry again. An unasked copy is kept whatever its due time, as a non-batched one is: a
+        broker may ignore the forward that would fetch it again (pulsar-lite on partitioned topics), and the
+        message would not come back while this consumer lives. Else, or with an ack timeout (the native
+        client would redeliver a kept copy at its timeout), the nack stays pending. The copy's memory counts
+        in ``nack_stats()``: what it pins (:data:`KEPT_COPY_BYTES`) in ``chunked_held_bytes``, bounded by
+        ``max_held_chunked_bytes``. O(log held) plus the index's lookup and removal."""
         tracker = self.tracker
         due = tracker.index.due_of(ledger_id, entry_id, batch_index, topic)
-        if due is None or due - tracker.now() > HOLD_SIBLINGS_WITHIN_MS:
+        if due is None:
             return
+        arrivals = self._arrivals
+        later = due - tracker.now() > HOLD_SIBLINGS_WITHIN_MS
+        if later and arrivals.forwarded_lately(ledger_id, entry_id, topic):
+            return  # the broker answered a forward of the entry: it answers this message's own
         inner = message._message
         size = inner.length() * batch_size(inner.message_id()) + KEPT_COPY_BYTES  # what it pins
         hold = self.hold
         if hold.held_bytes + size > hold.max_bytes:
             return  # no room: its own forward fetches it
-        arrivals = self._arrivals
         if not arrivals.take_pending_message(ledger_id, entry_id, batch_index, topic):
             return  # forwarded meanwhile (its copy decides), or an ack timeout is set
         sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic)

@@ -111,7 +111,10 @@ def main(config: dict[str, Any]) -> None:
         assert snapshots is not None
         # (batch messages of one entry and bucket are one id: then every id the index has pending)
         want = consumer.nack_stats().pending if config.get("batched") else count
-        if snapshots.ids_unsealed == 0 and snapshots.ids_in_memory + snapshots.ids_on_storage >= want:
+        # (durable: sealed and written — a sealed segment whose write is still under way dies with A; on a
+        # loaded machine B then restored none or part of A's nacks, and their copies went out early)
+        durable = snapshots.ids_unsealed == 0 and snapshots.ids_not_durable == 0
+        if durable and snapshots.ids_in_memory + snapshots.ids_on_storage >= want:
             break
         time.sleep(0.05)
     else:

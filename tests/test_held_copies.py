@@ -4,12 +4,16 @@ pulsar-lite ignores nacks on partitioned topics. After a broker restart it re-di
 message at once: the official consumer hands out all of them then, long before their nack delay. The
 wrapper used to drop those copies (their nacks were pending), forward the nacks when due into a broker that
 ignores them, give up after 3 tries — and the application never saw the messages again while the
-consumer lived. Now it keeps the early copy of a pending (non-batched) nack and hands it out at the nack's
-due time itself: nothing is forwarded, nothing abandoned.
+consumer lived. Now it keeps the early copy of a pending nack and hands it out at the nack's due time
+itself: nothing is forwarded, nothing abandoned. A batch message's copy is kept whatever its due time when
+it came unasked (no forward of its entry lately: a restart's re-dispatch); one that came with a forward of
+a sibling only when due within ``HOLD_SIBLINGS_WITHIN_MS`` (the broker answered that forward: it will
+answer the message's own).
 
-One test: a topic of 3 partitions on its own pulsar-lite, 300 messages, the official and the wrapped
-consumer (Shared, one subscription each) nack every message with an 8 s delay; the broker restarts; every
-message must come back to the wrapper once, none early, none later than due + 3 s, with 0 abandoned.
+One test, non-batched (8 s delay) and batched (a delay beyond ``HOLD_SIBLINGS_WITHIN_MS``): a topic of 3
+partitions on its own pulsar-lite, 300 messages, the official and the wrapped consumer (Shared, one
+subscription each) nack every message; the broker restarts; every message must come back to the wrapper
+once, none early, none later than due + 3 s, with 0 abandoned.
 """
 
 from __future__ import annotations
@@ -20,10 +24,12 @@ import uuid
 from typing import Any
 
 import pulsar
+import pytest
 from messaging import leftover, produce, receive_all
 
 import pulsar_nack
 from pulsar_nack.arrivals import ArrivalFilter, Verdict
+from pulsar_nack.consumer import HOLD_SIBLINGS_WITHIN_MS
 from pulsar_nack.index import TimeBucketIndex
 from pulsar_nack.testing import PulsarLite
 
@@ -31,7 +37,6 @@ COUNT = 300
 DELAY_MS = 8_000
 EARLY_MS = 255 + 5  # the wrapper's 2^k - 1 ms with floor rounding (k = 8), plus reading the clocks
 LATE_MS = 3_000  # generous: a shared machine
-WATCH_S = DELAY_MS / 1000 + LATE_MS / 1000 + 2
 
 
 def _drain(consumer: Any, until: float, handouts: dict[str, list[float]]) -> None:
@@ -45,12 +50,20 @@ def _drain(consumer: Any, until: float, handouts: dict[str, list[float]]) -> Non
         consumer.acknowledge(message)
 
 
-def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_ignores_forwards() -> None:
+@pytest.mark.parametrize(
+    ("batching", "delay_ms"),
+    # batched: due later than the 30 s within which a sibling's copy that came with a forward is kept
+    [(False, DELAY_MS), (True, HOLD_SIBLINGS_WITHIN_MS + 2_000)],
+    ids=["single", "batched"],
+)
+def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_ignores_forwards(
+    batching: bool, delay_ms: int
+) -> None:
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     topic = f"persistent://public/default/held-{uuid.uuid4().hex[:8]}"
     options: dict[str, Any] = {
         "consumer_type": pulsar.ConsumerType.Shared,
-        "negative_ack_redelivery_delay_ms": DELAY_MS,
+        "negative_ack_redelivery_delay_ms": delay_ms,
     }
     with PulsarLite(default_partitions=3) as broker:
         official_client = pulsar.Client(broker.service_url, logger=logger)
@@ -58,7 +71,7 @@ def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_i
         try:
             official = official_client.subscribe(topic, "official", **options)
             wrapped = wrapped_client.subscribe(topic, "wrapped", **options)
-            produce(official_client, topic, COUNT)
+            produce(official_client, topic, COUNT, batching=batching)
             nacked: dict[str, dict[str, float]] = {"official": {}, "wrapped": {}}
             for name, consumer in (("official", official), ("wrapped", wrapped)):
                 for message in receive_all(consumer, COUNT):
@@ -67,7 +80,8 @@ def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_i
             broker.restart()
             restarted = time.monotonic()
             handouts: dict[str, dict[str, list[float]]] = {"official": {}, "wrapped": {}}
-            until = max(nacked["wrapped"].values()) + WATCH_S
+            watch_s = delay_ms / 1000 + LATE_MS / 1000 + 2
+            until = max(nacked["wrapped"].values()) + watch_s
             threads = [
                 threading.Thread(target=_drain, args=(c, until, handouts[n]))
                 for n, c in (("official", official), ("wrapped", wrapped))
@@ -75,14 +89,14 @@ def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_i
             for thread in threads:
                 thread.start()
             for thread in threads:
-                thread.join(WATCH_S + 60)
+                thread.join(watch_s + 60)
             stats = wrapped.nack_stats()
             wrapped.close()
             left = leftover(official_client, topic, "wrapped")  # every ack of a kept copy reached the broker
         finally:
             wrapped_client.close()
             official_client.close()
-    got, due = handouts["wrapped"], {k: v + DELAY_MS / 1000 for k, v in nacked["wrapped"].items()}
+    got, due = handouts["wrapped"], {k: v + delay_ms / 1000 for k, v in nacked["wrapped"].items()}
     assert set(got) == set(due), f"{len(set(due) - set(got))} of {COUNT} never came back"
     twice = {k: len(v) for k, v in got.items() if len(v) > 1}
     assert not twice, f"handed out more than once: {twice}"
@@ -94,7 +108,7 @@ def test_early_copies_of_pending_nacks_come_back_at_their_time_when_the_broker_i
     assert not left, f"{len(left)} messages unacked at the broker after the application acked them all"
     # The contrast: the official consumer got its messages at the restart, before their delay.
     official_early = [
-        k for k, v in handouts["official"].items() if v[0] < nacked["official"][k] + DELAY_MS / 1000 - 1
+        k for k, v in handouts["official"].items() if v[0] < nacked["official"][k] + delay_ms / 1000 - 1
     ]
     assert len(official_early) >= 0.8 * COUNT, (len(official_early), restarted)
 

@@ -325,6 +325,26 @@ def test_a_forward_whose_copy_never_comes_is_repeated_then_abandoned() -> None:
     assert arrive(h, 1, 1) is Verdict.DELIVER, "long after: treated as a new delivery"
 
 
+def test_a_batch_message_whose_forwards_were_abandoned_comes_back_with_the_next_copy() -> None:
+    """Issue 27 item 6: a broker that ignores redelivery requests (pulsar-lite on a partitioned topic) gets
+    the forwards of a batch message up to ``max_reforwards`` times, then they are abandoned. The message is
+    still unacked at the broker; the next copy it sends (a reconnect's) is the message's way back: handed
+    out, not taken for a duplicate of a copy the application holds. A sibling the application does hold
+    stays a duplicate."""
+    h = Harness(precision_bits=0)
+    start = h.clock.now
+    for batch_index in range(3):
+        assert arrive(h, 1, 1, batch_index) is Verdict.DELIVER
+    h.tracker.acked(1, 1, batch_index=0)
+    h.tracker.schedule(start + 200, 1, 1, batch_index=1)
+    linger = h.tracker.arrivals.linger_ms
+    h.run_until(start + 200 + (linger + 1_000) * 5)
+    assert h.tracker.stats().abandoned == 1
+    assert arrive(h, 1, 1, 1) is Verdict.DELIVER, "its next copy is the message"
+    assert arrive(h, 1, 1, 2) is Verdict.DUPLICATE, "the application holds it"
+    assert arrive(h, 1, 1, 0) is Verdict.COVERED, "acked: the entry is acked whole with its last message"
+
+
 # -- backoff and limits ----------------------------------------------------------------------------
 
 

@@ -1,0 +1,198 @@
+"""Benchmark: lateness after kill -9 and restart, 10,000 pending nacks, batched vs not (issue 27 item 4).
+
+Consumer process A (tests/snapshot_consumer.py) receives 10,000 messages on pulsar-lite and nacks each
+with its own delay (2-20 s) on a ``pulsar_nack.Client`` consumer with ``snapshot_dir``; once the nacks are
+on disk it is killed with SIGKILL. A new consumer subscribes with the same ``snapshot_dir`` and receives
+(and acks) everything. Each message's lateness is its first hand-out − max(its due time, the restart).
+The same shape runs twice in turn on one machine: messages in batches of 100 and not batched. Goal: the
+batched run's p99 no more than the non-batched run's + 0.5 s, none later than 5 s; each message once,
+none early (the restart tests assert that; here it is counted).
+
+    python bench/restart_lateness.py                 # 1 run of each shape
+    python bench/restart_lateness.py --runs 3
+
+Writes ``bench/results/restart_lateness.json`` and the ``restart-lateness`` section of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import report
+
+if TYPE_CHECKING:
+    from pulsar_nack import DueIds
+
+sys.path.insert(0, str(report.ROOT / "tests"))  # the restart tests' consumer process A and drain
+
+COUNT = 10_000
+BATCH = 100
+GOAL_P99_MARGIN_MS = 500
+GOAL_MAX_MS = 5_000
+
+
+def run(batched: bool, count: int) -> dict[str, Any]:
+    """One kill -9 and restart on its own pulsar-lite: lateness figures (ms) and what went wrong."""
+    import pulsar
+    from snapshot_helpers import assert_each_once_on_time  # noqa: F401  (the tests' notion of "on time")
+    from test_snapshot_restart import EARLY_MS, run_consumer_a
+
+    from pulsar_nack import Client
+    from pulsar_nack.testing import PulsarLite
+
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    topic = f"persistent://public/default/restart-{uuid.uuid4().hex[:8]}"
+    with PulsarLite() as broker, tempfile.TemporaryDirectory() as tmp:
+        producer_client = pulsar.Client(broker.service_url, logger=logger)
+        producer = producer_client.create_producer(
+            topic, batching_enabled=batched, batching_max_messages=BATCH, batching_max_publish_delay_ms=20,
+            block_if_queue_full=True,
+        )  # fmt: skip
+        for i in range(count):
+            producer.send_async(f"m{i}".encode(), None)
+        producer.flush()
+        producer.close()
+        producer_client.close()
+        due = run_consumer_a(broker, topic, Path(tmp), count, batched=batched, official=False)
+        client = Client(broker.service_url, logger=logger)
+        try:
+            restarted_ms = time.time() * 1000
+            snapshots = Path(tmp) / "snapshots"
+            forwarded: set[tuple[int, int, int]] = set()  # (ledger, entry, batch index or -1) forwarded
+
+            def record(due_ids: Sequence[DueIds]) -> None:  # the timer thread's, per forward
+                for ids in due_ids:
+                    for entry_id in ids.entry_ids.tolist():
+                        for index in ids.batch_indexes.get(entry_id, (-1,)):
+                            forwarded.add((ids.ledger_id, entry_id, index))
+
+            consumer = client.subscribe(
+                topic, "wrapped", consumer_type=pulsar.ConsumerType.Shared, snapshot_dir=snapshots,
+                on_redelivery=record,
+            )  # fmt: skip
+            restored = consumer.nack_stats().pending
+            handouts: dict[str, list[float]] = {}
+            ids: dict[str, tuple[int, int, int]] = {}
+            _drain(consumer, set(due), max(due.values()), handouts, ids)
+            stats = consumer.nack_stats()
+        finally:
+            client.close()
+    lateness = sorted(v[0] - max(due[k], restarted_ms) for k, v in handouts.items() if k in due)
+    late = [k for k, v in handouts.items() if k in due and v[0] - max(due[k], restarted_ms) > GOAL_MAX_MS]
+    # a late message whose own id (or its whole entry) was forwarded, else one handed out from the hold
+    late_forwarded = sum(1 for k in late if ids[k] in forwarded or (*ids[k][:2], -1) in forwarded)
+    return {
+        "batched": batched,
+        "messages": count,
+        "came_back": len(lateness),
+        "missing": len(set(due) - set(handouts)),
+        "more_than_once": sum(1 for v in handouts.values() if len(v) > 1),
+        "early": sum(1 for k, v in handouts.items() if k in due and v[0] < due[k] - EARLY_MS),
+        "p50_ms": _quantile(lateness, 0.5),
+        "p99_ms": _quantile(lateness, 0.99),
+        "max_ms": lateness[-1] if lateness else None,
+        "over_goal_max": len(late),
+        "over_goal_max_forwarded": late_forwarded,
+        "due_before_restart": sum(1 for d in due.values() if d <= restarted_ms),
+        "restored_pending": restored,
+        "forwarded": stats.forwarded,
+        "kept_copies": stats.chunked_redelivered,
+    }
+
+
+def _drain(
+    consumer: Any,
+    expected: set[str],
+    last_due_ms: float,
+    handouts: dict[str, list[float]],
+    ids: dict[str, tuple[int, int, int]],
+) -> None:
+    """Receive (and ack) until every expected message was handed out and 2 s passed with nothing new, or
+    until 30 s after the last due time (as the restart tests' drain), recording hand-out times (epoch
+    ms) and each message's (ledger, entry, batch index)."""
+    import pulsar
+
+    deadline = max(last_due_ms / 1000, time.time()) + 30
+    quiet_until = deadline
+    while time.time() < min(deadline, quiet_until):
+        try:
+            message = consumer.receive(200)
+        except pulsar.Timeout:
+            continue
+        data = message.data().decode()
+        handouts.setdefault(data, []).append(time.time() * 1000)
+        mid = message.message_id()
+        ids[data] = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        consumer.acknowledge(message)
+        if quiet_until == deadline and set(handouts) >= expected:
+            quiet_until = time.time() + 2
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    return values[min(len(values) - 1, int(len(values) * q))] if values else None
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1, help="runs of each shape (in turn)")
+    parser.add_argument("--count", type=int, default=COUNT)
+    args = parser.parse_args(argv)
+    facts = report.machine()
+    runs: list[dict[str, Any]] = []
+    for _ in range(args.runs):
+        for batched in (True, False):
+            shape = "batched" if batched else "non-batched"
+            print(f"{shape}: {args.count:,} nacks, kill -9 ...", file=sys.stderr)
+            result = run(batched, args.count)
+            print(result, file=sys.stderr)
+            runs.append(result)
+    report.save_json("restart_lateness", {"machine": facts, "runs": runs})
+    rows = []
+    for number, (in_batches, single) in enumerate(zip(runs[::2], runs[1::2], strict=True), 1):
+        for result in (in_batches, single):
+            ok = (
+                not result["missing"] and not result["more_than_once"] and not result["early"]
+                and not result["over_goal_max"]
+            )  # fmt: skip
+            if result["batched"]:
+                ok = ok and result["p99_ms"] <= single["p99_ms"] + GOAL_P99_MARGIN_MS
+            rows.append([
+                number,
+                "batches of 100" if result["batched"] else "not batched",
+                f"{result['came_back']:,} / {result['messages']:,}",
+                f"{result['more_than_once']:,}",
+                f"{result['early']:,}",
+                f"{result['p50_ms'] / 1000:.2f}",
+                f"{result['p99_ms'] / 1000:.2f}",
+                f"{result['max_ms'] / 1000:.2f}",
+                f"{result['over_goal_max']:,}",
+                "✓" if ok else "✗",
+            ])  # fmt: skip
+    headers = [
+        "run", "messages", "came back", "more than once", "early", "p50 late s", "p99 late s", "max late s",
+        f"> {GOAL_MAX_MS / 1000:.0f} s late", "ok",
+    ]  # fmt: skip
+    text = "\n\n".join([
+        "## Lateness after kill -9 and restart, batched and not",
+        f"`python bench/restart_lateness.py --runs {args.runs}` — pulsar-lite; consumer process A nacks "
+        f"{args.count:,} messages with delays of 2-20 s (`snapshot_dir`) and is killed with SIGKILL; a new "
+        "consumer restores the snapshot. Lateness: first hand-out − max(due, restart). The two shapes run in "
+        f"turn on the same machine. Goal: batched p99 ≤ non-batched p99 + {GOAL_P99_MARGIN_MS / 1000} s, "
+        f"none later than {GOAL_MAX_MS / 1000:.0f} s.",
+        report.machine_line(facts),
+        report.table(headers, rows),
+    ])  # fmt: skip
+    report.write_section("restart-lateness", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
