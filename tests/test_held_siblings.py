@@ -436,3 +436,29 @@ def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> Non
     arrivals.file(2_100, 7, 1, 1, "t")
     index.pop_due(2_150)
     assert arrivals.take_popped_message(7, 1, 1, "t") is False
+
+
+def test_kept_copies_count_in_the_memory_figures() -> None:
+    """A kept copy counts in ``nack_stats(with_memory=True).memory_bytes`` (part 'held chunked') at what it
+    pins — batch size × payload + KEPT_COPY_BYTES, the figure bounded by max_held_chunked_bytes — and
+    ``chunked_held_bytes``; none once it is gone."""
+    from pulsar_nack.chunks import ChunkHold
+    from pulsar_nack.consumer import KEPT_COPY_BYTES
+    from pulsar_nack.tracker import NackStats
+
+    base = NackStats(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, None, None, memory_bytes=1_000, memory_parts=(("index", 1_000),)
+    )
+    hold = ChunkHold(10 * 2**20)
+    empty = hold.stats(base, with_memory=True)
+    pinned = 10 * 4 + KEPT_COPY_BYTES  # a 4-byte message of a batch of 10
+    for i in range(100):
+        assert hold.hold(("t", 7, i, 3), object(), 5_000.0, 1, pinned, copy=True)
+    kept = hold.stats(base, with_memory=True)
+    assert kept.chunked_held == 100 and kept.chunked_held_bytes == 100 * pinned
+    assert kept.memory_bytes is not None and empty.memory_bytes is not None
+    assert kept.memory_bytes - empty.memory_bytes >= 100 * pinned
+    assert dict(kept.memory_parts or ())["held chunked"] >= 100 * pinned
+    for i in range(100):
+        assert hold.discard(("t", 7, i, 3))
+    assert hold.stats(base, with_memory=True).chunked_held_bytes == 0
