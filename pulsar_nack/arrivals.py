@@ -50,7 +50,7 @@ from pyroaring import BitMap
 
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.index import batch_mask
-from pulsar_nack.lateness import DueSample, LatenessHistogram
+from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
 __all__ = [
@@ -410,7 +410,8 @@ class ArrivalFilter:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
-            if not due_ms & dues.every:
+            every = dues.every
+            if not every or offered(due_ms, every):  # (thinned only when the sample is full)
                 dues.note(hash(key) ^ batch_index, due_ms)
             return bucket
         finally:

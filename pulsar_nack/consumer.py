@@ -47,6 +47,7 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.lateness import offered
 from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.snapshot.takeover import Adoption
@@ -657,7 +658,8 @@ class NackBridge:
         key = (topic, ledger_id, entry_id, batch_index)
         # Its exact due time is known; its lateness is sampled as often as a filed nack's (the nack path's
         # offer test): sampling every kept spare would outweigh the nacks that go through buckets.
-        sampled = due if not int(due) & self._arrivals.dues.every else None
+        every = self._arrivals.dues.every
+        sampled = due if not every or offered(int(due), every) else None
         return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=sampled)
 
     def _keep_sibling(
