@@ -216,7 +216,7 @@ def prepare_topic(client: Any, count: int, batch: int) -> tuple[str, float]:
     producer = client.create_producer(
         topic,
         batching_enabled=batch > 1,
-        batching_max_messages=max(batch, 1),
+        batching_max_messages=max(batch, 2),  # (the client wants > 1 even with batching off)
         batching_max_publish_delay_ms=10,
         block_if_queue_full=True,
     )
