@@ -78,10 +78,17 @@ def rows() -> list[list[str]]:
         native_p99 = max(row["native"]["p99"] for row in rows_at)
         wrapper_p99 = max(row["wrapper"]["p99"] for row in rows_at)
         k = lateness["precision_bits"]
+        every = [row["wrapper"] for b in lateness["brokers"].values() for row in b["lateness"]]
+        mins = [w["min"] for w in every if w.get("min") is not None]
+        early = sum(w.get("early", 0) for w in every) if all("early" in w for w in every) else None
+        earliest = ""
+        if mins:
+            count = f"{early} early, " if early is not None else ""
+            earliest = f"; every delay and pattern: {count}earliest {min(mins):+.1f} ms"
         out.append([
             f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
             f"{native_p99 / 1000:.1f} s late",
-            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)})",
+            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)}{earliest})",
             f"nack_lateness ({_stamp(lateness)})",
         ])
     if lateness:
