@@ -215,7 +215,7 @@ def held_main(messages: int, args: argparse.Namespace) -> int:
     ``bench/results/batch_drain_held.json`` and the ``batch-drain-held`` section of docs/performance.md."""
     from harness.standalone import PulsarStandalone
 
-    if not _brokers(["apache"]):
+    if not report.brokers(["apache"]):
         return 1
     facts = report.machine()
     runs: list[dict[str, Any]] = []

@@ -14,9 +14,11 @@ side by side in one run:
 
 Each in three consumption **modes** — ``receive`` (a receive + ack loop), ``listener`` (a
 ``message_listener`` that acks; the main thread waits for the count), ``batch_receive`` (``batch_receive``
-with a policy of up to 100 messages / 10 ms, then an ack per message) — with producer **batching** on
-(``batching_max_messages=100``) and off. Consumers: Shared subscription, default ``receiver_queue_size``,
-``initial_position=Earliest`` (the subscription is also created before producing), logger at Error.
+with a policy of up to 100 messages / 10 ms, then an ack per message) — at each producer **batch size**
+(``--batch-sizes``, default 1, 10, 100 and 1,000: ``batching_max_messages``; 1 = batching off; issue 28:
+pulsar-client's producers batch up to 1,000 messages by default). Consumers: Shared subscription, default
+``receiver_queue_size``, ``initial_position=Earliest`` (the subscription is also created before
+producing), logger at Error.
 
 Only the consumer process is measured, from the first message handed to the application to the ack that
 completes the count: wall time (rate = N / time, msg/s) and process CPU (user + sys from
@@ -25,7 +27,8 @@ subprocess; native and wrapper alternate which goes first from one repetition to
 the repetitions (default 3). A run that does not finish within ``--timeout`` seconds is recorded as failed.
 The machine may be shared: each run first waits (up to ``--quiet-wait`` s) until other processes use less
 than a quarter of a core, and records how many cores they used while it ran (from /proc/stat, minus this
-benchmark and the broker); runs disturbed by more are listed under the tables.
+benchmark and the broker) and the 1-minute load average when it started; runs disturbed by more are listed
+under the tables.
 
 The wrapper measured is ``pulsar_nack`` as of git ``HEAD`` when the run starts (``--wrapper-rev``;
 ``worktree`` for the files as they are), copied to a temporary folder that every process imports it from:
@@ -36,7 +39,7 @@ nacked; with 10 % nacked, drain time ≤ 1.0× and CPU per message ≤ 1.3×.
 
     python bench/consumer_cost.py                                  # both brokers, 100k messages, 3 reps
     python bench/consumer_cost.py --quick --brokers lite --reps 1  # a smoke run (20k messages)
-    python bench/consumer_cost.py --modes receive --batching on --scenarios A
+    python bench/consumer_cost.py --modes receive --batch-sizes 100 --scenarios A
 
 Writes ``bench/results/consumer_cost.json`` and the ``consumer-cost`` section of docs/performance.md.
 """
@@ -72,8 +75,8 @@ SCENARIOS = {"A": 0, "B": 10}
 SCENARIO_TITLES = {"A": "nothing nacked", "B": "10 % nacked"}
 SUBSCRIPTION = "bench"
 NACK_DELAY_MS = 100  # the native minimum; the wrapper gets the same subscribe arguments
-BATCH_SIZE = 100  # producer batching_max_messages, and batch_receive's max_num_message
-BATCH_RECEIVE = {"max_num_message": BATCH_SIZE, "max_num_bytes": 10 * 1024 * 1024, "timeout_ms": 10}
+BATCH_SIZES = (1, 10, 100, 1_000)  # producer batching_max_messages (1: batching off)
+BATCH_RECEIVE = {"max_num_message": 100, "max_num_bytes": 10 * 1024 * 1024, "timeout_ms": 10}
 PAYLOAD_BYTES = 16
 #: Other processes using more than this many cores during a run disturb it: it is flagged, and each run
 #: first waits (up to --quiet-wait seconds) for the machine to be quieter than this.
@@ -201,8 +204,9 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
 # -- the parent: topics, producers, consumer processes ---------------------------------------------
 
 
-def prepare_topic(client: Any, count: int, batching: bool) -> tuple[str, float]:
-    """A fresh topic with its subscription and ``count`` messages; returns (topic, seconds to produce)."""
+def prepare_topic(client: Any, count: int, batch: int) -> tuple[str, float]:
+    """A fresh topic with its subscription and ``count`` messages produced in batches of up to ``batch``
+    (1: not batched); returns (topic, seconds to produce)."""
     import pulsar
 
     topic = f"persistent://public/default/cost-{uuid.uuid4().hex[:12]}"
@@ -210,8 +214,8 @@ def prepare_topic(client: Any, count: int, batching: bool) -> tuple[str, float]:
     client.subscribe(topic, SUBSCRIPTION, consumer_type=shared, initial_position=earliest).close()
     producer = client.create_producer(
         topic,
-        batching_enabled=batching,
-        batching_max_messages=BATCH_SIZE,
+        batching_enabled=batch > 1,
+        batching_max_messages=max(batch, 2),  # (the client wants > 1 even with batching off)
         batching_max_publish_delay_ms=10,
         block_if_queue_full=True,
     )
@@ -333,9 +337,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def cells(args: argparse.Namespace) -> list[dict[str, Any]]:
     return [
-        {"scenario": scenario, "mode": mode, "batching": batching}
+        {"scenario": scenario, "mode": mode, "batch": batch, "batching": batch > 1}
         for scenario in args.scenarios
-        for batching in args.batching
+        for batch in args.batch_sizes
         for mode in args.modes
     ]
 
@@ -350,9 +354,9 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
     base = {"service_url": service_url, "timeout_s": args.timeout, "wrapper_path": args.wrapper_path}
     try:
         # warm-up, not recorded: the broker's caches, JIT (Apache Pulsar) and the page cache
-        for batching in (False, True):
+        for batch in (1, 100):
             for kind in report.KINDS:
-                topic, _ = prepare_topic(client, min(args.messages, 20_000), batching)
+                topic, _ = prepare_topic(client, min(args.messages, 20_000), batch)
                 spec = {**base, "kind": kind, "mode": "receive", "nack_every": 0, "topic": topic}
                 run_consumer({**spec, "messages": min(args.messages, 20_000)}, broker_pid)
         out: list[dict[str, Any]] = []
@@ -366,7 +370,7 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
                         bar.set_description(
                             f"{label} {cell['scenario']} {cell['mode']} {_batching(cell)} {kind}"
                         )
-                        topic, produce_s = prepare_topic(client, args.messages, cell["batching"])
+                        topic, produce_s = prepare_topic(client, args.messages, cell["batch"])
                         spec = {
                             **base,
                             "kind": kind,
@@ -376,6 +380,7 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
                             "topic": topic,
                         }
                         waited_s, before = wait_until_quiet(broker_pid, args.quiet_wait)
+                        load = os.getloadavg()[0]
                         result = run_consumer(spec, broker_pid)
                         runs.append(
                             {
@@ -384,6 +389,7 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
                                 "produce_s": produce_s,
                                 "quiet_wait_s": waited_s,
                                 "others_cores_before": before,
+                                "loadavg": load,
                                 **result,
                             }
                         )
@@ -408,7 +414,8 @@ def _say(line: str) -> None:
 
 
 def _batching(cell: dict[str, Any]) -> str:
-    return "batched" if cell["batching"] else "unbatched"
+    batch = cell.get("batch", 100 if cell["batching"] else 1)  # (files before batch sizes: 100 or off)
+    return f"batches of {batch:,}" if batch > 1 else "not batched"
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -450,7 +457,7 @@ def _failures(row: dict[str, Any]) -> str:
 _HEADERS = [
     "scenario",
     "mode",
-    "batching",
+    "batch size",
     "native msg/s",
     "wrapper msg/s",
     "rate (A) / drain time (B), wrapper ÷ native",
@@ -459,6 +466,7 @@ _HEADERS = [
     "CPU/msg, wrapper ÷ native",
     "duplicates native / wrapper",
     "failed runs",
+    "load avg (1 min), other cores",
 ]
 
 
@@ -477,7 +485,16 @@ def _row(row: dict[str, Any]) -> list[str]:
         cpu[0],
         f"{_num(native['duplicates'])} / {_num(wrapper['duplicates'])}",
         _failures(row) or "0",
+        _load(row),
     ]
+
+
+def _load(row: dict[str, Any]) -> str:
+    """The highest 1-minute load average at the start of a run of the row, and the most cores other
+    processes used during one (files before load averages: the latter only)."""
+    loads = [run["loadavg"] for run in row["runs"] if "loadavg" in run]
+    others = max((run.get("others_cores", 0.0) for run in row["runs"]), default=0.0)
+    return (f"≤ {max(loads):.1f}, " if loads else "") + f"≤ {others:.2f}"
 
 
 def _console_row(label: str, row: dict[str, Any]) -> str:
@@ -504,8 +521,9 @@ def render(results: dict[str, Any]) -> str:
         f"A: every message acked. B: every {SCENARIOS['B']}th message nacked once on first sight (wrapper "
         f"`delay_ms=0`, native plain nack; both subscribed with `negative_ack_redelivery_delay_ms="
         f"{NACK_DELAY_MS}`), acked when it comes back; the run ends when each message was acked once "
-        "(duplicates: copies acked again, median). Batched = producer batches of "
-        f"{BATCH_SIZE}; `batch_receive` with up to {BATCH_RECEIVE['max_num_message']} messages / "
+        "(duplicates: copies acked again, median). Batch size = the producer's `batching_max_messages` "
+        "(not batched: batching off); `batch_receive` with up to "
+        f"{BATCH_RECEIVE['max_num_message']} messages / "
         f"{BATCH_RECEIVE['timeout_ms']} ms. Goals (wrapper ÷ native): A — rate ≥ {GOALS['A']['rate']}×, "
         f"CPU/msg ≤ {GOALS['A']['cpu']}×; B — drain time ≤ {GOALS['B']['drain']}×, CPU/msg ≤ "
         f"{GOALS['B']['cpu']}×.",
@@ -514,7 +532,9 @@ def render(results: dict[str, Any]) -> str:
         "",
         f"Wrapper measured: `pulsar_nack` at {results['wrapper']['commit']} (sources sha256 "
         f"{results['wrapper']['sources_sha256']}), one snapshot for the whole run; "
-        f"{results['elapsed_s'] / 60:.1f} min in all.",
+        f"{results['elapsed_s'] / 60:.1f} min in all. The machine is shared (2 cores): the last column "
+        "gives the highest 1-minute load average when a run of the row started and the most cores other "
+        "processes used during one.",
     ]
     for label, figures in results["brokers"].items():
         rows = figures["cells"]
@@ -575,7 +595,8 @@ def _id_call_floor(rows: list[dict[str, Any]]) -> str | None:
         return None
     id_us = min(calls)
     bounds = ", ".join(
-        f"{row['mode']} ≥ {(row['native']['cpu_us_per_msg'] + id_us) / row['native']['cpu_us_per_msg']:.2f}×"
+        f"{row['mode']} {_batching(row)} ≥ "
+        f"{(row['native']['cpu_us_per_msg'] + id_us) / row['native']['cpu_us_per_msg']:.2f}×"
         for row in cells
     )
     facts = data["machine"]
@@ -636,7 +657,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per consumer run (default 180)")
     parser.add_argument("--scenarios", default="A,B", help="A (nothing nacked), B (10 %% nacked)")
     parser.add_argument("--modes", default=",".join(MODES), help=", ".join(MODES))
-    parser.add_argument("--batching", default="on,off", help="on, off")
+    parser.add_argument(
+        "--batch-sizes",
+        default=",".join(map(str, BATCH_SIZES)),
+        help="producer batch sizes (batching_max_messages; 1 = not batched), default 1,10,100,1000",
+    )
     parser.add_argument(
         "--quiet-wait",
         type=float,
@@ -658,7 +683,12 @@ def main(argv: list[str]) -> int:
         parser.error("--messages must be ≥ 100 and --reps ≥ 1")
     args.scenarios = _choices(args.scenarios, tuple(SCENARIOS), "scenarios")
     args.modes = _choices(args.modes, MODES, "modes")
-    args.batching = [v == "on" for v in _choices(args.batching, ("on", "off"), "batching")]
+    try:
+        args.batch_sizes = [int(v) for v in args.batch_sizes.split(",") if v]
+    except ValueError:
+        parser.error(f"--batch-sizes: {args.batch_sizes!r}; integers >= 1, e.g. 1,10,100,1000")
+    if not args.batch_sizes or min(args.batch_sizes) < 1:
+        parser.error(f"--batch-sizes: {args.batch_sizes!r}; integers >= 1, e.g. 1,10,100,1000")
     with tempfile.TemporaryDirectory(prefix="consumer-cost-") as snapshot:
         wrapper = snapshot_wrapper(args.wrapper_rev, Path(snapshot))
         # the brokers come from this working tree (imported before the snapshot goes on the path, so they
@@ -689,8 +719,7 @@ def run(args: argparse.Namespace, argv: list[str], wrapper: dict[str, Any]) -> d
             "timeout_s": args.timeout,
             "scenarios": {s: SCENARIOS[s] for s in args.scenarios},
             "modes": args.modes,
-            "batching": args.batching,
-            "batch_size": BATCH_SIZE,
+            "batch_sizes": args.batch_sizes,
             "batch_receive_policy": BATCH_RECEIVE,
             "nack_redelivery_delay_ms": NACK_DELAY_MS,
             "payload_bytes": PAYLOAD_BYTES,

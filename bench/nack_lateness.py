@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import threading
@@ -151,12 +152,15 @@ def lateness_run(service_url: str, kind: str, delay_ms: int, pattern: str, count
 # -- call cost ------------------------------------------------------------------------------------
 
 
-def call_cost(service_url: str, count: int, rounds: int = 3) -> dict[str, Any]:
-    """µs per negative_acknowledge(message), each kind on received messages; median of ``rounds``."""
-    out: dict[str, Any] = {}
-    for kind in report.KINDS:
-        samples = []
-        for _ in range(rounds):
+def call_cost(service_url: str, count: int, rounds: int = 5) -> dict[str, Any]:
+    """µs per negative_acknowledge(message), each kind on received messages; median of ``rounds`` per
+    kind, the kinds alternating (native first in even rounds) so that a shared machine's load falls on
+    both alike; the 1-minute load average at the start of each round is recorded (``loadavg``)."""
+    samples: dict[str, list[float]] = {kind: [] for kind in report.KINDS}
+    loads: list[float] = []
+    for number in range(rounds):
+        loads.append(os.getloadavg()[0])
+        for kind in report.KINDS if number % 2 == 0 else tuple(reversed(report.KINDS)):
             client = report.client(kind, service_url)
             topic = f"persistent://public/default/cost-{kind}-{uuid.uuid4().hex[:8]}"
             try:
@@ -167,12 +171,14 @@ def call_cost(service_url: str, count: int, rounds: int = 3) -> dict[str, Any]:
                 started = time.perf_counter()
                 for message in messages:
                     nack(message)
-                samples.append((time.perf_counter() - started) / count * 1e6)
+                samples[kind].append((time.perf_counter() - started) / count * 1e6)
                 consumer.close()
             finally:
                 client.close()
-        out[kind] = statistics.median(samples)
+    out: dict[str, Any] = {kind: statistics.median(values) for kind, values in samples.items()}
     out["ratio"] = out["wrapper"] / out["native"]
+    out["samples"] = samples
+    out["loadavg"] = loads
     return out
 
 
@@ -393,7 +399,13 @@ def render(results: dict[str, Any]) -> str:
             report.table([*_LATENESS_HEADERS, f"wrapper p99 ≤ {goal}"], rows),
             "",
             f"- `negative_acknowledge` call: native {cost['native']:.2f} µs, wrapper "
-            f"{cost['wrapper']:.2f} µs — {cost['ratio']:.2f}× (goal ≤ 1.0×: {_mark(cost['ratio'] <= 1.0)}).",
+            f"{cost['wrapper']:.2f} µs — {cost['ratio']:.2f}× (goal ≤ 1.0×: {_mark(cost['ratio'] <= 1.0)})"
+            + (
+                f"; medians of {len(cost['samples']['native'])} rounds a kind, kinds alternating, load "
+                f"average (1 min) {min(cost['loadavg']):.1f}–{max(cost['loadavg']):.1f} on 2 cores."
+                if "loadavg" in cost
+                else "."
+            ),
             f"- Memory per pending nack ({memory['count']:,} pending, due over a minute): native "
             f"{native_b:.0f} B, wrapper {wrapper_b:.2f} B ({memory['wrapper']['buckets']} buckets) — "
             f"{memory['ratio']:.0f}× less (goal ≥ 100×: {_mark(memory['ratio'] >= 100)}).",

@@ -47,8 +47,18 @@ SEED = 24
 K = 8
 
 
-def _decisions(messages: int) -> list[list[float | None]]:
-    """Per message, per delivery round: the nack delay (ms) or None (ack). Seeded: the same in every run."""
+#: ``pulsar-nack demo``'s decisions (pulsar_nack/demo.py, its defaults): each delivery nacked with
+#: probability 0.3, at most twice a message; a nack gives a per-call delay (uniform integer 100–10,000 ms)
+#: or, as often, none, leaving the delay to the consumer's backoff (200 ms · 2^redelivery count, ≤ 10 s).
+DEMO_MAX_DELAY_MS = 10_000
+DEMO_BACKOFF_MS = 200
+#: A nack's delay in a plan: milliseconds, or BACKOFF (no per-call delay: the consumer's backoff decides).
+BACKOFF = -1.0
+
+
+def _decisions(messages: int, workload: str = "mixed") -> list[list[float | None]]:
+    """Per message, per delivery round: the nack delay (ms; :data:`BACKOFF` for the backoff's) or None
+    (ack). Seeded: the same in every run, whatever order the broker delivers in. O(messages)."""
     rng = random.Random(SEED)
     plan: list[list[float | None]] = []
     for _ in range(messages):
@@ -56,10 +66,22 @@ def _decisions(messages: int) -> list[list[float | None]]:
         for _ in range(MAX_NACKS):
             if rng.random() >= NACK_SHARE:
                 break
-            rounds.append(rng.uniform(*DELAYS_MS))
+            if workload == "demo":
+                per_call = rng.random() < 0.5
+                rounds.append(float(rng.randint(100, DEMO_MAX_DELAY_MS)) if per_call else BACKOFF)
+            else:
+                rounds.append(rng.uniform(*DELAYS_MS))
         rounds.append(None)
         plan.append(rounds)
     return plan
+
+
+def _fixed_delay_ms(workload: str) -> int:
+    """The one delay of the fixed-delay runs: the mean of the per-message delays of the workload (the
+    demo's: half uniform over 100–10,000 ms, half its backoff's 200 or 400 ms by round). O(1)."""
+    if workload == "demo":
+        return round((100 + DEMO_MAX_DELAY_MS) / 4 + (DEMO_BACKOFF_MS + 2 * DEMO_BACKOFF_MS) / 4)
+    return FIXED_DELAY_MS
 
 
 def _dispatched(broker: Any, topic: str, subscription: str) -> tuple[int, int]:
@@ -82,8 +104,9 @@ def _dispatched(broker: Any, topic: str, subscription: str) -> tuple[int, int]:
     return int(sub["msgOutCounter"]), int(sub["bytesOutCounter"])
 
 
-def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, Any]:
-    """One run: ``mode`` is ``wrapper-per-message``, ``wrapper-fixed`` or ``official-fixed``."""
+def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str = "mixed") -> dict[str, Any]:
+    """One run: ``mode`` is ``wrapper-per-message``, ``wrapper-fixed`` or ``official-fixed``; ``workload``
+    ``mixed`` (delays 0.5–3 s) or ``demo`` (``pulsar-nack demo``'s per-call delays and backoff)."""
     import pulsar
 
     import pulsar_nack
@@ -95,7 +118,12 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, An
     client_type = pulsar.Client if official else pulsar_nack.Client
     client = client_type(broker.service_url, operation_timeout_seconds=30, logger=logger)
     forwards: list[tuple[float, int]] = []  # (time, entries) of each forward to the native client
-    options: dict[str, Any] = {"negative_ack_redelivery_delay_ms": FIXED_DELAY_MS}
+    fixed_ms = _fixed_delay_ms(workload)
+    options: dict[str, Any] = {"negative_ack_redelivery_delay_ms": fixed_ms}
+    if mode == "wrapper-per-message" and workload == "demo":
+        options["negative_ack_redelivery_backoff"] = pulsar_nack.MultiplierRedeliveryBackoff(
+            DEMO_BACKOFF_MS, DEMO_MAX_DELAY_MS
+        )
     if not official:
         options["on_redelivery"] = lambda due: forwards.append(
             (time.monotonic(), sum(len(d.entry_ids) for d in due))
@@ -113,7 +141,7 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, An
         if i % BATCH == BATCH - 1:
             producer.flush()
     producer.flush()
-    plan = _decisions(messages)
+    plan = _decisions(messages, workload)
     expected = sum(len(rounds) for rounds in plan)  # hand-outs the application needs
     nacks = [0] * messages
     acked = bytearray(messages)
@@ -159,12 +187,15 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, An
             consumer.acknowledge(message)
             continue
         nacks[index] += 1
+        per_call = delay != BACKOFF
         if mode != "wrapper-per-message":
-            delay = float(FIXED_DELAY_MS)
+            delay, per_call = float(fixed_ms), False
+        elif not per_call:  # what the consumer's backoff gives this message (as the demo computes it)
+            delay = consumer.nack_options.delay_for(None, message.redelivery_count())
         due_ms = time.monotonic() * 1000.0 + delay
         due[index] = due_ms
         buckets.add(-(-int(due_ms) >> K))
-        if mode == "wrapper-per-message":
+        if per_call:
             consumer.negative_acknowledge(message, delay_ms=delay)
         else:
             consumer.negative_acknowledge(message)
@@ -179,6 +210,8 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float) -> dict[str, An
     span_s = (forwards[-1][0] - forwards[0][0]) if len(forwards) > 1 else 0.0
     result: dict[str, Any] = {
         "mode": mode,
+        "workload": workload,
+        "fixed_delay_ms": fixed_ms,
         "messages": messages,
         "completed": needed <= 0,
         "missing": max(needed, 0),
@@ -220,30 +253,162 @@ MODES = ("wrapper-per-message", "wrapper-fixed", "official-fixed")
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--brokers", default="lite,apache")
-    parser.add_argument("--messages", type=int, default=2_000)
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per run")
+    parser.add_argument("--workload", choices=WORKLOADS, default="mixed")
+    parser.add_argument("--messages", type=int, help="default: 2,000 (mixed), 20,000 (demo)")
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per run")
+    parser.add_argument("--render", action="store_true", help="only rewrite the section from the results")
     args = parser.parse_args(argv)
-    facts = report.machine()
-    results: dict[str, Any] = {}
-    for label, broker_type in report.brokers(args.brokers.split(",")):
-        with broker_type() as broker:
-            results[label] = {}
-            for mode in MODES:
-                print(f"{label}: {mode}, {args.messages:,} messages ...", file=sys.stderr)
-                result = results[label][mode] = run(broker, mode, args.messages, args.timeout)
-                print(json.dumps(result), file=sys.stderr)
-    report.save_json("redelivery", {"machine": facts, "results": results})
-    text = render(facts, results)
+    saved = _load()
+    if not args.render:
+        messages = args.messages or (20_000 if args.workload == "demo" else 2_000)
+        facts = report.machine()
+        results: dict[str, Any] = {}
+        for label, broker_type in report.brokers(args.brokers.split(",")):
+            with broker_type() as broker:
+                results[label] = {}
+                for mode in MODES:
+                    print(f"{label}: {args.workload} {mode}, {messages:,} messages ...", file=sys.stderr)
+                    result = run(broker, mode, messages, args.timeout, args.workload)
+                    results[label][mode] = result
+                    print(json.dumps(result), file=sys.stderr)
+        saved[args.workload] = {"machine": facts, "results": results}
+        report.save_json("redelivery", {"workloads": saved})
+    text = render(saved)
     report.write_section("redelivery", text)
     print(text)
     return 0
+
+
+WORKLOADS = ("mixed", "demo")
+
+
+def _load() -> dict[str, Any]:
+    """The saved runs by workload (a file from before workloads holds the mixed one). O(file)."""
+    path = report.RESULTS / "redelivery.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return dict(data["workloads"]) if "workloads" in data else {"mixed": data}
 
 
 def _ms(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
-def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The section: what every workload's runs have in common, then each workload's tables."""
+    parts = [
+        "## Redelivery as the application sees it, and what it costs the broker",
+        "`python bench/redelivery.py [--workload mixed|demo]` — batches of 10, one Shared consumer; each "
+        f"delivery nacked with probability {NACK_SHARE} (at most {MAX_NACKS} times a message), else acked, "
+        "the same seeded decisions in every run and every mode (decided per message and round, not in "
+        "arrival order). Three runs a broker: the wrapper with per-message delays, the wrapper and the "
+        "official client at one fixed delay (the mean of the per-message delays). The wrapper with its "
+        f"defaults (ceil rounding, k = {K}). Early and "
+        "lateness (arrival − (nack time + delay)) are measured by the application on its own clock; "
+        "reported = `nack_stats()`. Forwards per second: calls forwarding due entries to the native "
+        "client, "
+        "against the distinct 2^k-ms buckets the nacks fell due in, per second of the run. Broker "
+        "messages/bytes: dispatched to the subscription, counted by the broker (pulsar-lite `/metrics` "
+        "`pulsar_out_messages_total`/`pulsar_out_bytes_total`, Apache topic stats "
+        "`msgOutCounter`/`bytesOutCounter`). Kept copies: batch "
+        "siblings that came with a forward of their entry, kept in memory until due (issue 24) "
+        "instead of being fetched again; peak = most kept at once (sampled every 250 ms), with "
+        "the bytes counted against `max_held_chunked_bytes` (what each pins in the native client: batch "
+        f"size × payload + {KEPT_COPY_BYTES:,} B) and the hold's measured bytes "
+        "(`nack_stats(with_memory=True)`, part 'held chunked'; included in `memory_bytes`).",
+    ]
+    goals = _goal_rows(saved)
+    if goals:
+        parts.append(
+            "Issue 24's goals, wrapper with per-message delays (ceil rounding, the default) against the "
+            "official client at one fixed delay, same run, from the tables below:"
+        )
+        parts.append(report.table(["goal", "workload", "pulsar-lite", "Apache Pulsar"], goals))
+        parts.append(
+            "Kept copies and memory: a kept copy is a message the consumer holds, not a pending nack — its "
+            "nack has left the index — so it is outside issue 23's budget of 16 B per pending nack (that "
+            "figure is the index's, `bench/nack_memory.py`). It does count in `nack_stats(with_memory=True)"
+            ".memory_bytes` (part 'held chunked': what it pins, batch size × payload + "
+            f"{KEPT_COPY_BYTES:,} B, plus the hold's records) and in `chunked_held_bytes`, bounded by "
+            "`max_held_chunked_bytes` (64 MiB by default; past it a sibling is fetched by its own forward, "
+            "as before) and kept only when due within 30 s. The official consumer keeps no such copy: the "
+            "broker sends the entry again instead."
+        )
+    for workload in WORKLOADS:
+        if workload in saved:
+            parts.append(_render_workload(workload, saved[workload]["machine"], saved[workload]["results"]))
+    return "\n\n".join(parts)
+
+
+def _early(w: dict[str, Any], _: dict[str, Any]) -> str:
+    return f"{w['early']} of {w['redeliveries']:,}"
+
+
+def _lateness(w: dict[str, Any], _: dict[str, Any]) -> str:
+    return (
+        f"app {_ms(w['lateness_p50_ms'])} / {_ms(w['lateness_p99_ms'])}, "
+        f"nack_stats {_ms(w.get('reported_p50_ms'))} / {_ms(w.get('reported_p99_ms'))}; "
+        f"early share {w.get('reported_early_share')}"
+    )
+
+
+def _forwards(w: dict[str, Any], _: dict[str, Any]) -> str:
+    span = w.get("forward_span_s")
+    if not span:
+        return "–"
+    return (
+        f"{w['forwards'] / span:.2f} forwards/s for {w['nack_buckets'] / span:.2f} buckets due/s; "
+        f"closest two {_ms(w['min_forward_gap_ms'])} ms apart"
+    )
+
+
+def _traffic(w: dict[str, Any], o: dict[str, Any]) -> str:
+    if not o.get("broker_messages"):
+        return "–"
+    return (
+        f"{w['broker_messages']:,} vs {o['broker_messages']:,} messages "
+        f"({w['broker_messages'] / o['broker_messages']:.3f}×), {w['broker_bytes']:,} vs "
+        f"{o['broker_bytes']:,} B ({w['broker_bytes'] / o['broker_bytes']:.3f}×)"
+    )
+
+
+def _kept(w: dict[str, Any], _: dict[str, Any]) -> str:
+    return (
+        f"peak {w.get('held_peak', 0):,} kept: {w.get('held_peak_payload_bytes', 0):,} B counted, "
+        f"{w.get('held_peak_memory_bytes', 0):,} B in memory_bytes"
+    )
+
+
+GOALS = (
+    ("never early by default: redeliveries early (app clock)", _early),
+    ("lateness p50 / p99 ms as the app sees it", _lateness),
+    ("one forward per due bucket", _forwards),
+    ("broker dispatch ≤ official's: wrapper vs official", _traffic),
+    ("kept copies, counted in memory", _kept),
+)
+
+
+def _goal_rows(saved: dict[str, Any]) -> list[list[str]]:
+    """One row per goal of issue 24 and workload, a column per broker (wrapper-per-message against
+    official-fixed)."""
+    rows: list[list[str]] = []
+    brokers = ("pulsar-lite", "Apache Pulsar")
+    for workload in WORKLOADS:
+        if workload not in saved:
+            continue
+        results = saved[workload]["results"]
+        for goal, text in GOALS:
+            cells = []
+            for broker in brokers:
+                runs = results.get(broker, {})
+                wrapper = runs.get("wrapper-per-message")
+                cells.append("–" if wrapper is None else text(wrapper, runs.get("official-fixed", {})))
+            rows.append([goal, workload, *cells])
+    return rows
+
+
+def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, Any]) -> str:
     timing_rows = []
     traffic_rows = []
     for label, runs in results.items():
@@ -290,24 +455,23 @@ def render(facts: dict[str, Any], results: dict[str, Any]) -> str:
                     else "–",
                 ]
             )
+    messages = next(iter(next(iter(results.values())).values()))["messages"]
+    if workload == "demo":
+        title = (
+            f"### `pulsar-nack demo`'s workload: {messages:,} messages, per-call delays and backoff\n\n"
+            "The demo's decisions (pulsar_nack/demo.py): half the nacks with a per-call delay uniform over "
+            f"100–{DEMO_MAX_DELAY_MS:,} ms, half with none, left to the consumer's backoff "
+            f"(`MultiplierRedeliveryBackoff({DEMO_BACKOFF_MS}, {DEMO_MAX_DELAY_MS})`: 200 ms, then 400 ms); "
+            f"fixed: {_fixed_delay_ms(workload):,} ms."
+        )
+    else:
+        title = (
+            f"### Mixed delays: {messages:,} messages\n\nPer-message delays uniform over "
+            f"{DELAYS_MS[0]:.0f}–{DELAYS_MS[1]:.0f} ms; fixed: {FIXED_DELAY_MS:,} ms."
+        )
     return "\n\n".join(
         [
-            "## Redelivery as the application sees it, and what it costs the broker",
-            "`python bench/redelivery.py` — batches of 10, one Shared consumer; each delivery nacked with "
-            f"probability {NACK_SHARE} (at most {MAX_NACKS} times a message), else acked, the same seeded "
-            "decisions in every run. Per-message delays uniform over "
-            f"{DELAYS_MS[0]:.0f}–{DELAYS_MS[1]:.0f} ms; "
-            f"fixed: {FIXED_DELAY_MS} ms. The wrapper with its defaults (ceil rounding, k = {K}). Early and "
-            "lateness (arrival − (nack time + delay)) are measured by the application on its own clock; "
-            "reported = `nack_stats()`. Forwards per second: calls forwarding due entries to the native "
-            "client, "
-            "against the distinct 2^k-ms buckets the nacks fell due in, per second of the run. Broker "
-            "messages/bytes: dispatched to the subscription, counted by the broker. Kept copies: batch "
-            "siblings that came with a forward of their entry, kept in memory until due (issue 24) "
-            "instead of being fetched again; peak = most kept at once (sampled every 250 ms), with "
-            "the bytes counted against `max_held_chunked_bytes` (what each pins in the native client: batch "
-            f"size × payload + {KEPT_COPY_BYTES:,} B) and the hold's measured bytes "
-            "(`nack_stats(with_memory=True)`, part 'held chunked').",
+            title,
             report.machine_line(facts),
             report.table(
                 [

@@ -78,10 +78,17 @@ def rows() -> list[list[str]]:
         native_p99 = max(row["native"]["p99"] for row in rows_at)
         wrapper_p99 = max(row["wrapper"]["p99"] for row in rows_at)
         k = lateness["precision_bits"]
+        every = [row["wrapper"] for b in lateness["brokers"].values() for row in b["lateness"]]
+        mins = [w["min"] for w in every if w.get("min") is not None]
+        early = sum(w.get("early", 0) for w in every) if all("early" in w for w in every) else None
+        earliest = ""
+        if mins:
+            count = f"{early} early, " if early is not None else ""
+            earliest = f"; every delay and pattern: {count}earliest {min(mins):+.1f} ms"
         out.append([
             f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
             f"{native_p99 / 1000:.1f} s late",
-            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)})",
+            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)}{earliest})",
             f"nack_lateness ({_stamp(lateness)})",
         ])
     if lateness:
@@ -106,19 +113,23 @@ def rows() -> list[list[str]]:
         ])
     cost = _load("consumer_cost")
     if cost:
-        ratios: dict[bool, list[float]] = {True: [], False: []}
-        for broker in cost["brokers"].values():
+        # one row per producer batch size, so that nobody reads one batch size's ratio for another's
+        ratios: dict[int, list[tuple[float, str]]] = {}
+        for label, broker in cost["brokers"].items():
             for cell in broker["cells"]:
                 if cell.get("scenario", "A") == "A" and cell.get("ratio", {}).get("cpu"):
-                    ratios[cell["batching"]].append(cell["ratio"]["cpu"])
-        for batching, values in ratios.items():
-            if values:
-                out.append([
-                    f"CPU per message, nothing nacked, {'batched' if batching else 'not batched'}",
-                    "1×",
-                    f"{min(values):.2f}–{max(values):.2f}× the native consumer's",
-                    f"consumer_cost ({_stamp(cost)})",
-                ])
+                    batch = cell.get("batch", 100 if cell["batching"] else 1)  # (older files: 100 or off)
+                    ratios.setdefault(batch, []).append((cell["ratio"]["cpu"], f"{cell['mode']}, {label}"))
+        for batch, values in sorted(ratios.items()):
+            worst = max(values)
+            shape = f"batches of {batch:,}" if batch > 1 else "not batched"
+            out.append([
+                f"CPU per message, nothing nacked, {shape} (every receive mode, "
+                f"{len(cost['brokers'])} broker{'s' if len(cost['brokers']) > 1 else ''})",
+                "1×",
+                f"{min(values)[0]:.2f}–{worst[0]:.2f}× the native consumer's (worst: {worst[1]})",
+                f"consumer_cost ({_stamp(cost)})",
+            ])
     drain = _load("batch_drain")
     if drain:
         for label, result in drain["results"].items():

@@ -86,7 +86,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._loop = asyncio.get_running_loop()
         self._waiting: set[asyncio.Future[Any]] = set()
         self._woken: set[asyncio.Future[Any]] = set()
-        self._nacks.holding = True
+        self._nacks.keep_copies()
         self._nacks.hold.on_hold = self._on_hold
 
     @property

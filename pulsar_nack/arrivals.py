@@ -50,10 +50,17 @@ from pyroaring import BitMap
 
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.index import batch_mask
-from pulsar_nack.lateness import DueSample, LatenessHistogram
+from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
-__all__ = ["ACK_TIMEOUT_SLACK_MS", "NATIVE_MIN_DELAY_MS", "ArrivalFilter", "FilterCounts", "Verdict"]
+__all__ = [
+    "ACK_TIMEOUT_SLACK_MS",
+    "COALESCE_WITHIN_MS",
+    "NATIVE_MIN_DELAY_MS",
+    "ArrivalFilter",
+    "FilterCounts",
+    "Verdict",
+]
 
 #: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp): a copy a forward
 #: asked for never arrives sooner after the forward.
@@ -63,6 +70,12 @@ NATIVE_MIN_DELAY_MS = 100
 #: before the filter sees it; a copy of another cause (a sibling's nack, a reconnect) taken for the
 #: timeout's this much early is handed out as the official consumer would hand it out anyway.
 ACK_TIMEOUT_SLACK_MS = 1_000
+#: A batch message that falls due while a forward of its entry made less than this many ms ago has not
+#: brought its copy yet waits for that copy (:attr:`ArrivalFilter.coalesce`) instead of a forward of its
+#: own: each forward makes the broker dispatch the whole entry again (issue 24). The copy arrives ~100–300
+#: ms after a forward (up to ~1 s seen on a loaded machine); should it never come, the message is
+#: forwarded at most this much later.
+COALESCE_WITHIN_MS = 2_000
 
 Key = tuple[str, int, int]  # (topic, ledger id, entry id)
 EntryIds = Sequence[int] | npt.NDArray[np.uint32]
@@ -334,6 +347,13 @@ class ArrivalFilter:
         #: Whether any copy was ever parked (:meth:`park`; until :meth:`clear`): the nack path asks
         #: :meth:`take_parked` only then (one attribute read per batched nack otherwise).
         self.has_parked = False
+        #: Whether the consumer keeps copies of pending batch messages that come with a forward of their
+        #: entry (its hold, issue 24): then :meth:`forwarded` lets a message due while its entry's forward
+        #: is under way wait for that forward's copy (see :data:`COALESCE_WITHIN_MS`).
+        self.coalesce = False
+        # Batch messages the consumer kept while a flush had popped them and not yet called forwarded()
+        # (:meth:`take_popped_message`): that forwarded() leaves them out. Empty but in that race.
+        self._taken: dict[Key, int] = {}
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -390,7 +410,8 @@ class ArrivalFilter:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
-            if not due_ms & dues.every:
+            every = dues.every
+            if not every or offered(due_ms, every):  # (thinned only when the sample is full)
                 dues.note(hash(key) ^ batch_index, due_ms)
             return bucket
         finally:
@@ -461,10 +482,17 @@ class ArrivalFilter:
         batch_indexes: Mapping[int, tuple[int, ...]],
         now: float,
         target: int,
-    ) -> None:
+    ) -> set[int] | None:
         """Entries of one ledger went to the native client at ``now`` for bucket time ``target``
         (``entry_ids``: a sequence or numpy array, kept until :meth:`sweep` retires it — 4 bytes per id
-        as an array). O(entries + batch indexes)."""
+        as an array). O(entries + batch indexes).
+
+        With :attr:`coalesce`, returns the entries not to forward (None: forward them all): those whose
+        due messages (some of a batch) are waiting for the copy of a forward of their entry made less than
+        :data:`COALESCE_WITHIN_MS` ago. Those messages stay pending, filed again for ``target``: when the
+        copy comes, the consumer keeps theirs until due (:meth:`take_pending_message`); if it does not,
+        a later flush forwards them."""
+        deferred: set[int] | None = None
         with self._lock:
             bitmap = self._pending.get((topic, ledger_id))
             if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
@@ -491,9 +519,24 @@ class ArrivalFilter:
                     if bitmap is not None:
                         bitmap.discard(entry_id)
                     continue
+                indexes = batch_indexes.get(entry_id)
+                # messages the consumer kept meanwhile (take_popped_message): not to forward
+                taken = self._taken.pop(key, 0) if self._taken else 0
+                if taken and indexes is not None:
+                    indexes = tuple(index for index in indexes if not taken >> index & 1)
+                if indexes == () or (
+                    indexes is not None
+                    and entry.flights
+                    and self.coalesce
+                    and not (bitmap is not None and entry_id in bitmap)
+                    and self._wait_for_copy(entry, key, indexes, now, target)
+                ):
+                    if deferred is None:
+                        deferred = set()
+                    deferred.add(entry_id)
+                    continue
                 if bitmap is not None:
                     bitmap.discard(entry_id)
-                indexes = batch_indexes.get(entry_id)
                 if indexes is not None:
                     mask = batch_mask(indexes)
                 elif entry.size is not None:
@@ -502,6 +545,7 @@ class ArrivalFilter:
                     mask = entry.pending | entry.out
                 if mask < 0:  # a whole-entry nack of a batch of unknown size: what is known pending
                     mask = max(entry.pending, 0)
+                mask &= ~taken
                 entry.pending &= ~mask
                 flights = entry.flights if entry.flights is not None else {}
                 entry.flights = flights
@@ -514,6 +558,28 @@ class ArrivalFilter:
                 entry.last_forward = now
             if bitmap is not None and not bitmap:
                 del self._pending[(topic, ledger_id)]
+        return deferred
+
+    def _wait_for_copy(
+        self, entry: _Entry, key: Key, indexes: tuple[int, ...], now: float, target: int
+    ) -> bool:
+        """:meth:`forwarded`'s coalescing (lock held): if these due messages of ``entry`` are pending on
+        their own, none in flight, while a forward of the entry made less than :data:`COALESCE_WITHIN_MS`
+        ago has not brought its copy, file them again for ``target`` (never earlier than their bucket) and
+        return True; else False. O(flights + indexes)."""
+        flights = entry.flights
+        assert flights is not None  # (the caller checked)
+        mask = batch_mask(indexes)
+        if entry.pending & mask != mask or any(index in flights for index in indexes):
+            return False
+        if self._held_ms is not None or self._remove is None:
+            return False  # with an ack timeout no copy is kept (see take_pending_message)
+        if not any(0.0 <= now - flight.at < COALESCE_WITHIN_MS for flight in flights.values()):
+            return False
+        topic, ledger_id, entry_id = key
+        for index in indexes:
+            self._add(target, ledger_id, entry_id, index, topic, False)
+        return True
 
     # -- arrivals and acks ---------------------------------------------------------------------------
 
@@ -925,6 +991,34 @@ class ArrivalFilter:
             and self._clock() - entry.last_forward < self.linger_ms
         )
 
+    def take_popped_message(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
+        """:meth:`take_pending_message` for a batch message pending here but no longer in the index: a
+        flush under way has popped it and not yet told :meth:`forwarded`, and its copy has come meanwhile
+        (with a forward of a sibling). Only with :attr:`coalesce` and no snapshots (whose unloaded segments
+        hold pending ids the index does not): the caller keeps the copy, and that forwarded() leaves the
+        message out — no forward of its own makes the broker dispatch the entry again (issue 24). False
+        (nothing changed) if it is not pending on its own here. O(1)."""
+        key = (topic, ledger_id, entry_id)
+        bit = 1 << batch_index
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or not entry.pending & bit or not self.coalesce or self._held_ms is not None:
+                return False
+            whole = self._pending.get((topic, ledger_id)) if self._pending else None
+            if whole is not None and entry_id in whole:
+                return False
+            if self._remove is None:
+                return False
+            if not self._remove(ledger_id, entry_id, batch_index, topic):
+                # popped and not yet forwarded: that forwarded() leaves it out (one filed again by a
+                # forwarded() that made it wait is back in the index: removed, nothing to leave out)
+                self._taken[key] = self._taken.get(key, 0) | bit
+            entry.pending &= ~bit
+            entry.out |= bit
+            if entry.last_forward == _NEVER_FORWARDED:
+                entry.last_forward = self._clock()
+            return True
+
     def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> float | None:
         """The exact due time sampled for a nack just taken (:meth:`take_pending`,
         :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
@@ -1207,6 +1301,7 @@ class ArrivalFilter:
             self.dues.clear()
             self._recent = _Recent(self._clock())
             self.has_parked = False
+            self._taken.clear()
 
     def counts(self) -> FilterCounts:
         return FilterCounts(

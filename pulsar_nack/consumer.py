@@ -47,6 +47,7 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.lateness import offered
 from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.snapshot.takeover import Adoption
@@ -683,7 +684,8 @@ class NackBridge:
         key = (topic, ledger_id, entry_id, batch_index)
         # Its exact due time is known; its lateness is sampled as often as a filed nack's (the nack path's
         # offer test): sampling every kept spare would outweigh the nacks that go through buckets.
-        sampled = due if not int(due) & self._arrivals.dues.every else None
+        every = self._arrivals.dues.every
+        sampled = due if not every or offered(int(due), every) else None
         return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=sampled)
 
     def _keep_sibling(
@@ -701,11 +703,9 @@ class NackBridge:
         in ``nack_stats()``: what it pins (:data:`KEPT_COPY_BYTES`) in ``chunked_held_bytes``, bounded by
         ``max_held_chunked_bytes``. O(log held) plus the index's lookup and removal."""
         tracker = self.tracker
-        due = tracker.index.due_of(ledger_id, entry_id, batch_index, topic)
-        if due is None:
-            return
+        bucket = tracker.index.due_of(ledger_id, entry_id, batch_index, topic)
         arrivals = self._arrivals
-        later = due - tracker.now() > HOLD_SIBLINGS_WITHIN_MS
+        later = bucket is not None and bucket - tracker.now() > HOLD_SIBLINGS_WITHIN_MS
         if later and arrivals.forwarded_lately(ledger_id, entry_id, topic):
             return  # the broker answered a forward of the entry: it answers this message's own
         inner = message._message
@@ -713,7 +713,18 @@ class NackBridge:
         hold = self.hold
         if hold.held_bytes + size > hold.max_bytes:
             return  # no room: its own forward fetches it
-        if not arrivals.take_pending_message(ledger_id, entry_id, batch_index, topic):
+        if bucket is None:
+            # Popped by a flush under way (without snapshots nothing else pending is outside the index):
+            # its bucket is at most the flush's limit, so handing it out one native latency from now is
+            # never early; else that flush's forward would fetch the whole entry again for it.
+            if tracker.snapshots is not None:
+                return
+            if not arrivals.take_popped_message(ledger_id, entry_id, batch_index, topic):
+                return
+            due = tracker.now() + tracker.lead_ms
+        elif arrivals.take_pending_message(ledger_id, entry_id, batch_index, topic):
+            due = float(bucket)
+        else:
             return  # forwarded meanwhile (its copy decides), or an ack timeout is set
         sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic)
         key = (topic, ledger_id, entry_id, batch_index)
@@ -832,6 +843,14 @@ class NackBridge:
         broker starts over)."""
         self.tracker.clear()
         self.hold.clear()
+
+    def keep_copies(self) -> None:
+        """This consumer hands kept copies out (receive, a listener's HeldDelivery, the asyncio receive):
+        hold chunked messages and batch siblings, and let a batch message due while its entry's forward is
+        under way wait for that forward's copy (:attr:`ArrivalFilter.coalesce
+        <pulsar_nack.arrivals.ArrivalFilter.coalesce>`). O(1)."""
+        self.holding = True
+        self._arrivals.coalesce = True
 
     def forget_holdings(self) -> None:
         """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again, and
@@ -1118,7 +1137,7 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         nacks = consumer._nacks
         # its copies of held messages are handed out again, as the official consumer's (before any receive)
         nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
-        nacks.holding = True  # held chunked messages: receive() hands them out, or a HeldDelivery thread
+        nacks.keep_copies()  # held chunked messages: receive() hands them out, or a HeldDelivery thread
         policy = arguments.get("dead_letter_policy")
         if policy is not None:
             create = functools.partial(pulsar.Client.create_producer, self)
@@ -1211,7 +1230,7 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
     nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="wrap")
     wrapped = NackConsumer()
     wrapped._attach(consumer, nack, snapshots)
-    wrapped._nacks.holding = True  # its dead_letter_policy is unknown here: held ones are not dead-lettered
+    wrapped._nacks.keep_copies()  # its dead_letter_policy is unknown here: held ones are not dead-lettered
     wrapped._nacks.marks_all = False  # messages received before wrap() carry no mark
     return wrapped
 

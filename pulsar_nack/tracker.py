@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
@@ -477,21 +478,27 @@ class NackTracker:
             steps = [(safe, safe), (limit, limit)] if limit > safe else [(limit, limit)]
         due: list[DueIds] = []
         forwarded = 0
+        popped_any = False
         for until, label in steps:
             popped = self.index.pop_due(until)
+            popped_any = popped_any or bool(popped)
             # The filter learns each pop before the next one: it reads what an entry still has pending
             # in the index (a quiet entry's other messages), which must not include a later pop's ids.
             learn = self.arrivals.forwarded
             for ids in popped:
-                learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
+                waiting = learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
+                if waiting:  # entries whose forward under way brings these messages too (issue 24)
+                    ids = _without(ids, waiting)
+                    if not len(ids.entry_ids):
+                        continue
                 forwarded += len(ids.entry_ids)
-            due += popped
+                due.append(ids)
         with self._lock:
             if due:
                 self._last_forward = now
                 self._forwarded += forwarded
-                if not everything:  # buckets up to `limit` are forwarded: a later nack in one waits
-                    self._next_bucket = max(self._next_bucket, (limit | (self._width - 1)) + 1)
+            if popped_any and not everything:  # buckets up to `limit` are done: a later nack in one waits
+                self._next_bucket = max(self._next_bucket, (limit | (self._width - 1)) + 1)
             if not self._closed:
                 if self._sweep is None and due:
                     sweep_at = self.arrivals.sweep_due
@@ -621,3 +628,10 @@ class NackTracker:
             timer_failures=self._wheel.failures,
             snapshots=self.snapshots.stats() if self.snapshots is not None else None,
         )
+
+
+def _without(ids: DueIds, entries: set[int]) -> DueIds:
+    """``ids`` less ``entries`` (and their batch indexes). O(ids)."""
+    keep = ~np.isin(ids.entry_ids, np.fromiter(entries, dtype=np.uint32, count=len(entries)))
+    members = {e: i for e, i in ids.batch_indexes.items() if e not in entries}
+    return ids._replace(entry_ids=ids.entry_ids[keep], batch_indexes=members)

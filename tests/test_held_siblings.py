@@ -345,3 +345,120 @@ def test_take_parked_gives_a_parked_copy_of_a_message_the_application_holds_once
     arrivals.expect_ack_timeout(10_000)
     assert arrivals.admit(7, 1, 7, "t", None) is Verdict.DUPLICATE and arrivals.park(7, 1, 7, "t", "copy 7")
     assert arrivals.take_parked(7, 1, 7, "t") is None, "with an ack timeout"
+
+
+def _filter_at(now: list[float], coalesce: bool) -> tuple[ArrivalFilter, TimeBucketIndex]:
+    """A filter over a k = 0 index (bucket = due time) on the clock ``now[0]``, entry 1 of ledger 7 (a
+    batch of 10) handed out; ``coalesce`` as a consumer that keeps copies sets it."""
+    index = TimeBucketIndex(0, "ceil")
+    arrivals = ArrivalFilter(
+        lambda *ids: None,
+        clock=lambda: now[0],
+        batch_size=lambda _: 10,
+        pending_mask=index.pending_mask,
+        add=index.add,
+        remove=index.remove,
+    )
+    arrivals.coalesce = coalesce
+    for i in range(10):
+        assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
+    return arrivals, index
+
+
+def _learn(arrivals: ArrivalFilter, index: TimeBucketIndex, until: int, now: float) -> set[int] | None:
+    """A flush's pop and forwarded() (the tracker's), labelled ``until``: the entries not to forward."""
+    waiting: set[int] = set()
+    for ids in index.pop_due(until):
+        waiting |= (
+            arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, until)
+            or set()
+        )
+    return waiting or None
+
+
+def test_a_message_due_while_its_entry_is_on_its_way_waits_for_that_copy() -> None:
+    """m0 is forwarded; m1 falls due before m0's copy has come: m1 is not forwarded (a second dispatch of
+    the whole entry) but filed again, and the copy that comes is kept for it (take_pending_message) — if
+    the consumer keeps copies. Without that (the default), or once the forward is older than
+    COALESCE_WITHIN_MS, m1 is forwarded as before."""
+    from pulsar_nack.arrivals import COALESCE_WITHIN_MS
+
+    now = [1_000.0]
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_100, 7, 1, 1, "t")
+    now[0] = 1_900.0
+    assert _learn(arrivals, index, 2_000, now[0]) is None, "m0 goes"
+    now[0] = 2_050.0
+    assert _learn(arrivals, index, 2_150, now[0]) == {1}, "m1 waits for m0's copy"
+    assert index.due_of(7, 1, 1, "t") == 2_150, "filed again, no earlier than its bucket"
+    now[0] = 2_120.0  # m0's copy comes, with m1's
+    assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD
+    assert arrivals.take_pending_message(7, 1, 1, "t") is True, "kept: no forward of its own"
+    assert index.pop_due(10_000) == []
+
+    arrivals, index = _filter_at(now, coalesce=False)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_100, 7, 1, 1, "t")
+    assert _learn(arrivals, index, 2_000, 1_900.0) is None
+    assert _learn(arrivals, index, 2_150, 2_050.0) is None, "forwarded: the consumer keeps no copies"
+
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_000 + COALESCE_WITHIN_MS, 7, 1, 1, "t")
+    assert _learn(arrivals, index, 2_000, 1_900.0) is None
+    late = 1_900.0 + COALESCE_WITHIN_MS
+    assert _learn(arrivals, index, 2_000 + COALESCE_WITHIN_MS, late) is None, "m0's copy is overdue"
+
+
+def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> None:
+    """The race of a flush: m1 popped from the index, its copy (with m0's forward) comes before the flush
+    tells forwarded(): take_popped_message keeps it and forwarded() leaves m1 out (not forwarded, not in
+    flight: a later copy is the application's duplicate). Not for a message not pending, nor without
+    coalescing."""
+    now = [1_000.0]
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_100, 7, 1, 1, "t")
+    assert _learn(arrivals, index, 2_000, 1_900.0) is None
+    popped = index.pop_due(2_150)  # the flush under way
+    assert arrivals.take_popped_message(7, 1, 1, "t") is True
+    assert arrivals.take_popped_message(7, 1, 1, "t") is False, "taken already"
+    assert arrivals.take_popped_message(7, 1, 5, "t") is False, "not nacked"
+    ids = popped[0]
+    waiting = arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, 2_050.0, 2_150)
+    assert waiting == {1}, "not forwarded again"
+    now[0] = 2_300.0
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "the kept copy is the application's"
+
+    arrivals, index = _filter_at(now, coalesce=False)
+    arrivals.file(2_100, 7, 1, 1, "t")
+    index.pop_due(2_150)
+    assert arrivals.take_popped_message(7, 1, 1, "t") is False
+
+
+def test_kept_copies_count_in_the_memory_figures() -> None:
+    """A kept copy counts in ``nack_stats(with_memory=True).memory_bytes`` (part 'held chunked') at what it
+    pins — batch size × payload + KEPT_COPY_BYTES, the figure bounded by max_held_chunked_bytes — and
+    ``chunked_held_bytes``; none once it is gone."""
+    from pulsar_nack.chunks import ChunkHold
+    from pulsar_nack.consumer import KEPT_COPY_BYTES
+    from pulsar_nack.tracker import NackStats
+
+    base = NackStats(
+        0, 0, 0, 0, 0, 0, 0, 0, 0, None, None, memory_bytes=1_000, memory_parts=(("index", 1_000),)
+    )
+    hold = ChunkHold(10 * 2**20)
+    empty = hold.stats(base, with_memory=True)
+    pinned = 10 * 4 + KEPT_COPY_BYTES  # a 4-byte message of a batch of 10
+    for i in range(100):
+        assert hold.hold(("t", 7, i, 3), object(), 5_000.0, 1, pinned, copy=True)
+    kept = hold.stats(base, with_memory=True)
+    assert kept.chunked_held == 100 and kept.chunked_held_bytes == 100 * pinned
+    assert kept.memory_bytes is not None and empty.memory_bytes is not None
+    assert kept.memory_bytes - empty.memory_bytes >= 100 * pinned
+    assert dict(kept.memory_parts or ())["held chunked"] >= 100 * pinned
+    for i in range(100):
+        assert hold.discard(("t", 7, i, 3))
+    assert hold.stats(base, with_memory=True).chunked_held_bytes == 0

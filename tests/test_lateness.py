@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from pulsar_nack.lateness import MAX_EVERY, DueSample, LatenessHistogram
+from pulsar_nack.lateness import MAX_EVERY, DueSample, LatenessHistogram, offered
 
 
 def test_percentiles_agree_with_numpy_within_the_bucket_precision() -> None:
@@ -68,7 +68,7 @@ def test_a_full_sample_is_thinned_evenly_over_a_burst_and_fills_again_once_empti
     sample = DueSample(capacity=64)
     for key in range(2_000):
         due = 10_000 + key
-        if not due & sample.every:  # as the nack path offers them
+        if not sample.every or offered(due, sample.every):  # as the nack path offers them
             sample.note(key, due)
     kept = [key for key in range(2_000) if sample.take(key, 10_000) is not None]
     assert 16 <= len(kept) <= 64
@@ -78,6 +78,21 @@ def test_a_full_sample_is_thinned_evenly_over_a_burst_and_fills_again_once_empti
         sample.note(5, 1_000)
         sample.take(5, 1_000)
     assert sample.every == 0
+
+
+def test_a_thinned_sample_does_not_pick_due_times_by_their_offset_in_a_bucket() -> None:
+    """With ceil rounding a due time's offset in its 2^k-ms bucket is how late it comes back: the offer
+    test must not favour any offset. At every thinning rate, the offsets (k = 8) of the due times offered
+    out of 100,000 consecutive ones average the bucket's middle, and cover it (the old test,
+    ``due & every == 0``, offered only offset 0 at ``every`` = 255)."""
+    dues = range(1_000_000, 1_100_000)
+    every = 1
+    while every <= MAX_EVERY:
+        offsets = [-due % 256 for due in dues if offered(due, every)]
+        assert len(offsets) > 100_000 / (every + 1) / 2, every
+        assert abs(np.mean(offsets) - 127.5) < 10, (every, np.mean(offsets))
+        assert len(set(offsets)) == 256, every
+        every = every << 1 | 1
 
 
 def test_an_overdue_sampled_id_gives_way() -> None:
