@@ -72,7 +72,7 @@ class _Run:
     one's first row (``starts``), 8 bytes a bucket — a run holds many rows a bucket, where an offset per
     row cost 4 bytes a row, a third of a row (issue 23). ``codes`` holds a code per row."""
 
-    __slots__ = ("codes", "head", "offsets", "starts")
+    __slots__ = ("codes", "first", "head", "offsets", "starts")
 
     def __init__(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         """``times``: each row's offset, sorted. O(rows) numpy."""
@@ -85,6 +85,8 @@ class _Run:
         self.starts = starts
         self.codes = codes
         self.head = 0
+        #: the offset of the first live row (the timer asks for it at every tick: no search then)
+        self.first = int(self.offsets[0]) if len(starts) else 0
 
     def __len__(self) -> int:
         return len(self.codes) - self.head
@@ -93,9 +95,10 @@ class _Run:
         """The offsets of rows at these (absolute) positions. O(k log buckets)."""
         return self.offsets[np.searchsorted(self.starts, positions, "right") - 1]
 
-    def first_time(self) -> int:
-        """The offset of the first live row (the run is not empty). O(log buckets)."""
-        return int(self.offsets[int(np.searchsorted(self.starts, self.head, "right")) - 1])
+    def advance(self, head: int) -> None:
+        """Pop the rows before ``head`` (< the run's length). O(log buckets)."""
+        self.head = head
+        self.first = int(self.offsets[int(np.searchsorted(self.starts, head, "right")) - 1])
 
     def end_of(self, limit: int) -> int:
         """The position after the last row whose offset is <= ``limit``. O(log buckets)."""
@@ -368,7 +371,7 @@ class PackedStore:
 
     def first(self) -> int | None:
         """The earliest bucket time, or None. O(runs)."""
-        firsts = [run.first_time() for run in self._runs]
+        firsts = [run.first for run in self._runs]
         return self._origin + (min(firsts) << self._k) if firsts else None
 
     def bucket_times(self) -> npt.NDArray[np.int64]:
@@ -404,12 +407,15 @@ class PackedStore:
         times_parts, code_parts = [], []
         rows = 0
         for run in self._runs:
-            if len(run) and run.first_time() <= limit:  # (one read: most runs skip)
+            if len(run) and run.first <= limit:  # (one read: most runs skip)
                 end = run.end_of(limit)
                 times_parts.append(run.times(run.head, end))
                 code_parts.append(run.codes[run.head : end])
                 rows += end - run.head
-                run.head = end
+                if end < len(run.codes):
+                    run.advance(end)
+                else:
+                    run.head = end  # emptied: dropped by _after_pop
         if not code_parts:
             return []
         if rows <= _SMALL_POP:
