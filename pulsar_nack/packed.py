@@ -68,9 +68,11 @@ PackedSlot = tuple[LedgerKey, list[int], dict[int, int]]
 class _Run:
     """Rows sorted by bucket offset; positions below ``head`` are popped.
 
-    The offsets are kept run-length encoded: the distinct offsets (``offsets``) and the position of each
-    one's first row (``starts``), 8 bytes a bucket — a run holds many rows a bucket, where an offset per
-    row cost 4 bytes a row, a third of a row (issue 23). ``codes`` holds a code per row."""
+    The offsets are kept run-length encoded when a run holds two rows a bucket or more — the distinct
+    offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket, where
+    an offset per row cost 4 bytes a row, a third of a row (issue 23) — else one per row (``offsets``,
+    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). ``codes``: a code per row.
+    """
 
     __slots__ = ("codes", "first", "head", "offsets", "starts")
 
@@ -80,36 +82,51 @@ class _Run:
 
     def _set(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         change = np.flatnonzero(times[1:] != times[:-1]) + 1
-        starts = np.concatenate(([0], change)).astype(np.uint32) if len(times) else np.zeros(0, np.uint32)
-        self.offsets = times[starts].astype(np.uint32)
-        self.starts = starts
+        self.starts: npt.NDArray[np.uint32] | None = None
+        if 2 * (len(change) + 1) <= len(times):
+            self.starts = np.concatenate(([0], change)).astype(np.uint32)
+            self.offsets = times[self.starts].astype(np.uint32)
+        else:
+            self.offsets = np.array(times, np.uint32)  # (a copy: never a view of a larger array)
         self.codes = codes
         self.head = 0
         #: the offset of the first live row (the timer asks for it at every tick: no search then)
-        self.first = int(self.offsets[0]) if len(starts) else 0
+        self.first = int(self.offsets[0]) if len(codes) else 0
 
     def __len__(self) -> int:
         return len(self.codes) - self.head
 
+    def _group(self, position: int) -> int:
+        """The index in ``offsets`` of the row at ``position``. O(log buckets)."""
+        if self.starts is None:
+            return position
+        return int(np.searchsorted(self.starts, position, "right")) - 1
+
     def times_at(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.uint32]:
         """The offsets of rows at these (absolute) positions. O(k log buckets)."""
+        if self.starts is None:
+            return self.offsets[positions]
         return self.offsets[np.searchsorted(self.starts, positions, "right") - 1]
 
     def advance(self, head: int) -> None:
         """Pop the rows before ``head`` (< the run's length). O(log buckets)."""
         self.head = head
-        self.first = int(self.offsets[int(np.searchsorted(self.starts, head, "right")) - 1])
+        self.first = int(self.offsets[self._group(head)])
 
     def end_of(self, limit: int) -> int:
         """The position after the last row whose offset is <= ``limit``. O(log buckets)."""
         group = int(np.searchsorted(self.offsets, np.uint32(limit), "right"))
+        if self.starts is None:
+            return group
         return int(self.starts[group]) if group < len(self.starts) else len(self.codes)
 
     def times(self, start: int, end: int) -> npt.NDArray[np.uint32]:
         """The offsets of rows ``start:end``, one per row. O(end - start + log buckets) numpy."""
+        if self.starts is None:
+            return self.offsets[start:end]
         if start >= end:
             return np.zeros(0, np.uint32)
-        first = int(np.searchsorted(self.starts, start, "right")) - 1
+        first = self._group(start)
         last = int(np.searchsorted(self.starts, end - 1, "right"))
         bounds = self.starts[first:last].astype(np.intp)
         bounds[0] = start
@@ -117,10 +134,13 @@ class _Run:
         return np.repeat(self.offsets[first:last], counts)
 
     def distinct(self) -> npt.NDArray[np.uint32]:
-        """The distinct offsets of the live rows. O(log buckets)."""
+        """The distinct offsets of the live rows. O(log buckets), or O(rows) numpy one per row."""
         if not len(self):
             return np.zeros(0, np.uint32)
-        return self.offsets[int(np.searchsorted(self.starts, self.head, "right")) - 1 :]
+        if self.starts is None:
+            times = self.offsets[self.head :]
+            return times[np.concatenate(([True], times[1:] != times[:-1]))]
+        return self.offsets[self._group(self.head) :]
 
     def live(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]:
         return self.times(self.head, len(self.codes)), self.codes[self.head :]
@@ -129,6 +149,11 @@ class _Run:
         """Keep only the rows where ``keep`` is True (popped rows must be False); head becomes 0. O(rows)."""
         times = self.times(0, len(self.codes))[keep]
         self._set(times, self.codes[keep])
+
+    def memory_bytes(self) -> int:
+        """The run's object and arrays. O(1)."""
+        total = python_bytes(self) + python_bytes(self.codes) + python_bytes(self.offsets)
+        return total + (python_bytes(self.starts) if self.starts is not None else 0)
 
 
 class PackedStore:
@@ -575,8 +600,7 @@ class PackedStore:
         included), the ledger numbering, the membership bitmaps. O(runs + ledgers)."""
         total = python_bytes(self) + python_bytes(self._runs) + python_bytes(self._staged)
         for run in self._runs:
-            total += python_bytes(run) + python_bytes(run.codes)
-            total += python_bytes(run.offsets) + python_bytes(run.starts)
+            total += run.memory_bytes()
         total += python_bytes(self._ordinals) + python_bytes(self._keys)
         for key in self._ordinals:
             total += python_bytes(key)
