@@ -308,10 +308,18 @@ def main(argv: list[str]) -> int:
                     f"native {on_broker[-1]['native_per_nack']} B/nack",
                     flush=True,
                 )
+    broker_machine, broker_pending = facts, args.broker_pending
+    previous = report.RESULTS / "nack_memory.json"
+    if args.no_broker and previous.exists():  # keep the last broker sample, with its own stamp
+        old = json.loads(previous.read_text())
+        on_broker = old.get("broker", [])
+        broker_machine = old.get("broker_machine", old["machine"])
+        broker_pending = old.get("broker_pending_target", broker_pending)
     data = {
         "machine": facts,
+        "broker_machine": broker_machine,
         "pending_target": args.pending,
-        "broker_pending_target": args.broker_pending,
+        "broker_pending_target": broker_pending,
         "grid_points": len(grid()),
         "native_bytes_per_nack": native,
         "native_source": native_source,
@@ -351,6 +359,7 @@ def render(data: dict[str, Any]) -> str:
         ]
     )
     if data["broker"]:
+        broker = data.get("broker_machine", data["machine"])
         text += "\n\n" + "\n\n".join(
             [
                 "### On a real broker, beside the official consumer",
@@ -358,7 +367,9 @@ def render(data: dict[str, Any]) -> str:
                 "consumer (its native tracker, one delay: the workload's mean) in fresh processes, each on "
                 "its own subscription, paced at the rate: the consumer process's heap growth from just after "
                 "subscribing (`PYTHONMALLOC=malloc`, glibc in-use bytes) per pending nack, both in this run "
-                f"({data['broker_pending_target']:,} pending nacks a point). The client library's own state "
+                f"({data['broker_pending_target']:,} pending nacks a point; "
+                f"measured {broker['date']} at commit {broker['commit']}). "
+                "The client library's own state "
                 "(receiver queues, ack grouping, unacked-message tracking) moves these process figures by "
                 "hundreds of KB either way: where our figure is not above that noise (≤ 0; the native client "
                 "far from its bench figure) the row says so — it takes more pending nacks than a paced "
