@@ -3,11 +3,15 @@
 :class:`~pulsar_nack.index.TimeBucketIndex` moves a bucket here when its add path has left it and every
 (bucket, ledger) slot in it is small (fewer than :data:`~pulsar_nack.index.PROMOTE_AT` ids): there a
 bucket object, its map entry and key, and a bitmap per slot cost ~300 bytes for the one or two ids such a
-bucket holds at k = 0 or with long, sparse delays (issue 23). Here an id costs one *row*: its bucket time
-as a 4-byte offset (``(bucket - origin) >> k``) and an 8-byte *code*
-``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in this store; ``slot`` 0 for
-a whole entry, ``1 + batch index`` for one batch message), plus a few bytes in a Roaring bitmap of the
-*entry codes* ``ordinal << 32 | entry_id`` that may have rows (the membership test on the nack path).
+bucket holds at k = 0 or with long, sparse delays (issue 23). Here an id costs one *row*: an 8-byte
+*code* ``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in this store; ``slot``
+0 for a whole entry, ``1 + batch index`` for one batch message) filed under its bucket time, an offset
+``(bucket - origin) >> k`` kept once per bucket of a run with the position of the bucket's first row (8
+bytes a bucket, where an offset per row cost 4 bytes a row), plus a few bytes in a Roaring bitmap of the
+*entries* that may have rows (the membership test on the nack path), keyed ``ordinal << 32 | entry_id``
+with the low ``L`` bits of the ordinal moved below the entry id (``L``: enough bits to number the ledgers
+here, as the index's shared bitmaps do), so that the ledgers' entries share Roaring containers — one
+container a ledger cost ~4 bytes a row at 1,000 ledgers of ~100 rows.
 
 Rows live in a few *runs*, each sorted by bucket time (LSM-like): the buckets one ``put`` moves become a
 run, and the newest run is merged into the one before it while that one is at most twice its size, so
@@ -50,6 +54,10 @@ _U_SLOT_BITS = np.uint64(_SLOT_BITS)
 _U_ENTRY = np.uint64((1 << _ENTRY_BITS) - 1)
 _U_ORDINAL_SHIFT = np.uint64(_ORDINAL_SHIFT)
 _U_ENTRY_SHIFT = np.uint64(_ENTRY_BITS)
+_ENTRY_MASK = (1 << _ENTRY_BITS) - 1
+#: At most this many low ordinal bits go below the entry id in membership keys (4,096 ledgers share a
+#: container of 16 entry ids).
+_MAX_LOW_BITS = 12
 
 LedgerKey = int | tuple[str, int]
 #: One slot's rows as the index hands them over: ledger key, unique entry ids, and the batch indexes (as
@@ -58,20 +66,94 @@ PackedSlot = tuple[LedgerKey, list[int], dict[int, int]]
 
 
 class _Run:
-    """Rows sorted by bucket offset; positions below ``head`` are popped."""
+    """Rows sorted by bucket offset; positions below ``head`` are popped.
 
-    __slots__ = ("codes", "head", "times")
+    The offsets are kept run-length encoded when a run holds two rows a bucket or more — the distinct
+    offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket, where
+    an offset per row cost 4 bytes a row, a third of a row (issue 23) — else one per row (``offsets``,
+    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). ``codes``: a code per row.
+    """
+
+    __slots__ = ("codes", "first", "head", "offsets", "starts")
 
     def __init__(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
-        self.times = times
+        """``times``: each row's offset, sorted. O(rows) numpy."""
+        self._set(times, codes)
+
+    def _set(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
+        change = np.flatnonzero(times[1:] != times[:-1]) + 1
+        self.starts: npt.NDArray[np.uint32] | None = None
+        if 2 * (len(change) + 1) <= len(times):
+            self.starts = np.concatenate(([0], change)).astype(np.uint32)
+            self.offsets = times[self.starts].astype(np.uint32)
+        else:
+            self.offsets = np.array(times, np.uint32)  # (a copy: never a view of a larger array)
         self.codes = codes
         self.head = 0
+        #: the offset of the first live row (the timer asks for it at every tick: no search then)
+        self.first = int(self.offsets[0]) if len(codes) else 0
 
     def __len__(self) -> int:
-        return len(self.times) - self.head
+        return len(self.codes) - self.head
+
+    def _group(self, position: int) -> int:
+        """The index in ``offsets`` of the row at ``position``. O(log buckets)."""
+        if self.starts is None:
+            return position
+        return int(np.searchsorted(self.starts, position, "right")) - 1
+
+    def times_at(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.uint32]:
+        """The offsets of rows at these (absolute) positions. O(k log buckets)."""
+        if self.starts is None:
+            return self.offsets[positions]
+        return self.offsets[np.searchsorted(self.starts, positions, "right") - 1]
+
+    def advance(self, head: int) -> None:
+        """Pop the rows before ``head`` (< the run's length). O(log buckets)."""
+        self.head = head
+        self.first = int(self.offsets[self._group(head)])
+
+    def end_of(self, limit: int) -> int:
+        """The position after the last row whose offset is <= ``limit``. O(log buckets)."""
+        group = int(np.searchsorted(self.offsets, np.uint32(limit), "right"))
+        if self.starts is None:
+            return group
+        return int(self.starts[group]) if group < len(self.starts) else len(self.codes)
+
+    def times(self, start: int, end: int) -> npt.NDArray[np.uint32]:
+        """The offsets of rows ``start:end``, one per row. O(end - start + log buckets) numpy."""
+        if self.starts is None:
+            return self.offsets[start:end]
+        if start >= end:
+            return np.zeros(0, np.uint32)
+        first = self._group(start)
+        last = int(np.searchsorted(self.starts, end - 1, "right"))
+        bounds = self.starts[first:last].astype(np.intp)
+        bounds[0] = start
+        counts = np.diff(np.append(bounds, end))
+        return np.repeat(self.offsets[first:last], counts)
+
+    def distinct(self) -> npt.NDArray[np.uint32]:
+        """The distinct offsets of the live rows. O(log buckets), or O(rows) numpy one per row."""
+        if not len(self):
+            return np.zeros(0, np.uint32)
+        if self.starts is None:
+            times = self.offsets[self.head :]
+            return times[np.concatenate(([True], times[1:] != times[:-1]))]
+        return self.offsets[self._group(self.head) :]
 
     def live(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]:
-        return self.times[self.head :], self.codes[self.head :]
+        return self.times(self.head, len(self.codes)), self.codes[self.head :]
+
+    def keep(self, keep: npt.NDArray[np.bool_]) -> None:
+        """Keep only the rows where ``keep`` is True (popped rows must be False); head becomes 0. O(rows)."""
+        times = self.times(0, len(self.codes))[keep]
+        self._set(times, self.codes[keep])
+
+    def memory_bytes(self) -> int:
+        """The run's object and arrays. O(1)."""
+        total = python_bytes(self) + python_bytes(self.codes) + python_bytes(self.offsets)
+        return total + (python_bytes(self.starts) if self.starts is not None else 0)
 
 
 class PackedStore:
@@ -90,6 +172,7 @@ class PackedStore:
         # bucket when they came in — pop keeps their bits, as other buckets may still hold them.
         self._entries = BitMap64()
         self._multi = BitMap64()
+        self._low = 0  # low ordinal bits below the entry id in the membership keys (see the module)
         self._count = 0
         self._staged: list[tuple[int, int]] = []  # (bucket offset, rows) of what stage() took
         self._staged_codes: list[int] = []
@@ -154,14 +237,17 @@ class PackedStore:
         order = np.argsort(times, kind="stable")
         times, codes = times[order], codes[order]
         entry_codes = codes >> _U_SLOT_BITS
-        fresh = _bitmap(entry_codes)
+        low = min(_MAX_LOW_BITS, (len(self._keys) - 1).bit_length())
+        if low > self._low:
+            self._relayout(low)
+        fresh = _bitmap(self._keys_of(entry_codes))
         repeated = self._entries & fresh  # entries with rows in another bucket already
         self._multi |= repeated
         if len(np.unique(times)) > 1:  # an entry in two buckets of this run
             pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
             if len(np.unique(pairs[0])) < pairs.shape[1]:
                 counts = np.unique(pairs[0], return_counts=True)
-                self._multi |= _bitmap(counts[0][counts[1] > 1])
+                self._multi |= _bitmap(self._keys_of(counts[0][counts[1] > 1]))
         self._entries |= fresh
         # Array containers grow by up to 2x their values as values come in: give the spare back (~1 B
         # an id at 1000 ledgers of ~100 ids). O(containers the flush touched) reallocations.
@@ -191,10 +277,43 @@ class PackedStore:
         self._keys = list(keys)
         self._ordinals = {key: i for i, key in enumerate(keys) if key is not None}
         entry_codes = codes >> _U_SLOT_BITS
-        self._entries = _bitmap(entry_codes)
+        self._low = min(_MAX_LOW_BITS, (len(keys) - 1).bit_length())
+        self._entries = _bitmap(self._keys_of(entry_codes))
         pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
         counts = np.unique(pairs[0], return_counts=True)
-        self._multi = _bitmap(counts[0][counts[1] > 1])
+        self._multi = _bitmap(self._keys_of(counts[0][counts[1] > 1]))
+
+    def _keys_of(self, entry_codes: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+        """The membership keys of entry codes ``ordinal << 32 | entry_id`` (see the module). O(n) numpy."""
+        low = self._low
+        if not low:
+            return entry_codes
+        ordinals = entry_codes >> _U_ENTRY_SHIFT
+        high = (ordinals >> np.uint64(low)) << np.uint64(_ENTRY_BITS + low)
+        keys: npt.NDArray[np.uint64] = (
+            high | (entry_codes & _U_ENTRY) << np.uint64(low) | ordinals & np.uint64((1 << low) - 1)
+        )
+        return keys
+
+    def _key(self, ordinal: int, entry_id: int) -> int:
+        """One membership key (see :meth:`_keys_of`). O(1)."""
+        low = self._low
+        return (ordinal >> low) << (_ENTRY_BITS + low) | entry_id << low | ordinal & ((1 << low) - 1)
+
+    def _relayout(self, low: int) -> None:
+        """Re-key the membership bitmaps with ``low`` low ordinal bits (more ledgers than the current
+        keys number; they double each time, so O(1) amortized a row). O(entries) numpy."""
+        old = self._low
+        for name in ("_entries", "_multi"):
+            keys = np.frombuffer(getattr(self, name).to_array(), np.uint64)
+            ordinals = (keys >> np.uint64(_ENTRY_BITS + old)) << np.uint64(old) | keys & np.uint64(
+                (1 << old) - 1
+            )
+            entry_codes = ordinals << _U_ENTRY_SHIFT | (keys >> np.uint64(old)) & _U_ENTRY
+            self._low = low
+            setattr(self, name, _bitmap(self._keys_of(entry_codes)))
+            self._low = old
+        self._low = low
 
     # -- reading and taking rows out ------------------------------------------------------------------
 
@@ -204,7 +323,7 @@ class PackedStore:
         return (
             ordinal is not None
             and 0 <= entry_id < 1 << _ENTRY_BITS
-            and (ordinal << 32 | entry_id) in self._entries
+            and self._key(ordinal, entry_id) in self._entries
         )
 
     def _find(self, key: LedgerKey, entry_id: int) -> list[tuple[_Run, npt.NDArray[np.intp]]]:
@@ -227,7 +346,8 @@ class PackedStore:
             return []
         masks: dict[int, int | None] = {}
         for run, at in self._find(key, entry_id):
-            for offset, slot in zip(run.times[at].tolist(), (run.codes[at] & _U_SLOT).tolist(), strict=True):
+            offsets, slots = run.times_at(at).tolist(), (run.codes[at] & _U_SLOT).tolist()
+            for offset, slot in zip(offsets, slots, strict=True):
                 bucket = self._origin + (offset << self._k)
                 if slot == 0:
                     masks[bucket] = None
@@ -241,27 +361,27 @@ class PackedStore:
         if not self.may_hold(key, entry_id):
             return False
         found = self._find(key, entry_id)
-        before = {t for run, at in found for t in run.times[at].tolist()}
+        before = {t for run, at in found for t in run.times_at(at).tolist()}
         removed = False
         after: set[int] = set()
         for run, at in found:
             if batch_index >= 0:
                 slots = run.codes[at] & _U_SLOT
                 going = at[slots == np.uint64(batch_index + 1)]
-                after.update(run.times[at[slots != np.uint64(batch_index + 1)]].tolist())
+                after.update(run.times_at(at[slots != np.uint64(batch_index + 1)]).tolist())
             else:
                 going = at
             if len(going):
                 removed = True
-                keep = np.ones(len(run.times), bool)
+                keep = np.ones(len(run.codes), bool)
                 keep[going] = False
                 keep[: run.head] = False
-                run.times, run.codes, run.head = run.times[keep], run.codes[keep], 0
+                run.keep(keep)
         if not removed:
             return False
         self._count -= len(before) - len(after)
         if not after:
-            code = self._ordinals[key] << 32 | entry_id
+            code = self._key(self._ordinals[key], entry_id)
             self._entries.discard(code)
             self._multi.discard(code)
         self._tidy()
@@ -276,7 +396,7 @@ class PackedStore:
 
     def first(self) -> int | None:
         """The earliest bucket time, or None. O(runs)."""
-        firsts = [int(run.times[run.head]) for run in self._runs]
+        firsts = [run.first for run in self._runs]
         return self._origin + (min(firsts) << self._k) if firsts else None
 
     def bucket_times(self) -> npt.NDArray[np.int64]:
@@ -284,9 +404,8 @@ class PackedStore:
         over its sorted offsets; only those of several runs are sorted together."""
         distinct = []
         for run in self._runs:
-            times = run.times[run.head :]
-            if len(times):
-                distinct.append(times[np.concatenate(([True], times[1:] != times[:-1]))])
+            if len(run):
+                distinct.append(run.distinct())
         if not distinct:
             self._buckets = 0
             return np.zeros(0, np.int64)
@@ -313,12 +432,15 @@ class PackedStore:
         times_parts, code_parts = [], []
         rows = 0
         for run in self._runs:
-            if run.head < len(run.times) and run.times[run.head] <= limit:  # (one read: most runs skip)
-                end = int(np.searchsorted(run.times, np.uint32(limit), "right"))
-                times_parts.append(run.times[run.head : end])
+            if len(run) and run.first <= limit:  # (one read: most runs skip)
+                end = run.end_of(limit)
+                times_parts.append(run.times(run.head, end))
                 code_parts.append(run.codes[run.head : end])
                 rows += end - run.head
-                run.head = end
+                if end < len(run.codes):
+                    run.advance(end)
+                else:
+                    run.head = end  # emptied: dropped by _after_pop
         if not code_parts:
             return []
         if rows <= _SMALL_POP:
@@ -336,7 +458,7 @@ class PackedStore:
         if not self._runs:
             self.clear()
         else:
-            gone = _bitmap(entry_codes)
+            gone = _bitmap(self._keys_of(entry_codes))
             if self._multi:
                 gone -= self._multi
             self._entries -= gone
@@ -381,7 +503,7 @@ class PackedStore:
 
     def _after_pop(self) -> None:
         """Drop emptied runs; copy down a run whose popped prefix is half of it. O(runs + copied)."""
-        self._runs = [run if 2 * run.head < len(run.times) else _copy(run) for run in self._runs if len(run)]
+        self._runs = [run if 2 * run.head < len(run.codes) else _copy(run) for run in self._runs if len(run)]
         self._buckets = None
 
     def _pop_small(
@@ -395,10 +517,11 @@ class PackedStore:
         if not self._runs:
             self.clear()
         else:
-            present, multi = self._entries, self._multi
+            present, multi, key_of = self._entries, self._multi, self._key
             for entry_code in {code >> _SLOT_BITS for code in codes}:
-                if entry_code not in multi:
-                    present.discard(entry_code)
+                member = key_of(entry_code >> _ENTRY_BITS, entry_code & _ENTRY_MASK)
+                if member not in multi:
+                    present.discard(member)
         entry_mask, slot_mask = (1 << _ENTRY_BITS) - 1, (1 << _SLOT_BITS) - 1
         groups: dict[int, tuple[list[int], set[int], dict[int, set[int]]]] = {}
         for code, time in zip(codes, times, strict=True):
@@ -447,6 +570,7 @@ class PackedStore:
         self._keys = []
         self._entries = BitMap64()
         self._multi = BitMap64()
+        self._low = 0
         self._count = 0
         self._staged = []
         self._staged_codes = []
@@ -476,7 +600,7 @@ class PackedStore:
         included), the ledger numbering, the membership bitmaps. O(runs + ledgers)."""
         total = python_bytes(self) + python_bytes(self._runs) + python_bytes(self._staged)
         for run in self._runs:
-            total += python_bytes(run) + python_bytes(run.times) + python_bytes(run.codes)
+            total += run.memory_bytes()
         total += python_bytes(self._ordinals) + python_bytes(self._keys)
         for key in self._ordinals:
             total += python_bytes(key)
