@@ -1028,14 +1028,27 @@ class ArrivalFilter:
                 return None
             return self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
 
-    def held_out(self, due_ms: float | None) -> None:
+    def held_out(self, due_ms: float | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
         when due: it counts as redelivered, and with its sampled exact due time ``due_ms`` (None: not
-        sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. O(1)."""
+        sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. ``key``: the hold's,
+        ``(topic, ledger id, entry id)`` for a non-batched message — it counts as recently redelivered, as
+        the copy of a forward does, so that a later broker copy of it (a second re-dispatch, a request
+        still on its way) is a duplicate, or acked once the application has acked it, not a first
+        delivery (a kept batch message is the application's already: :meth:`take_pending_message`). O(1)."""
         with self._lock:
             self._redelivered += 1
+            now = self._clock()
             if due_ms is not None:
-                self.lateness.add(self._clock() - due_ms)
+                self.lateness.add(now - due_ms)
+            if len(key) == 3:
+                topic, ledger_id, entry_id = key
+                ledger = (topic, ledger_id)
+                self._recent.deliver(ledger, entry_id, None if self._held_ms is None else now)
+                watch = self._watch.get(ledger)
+                if watch is None:
+                    watch = self._watch[ledger] = BitMap()
+                watch.add(entry_id)
 
     def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
         """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):

@@ -129,9 +129,10 @@ class ChunkHold:
         #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
         self.on_hold: Callable[[float], object] | None = None
         #: Called by :meth:`pop_due` for each kept copy it hands out, with the sampled exact due time of its
-        #: nack (None if not sampled), outside the lock: it counts in ``nack_stats()`` as redelivered, with
-        #: its lateness, as the forwarded redeliveries do.
-        self.on_handout: Callable[[float | None], object] | None = None
+        #: nack (None if not sampled) and its key, outside the lock: it counts in ``nack_stats()`` as
+        #: redelivered, with its lateness, as the forwarded redeliveries do, and later copies of it are not
+        #: first deliveries.
+        self.on_handout: Callable[[float | None, Key], object] | None = None
 
     def __len__(self) -> int:
         return len(self.held)
@@ -206,7 +207,7 @@ class ChunkHold:
             del self.held[key]
             self._bytes -= held.size
         if held.copy and self.on_handout is not None:
-            self.on_handout(held.sampled_due)
+            self.on_handout(held.sampled_due, key)
         return held.message, held.redelivery_count, key
 
     def drain_copies(self) -> list[tuple[Key, float]]:

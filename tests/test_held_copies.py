@@ -134,3 +134,27 @@ def test_take_pending_takes_a_pending_nack_only() -> None:
     assert arrivals.take_pending(7, 2, "t") is False, "in flight: its forward's copy decides"
     assert arrivals.take_pending(7, 3, "t") is False
     assert arrivals.counts().in_flight == 1
+
+
+def test_a_later_copy_of_a_kept_message_handed_out_is_not_handed_out_again() -> None:
+    """A kept copy of a non-batched message is the message: once it is handed out (``held_out`` with its
+    key), a later broker copy of it — a second re-dispatch after a restart, or the copy of a request that
+    was still on its way — is a duplicate while the application holds the message and acked once it has
+    acked it, as the copy of a forward is (:class:`~pulsar_nack.arrivals.ArrivalFilter`'s recent
+    redeliveries), not a first delivery."""
+    index = TimeBucketIndex(0, "floor")
+    arrivals = ArrivalFilter(
+        lambda *ids: None,
+        clock=lambda: 1_000.0,
+        pending_mask=index.pending_mask,
+        add=index.add,
+        remove=index.remove,
+    )
+    arrivals.file(5_000, 7, 1, -1, "t")
+    assert arrivals.admit_entry(7, 1, "t") is Verdict.HOLD
+    assert arrivals.take_pending(7, 1, "t") is True
+    arrivals.held_out(None, ("t", 7, 1))
+    assert arrivals.admit_entry(7, 1, "t") is Verdict.DUPLICATE, "the application holds it"
+    arrivals.acked_entry(7, 1, "t")
+    assert arrivals.admit_entry(7, 1, "t") is Verdict.ACKED, "the application acked it"
+    assert arrivals.counts().redelivered == 1
