@@ -258,8 +258,9 @@ def test_ten_thousand_batched_nacks_come_back_at_their_due_times_after_sigkill(
     """Issue 27 item 4 on pulsar-lite: 10,000 messages in batches of 100, each nacked with its own delay
     (2-20 s), so one batch's messages are due at many times and sit in several snapshot segments. Every
     one comes back once and none early. Lateness past max(due, restart) is bounded generously (a loaded
-    machine; the issue's goal, p99 <= 2.05 s and none past 5 s, is a figure to measure alone): none past
-    8 s, p99 <= 4 s — the issue's run had p99 8.2 s, max 10.1 s. Before the fix 476-686 never came back:
+    machine; the issue's goal, p99 <= 2.05 s and none past 5 s, is a figure bench/restart_lateness.py
+    measures): none past 9.5 s, p99 <= 6 s — the issue's run had p99 8.2 s, max 10.1 s; a run at load 8-10
+    on 2 cores had p99 5.1 s, max 6.4 s. Before the fix 476-686 never came back:
     restore kept only the earliest segment's part of a batch, and an entry on storage counted as pending
     whole, so the arrival filter took its pending messages for acked. Measured after, alone on 2 cores:
     p99 0.44 s, max 0.67 s; beside another test suite: p99 3.0 s, max 5.1 s."""
@@ -279,7 +280,7 @@ def test_ten_thousand_batched_nacks_come_back_at_their_due_times_after_sigkill(
     finally:
         producer_client.close()
     due = run_consumer_a(pulsar_lite, topic, tmp_path, 10_000, batched=True)
-    restart_and_check(pulsar_lite, topic, tmp_path, due, late_ms=8_000, p99_late_ms=4_000)
+    restart_and_check(pulsar_lite, topic, tmp_path, due, late_ms=9_500, p99_late_ms=6_000)
 
 
 @pytest.mark.parametrize("kind", ["lite", "apache"])
