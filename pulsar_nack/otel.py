@@ -29,9 +29,10 @@ Attributes as Java's: ``pulsar.tenant``, ``pulsar.namespace``, ``pulsar.subscrip
 one series: counts summed, lateness the largest. The ``received`` and ``ack`` counters are the
 consumer's (``nack_stats().received``, ``received_bytes``, ``acked``): like Java's, they count what the
 application receives (after the wrapper's filter, held messages handed out again included) and each ack
-call. Java's ``.message.dlq`` and ``.message.ack.timeout`` are not exported: the official client
-dead-letters and redelivers after an ack timeout inside its C++ consumer, without a callback or a counter
-the wrapper could read, so any figure would be a guess.
+call; sizes from when a meter first observes the consumer. Java's ``.message.dlq`` and
+``.message.ack.timeout`` are not exported: the official client dead-letters and redelivers after an ack
+timeout inside its C++ consumer, without a callback or a counter the wrapper could read, so any figure
+would be a guess.
 """
 
 from __future__ import annotations
@@ -174,8 +175,13 @@ class NackMeter:
 
     def add(self, consumer: NackSource) -> None:
         """Observe ``consumer`` too (a duplicate is ignored); ``TypeError`` for anything without
-        ``nack_stats()``, ``topic()`` and ``subscription_name()``. O(consumers)."""
+        ``nack_stats()``, ``topic()`` and ``subscription_name()``. From now on the consumer also counts
+        the payload bytes it hands out (``….message.received.size``: reading a message's size costs more
+        than counting it, so consumers nobody observes do not). O(consumers)."""
         self._observed.add(consumer)
+        bridge = getattr(consumer, "_nacks", None)
+        if bridge is not None:
+            bridge.count_sizes = True
 
     def remove(self, consumer: NackSource) -> None:
         """Stop observing ``consumer`` (before closing it). O(consumers)."""

@@ -156,7 +156,7 @@ class NackStats:
     chunked_copies_dropped: int = 0  # broker copies of a held message (a reconnect) not handed out
     # counted by the consumer (0 on a bare tracker), Java's PIP-342 received.count/.size and ack:
     received: int = 0  # messages handed to the application (first deliveries and redeliveries)
-    received_bytes: int = 0  # their payload bytes
+    received_bytes: int = 0  # their payload bytes, counted while a NackMeter observes the consumer
     acked: int = 0  # acknowledge and acknowledge_cumulative calls
 
 

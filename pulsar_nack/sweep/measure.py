@@ -207,6 +207,7 @@ def measure(point: GridPoint) -> Row:
             tracker.compact()
         usage = tracker.memory_usage()
         row |= {k: v for k, v in tracker.structure().items() if k in COLUMNS}  # the columns the sweep keeps
+        row["buckets"] = tracker.bucket_count  # both tiers' (structure() counts the live tier's only)
         row |= {
             "python_bytes": usage.python_bytes,
             "roaring_bytes": usage.roaring_bytes,
