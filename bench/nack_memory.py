@@ -84,6 +84,7 @@ HEADERS = [
     "pending",
     "buckets",
     "measured B/nack",
+    "first run",
     "reported",
     "native B/nack",
     "native ÷ ours",
@@ -234,6 +235,7 @@ def _row(result: dict[str, Any], native: float | None) -> list[str]:
         f"{result['pending']:,}",
         f"{result['buckets']:,}",
         f"{ours:.1f} {'✓' if ours <= GOAL_BYTES else '✗'}",
+        f"{result['cold_per_nack']:.1f}" if "cold_per_nack" in result else "–",
         f"{error:+.0%} {'✓' if abs(error) <= GOAL_REPORT_ERROR else '✗'}",
         "–" if native is None else f"{native:.0f}",
         "–" if native is None or ours <= 0 else f"{native / ours:.2f}×",
@@ -345,8 +347,8 @@ def render(data: dict[str, Any]) -> str:
             "as `pulsar-nack profile` drives it, in a fresh process: measured = heap retained from outside "
             "(`PYTHONMALLOC=malloc`, glibc in-use bytes, CRoaring included) after the run minus after the "
             "tracker was built, per pending nack, in the process's second run of the workload (its first "
-            "tracker, dropped before, leaves process heap that later ones do not add to: *cold* in the "
-            "results file is that first run's figure); reported = `nack_stats().memory_bytes`, its error "
+            "tracker, dropped before, leaves process heap that later ones do not add to: *first run* is "
+            "that tracker's figure); reported = `nack_stats().memory_bytes`, its error "
             f"against the measurement. Native: {data['native_source']}. Goals: ≤ {GOAL_BYTES:g} B per "
             f"pending nack, report within ±{GOAL_REPORT_ERROR:.0%}.",
             report.machine_line(data["machine"]),
@@ -366,7 +368,7 @@ def render(data: dict[str, Any]) -> str:
                 "The same workloads produced to pulsar-lite and consumed by the wrapper and by the official "
                 "consumer (its native tracker, one delay: the workload's mean) in fresh processes, each on "
                 "its own subscription, paced at the rate: the consumer process's heap growth from just after "
-                "subscribing (`PYTHONMALLOC=malloc`, glibc in-use bytes) per pending nack, both in this run "
+                "subscribing (`PYTHONMALLOC=malloc`, glibc in-use bytes) per pending nack, both in one run "
                 f"({data['broker_pending_target']:,} pending nacks a point; "
                 f"measured {broker['date']} at commit {broker['commit']}). "
                 "The client library's own state "
