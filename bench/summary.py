@@ -115,17 +115,24 @@ def rows() -> list[list[str]]:
     if cost:
         # one row per producer batch size, so that nobody reads one batch size's ratio for another's
         ratios: dict[int, list[tuple[float, str]]] = {}
+        loads: dict[int, list[float]] = {}  # 1-min load averages at the runs' starts (newer files)
         for label, broker in cost["brokers"].items():
             for cell in broker["cells"]:
                 if cell.get("scenario", "A") == "A" and cell.get("ratio", {}).get("cpu"):
                     batch = cell.get("batch", 100 if cell["batching"] else 1)  # (older files: 100 or off)
                     ratios.setdefault(batch, []).append((cell["ratio"]["cpu"], f"{cell['mode']}, {label}"))
+                    loads.setdefault(batch, []).extend(r["loadavg"] for r in cell["runs"] if "loadavg" in r)
         for batch, values in sorted(ratios.items()):
             worst = max(values)
             shape = f"batches of {batch:,}" if batch > 1 else "not batched"
             out.append([
                 f"CPU per message, nothing nacked, {shape} (every receive mode, "
-                f"{len(cost['brokers'])} broker{'s' if len(cost['brokers']) > 1 else ''})",
+                f"{len(cost['brokers'])} broker{'s' if len(cost['brokers']) > 1 else ''}"
+                + (
+                    f"; load average {min(loads[batch]):.0f}–{max(loads[batch]):.0f} on 2 cores)"
+                    if loads.get(batch)
+                    else ")"
+                ),
                 "1×",
                 f"{min(values)[0]:.2f}–{worst[0]:.2f}× the native consumer's (worst: {worst[1]})",
                 f"consumer_cost ({_stamp(cost)})",
