@@ -72,7 +72,7 @@ NATIVE_MIN_DELAY_MS = 100
 ACK_TIMEOUT_SLACK_MS = 1_000
 #: A batch message that falls due while a forward of its entry made less than this many ms ago has not
 #: brought its copy yet waits for that copy (:attr:`ArrivalFilter.coalesce`) instead of a forward of its
-#: own: each forward makes the broker dispatch the whole entry again (issue 24). The copy arrives ~100–300
+#: own: each forward makes the broker dispatch the whole entry again. The copy arrives ~100–300
 #: ms after a forward (up to ~1 s seen on a loaded machine); should it never come, the message is
 #: forwarded at most this much later.
 COALESCE_WITHIN_MS = 2_000
@@ -339,7 +339,7 @@ class ArrivalFilter:
         self._watch: dict[tuple[str, int], BitMap] = {}
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
         self._forwards: deque[tuple[float, str, int, EntryIds]] = deque()
-        # lateness (arrival − the due time asked for) of a bounded sample of redeliveries (issue 24)
+        # lateness (arrival − the due time asked for) of a bounded sample of redeliveries
         self.lateness = LatenessHistogram(lateness_window)
         self.dues = DueSample()
         self._redelivered = self._held_back = self._dropped = self._reforwarded = self._abandoned = 0
@@ -348,7 +348,7 @@ class ArrivalFilter:
         #: :meth:`take_parked` only then (one attribute read per batched nack otherwise).
         self.has_parked = False
         #: Whether the consumer keeps copies of pending batch messages that come with a forward of their
-        #: entry (its hold, issue 24): then :meth:`forwarded` lets a message due while its entry's forward
+        #: entry (its hold): then :meth:`forwarded` lets a message due while its entry's forward
         #: is under way wait for that forward's copy (see :data:`COALESCE_WITHIN_MS`).
         self.coalesce = False
         # Batch messages the consumer kept while a flush had popped them and not yet called forwarded()
@@ -871,7 +871,7 @@ class ArrivalFilter:
         """The application nacks a batch message of which a copy is parked (:meth:`park`: it came with a
         redelivery of its entry while the application held the message): that copy leaves the parked ones
         and is returned, for the caller to keep and hand out when the nack is due — no nack is filed, and
-        no forward makes the broker dispatch the entry again (issue 24: a sibling nacked again after a
+        no forward makes the broker dispatch the entry again (a sibling nacked again after a
         later copy of its entry came). None (nothing changed) if no copy is parked, the application acked
         the message, or an ack timeout is set. O(1); one dict lookup without the lock when nothing is
         parked for the entry."""
@@ -951,8 +951,8 @@ class ArrivalFilter:
     def take_pending_message(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
         """:meth:`take_pending` for a batch message (``batch_index >= 0``): a copy of a sibling whose nack is
         pending came with a forward of its entry (:meth:`admit` said HOLD), and the caller keeps it to hand
-        out at the nack's due time itself, instead of a forward of its own fetching the whole entry again
-        (issue 24). The nack leaves the filter and the index; the message counts as the application's
+        out at the nack's due time itself, instead of a forward of its own fetching the whole entry again.
+        The nack leaves the filter and the index; the message counts as the application's
         (``out``): a later copy of it is a duplicate, acked along with it. False (nothing changed) if it is
         not pending on its own any more — forwarded meanwhile, or pending as part of a whole-entry nack.
         O(1) plus the index's removal."""
@@ -996,7 +996,7 @@ class ArrivalFilter:
         flush under way has popped it and not yet told :meth:`forwarded`, and its copy has come meanwhile
         (with a forward of a sibling). Only with :attr:`coalesce` and no snapshots (whose unloaded segments
         hold pending ids the index does not): the caller keeps the copy, and that forwarded() leaves the
-        message out — no forward of its own makes the broker dispatch the entry again (issue 24). False
+        message out — no forward of its own makes the broker dispatch the entry again. False
         (nothing changed) if it is not pending on its own here. O(1)."""
         key = (topic, ledger_id, entry_id)
         bit = 1 << batch_index

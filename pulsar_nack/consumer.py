@@ -74,7 +74,7 @@ _MAX_LEDGER_TOPICS = 65_536
 _MAX_CHUNK_FIRSTS = 65_536  # chunked messages nacked at the broker whose first chunk is remembered
 #: A copy of a batch sibling whose nack is pending, come with a forward of its entry, is kept in memory
 #: (the hold, under ``max_held_chunked_bytes``) when it is due within this many ms; a later one is left to a
-#: forward of its own, which fetches the whole entry from the broker again (issue 24).
+#: forward of its own, which fetches the whole entry from the broker again.
 HOLD_SIBLINGS_WITHIN_MS = 30_000
 #: What a kept batch message costs beside its batch's payload, in bytes: the native message, its Python
 #: objects and the hold's record. A kept batch message pins its whole batch's buffer in the native client,
@@ -673,7 +673,7 @@ class NackBridge:
         """A nack of a batch message of which a later copy is parked (it came with a redelivery of its
         entry while the application held the message): keep that copy and hand it out when the nack is due
         (True), instead of filing the nack for a forward that makes the broker dispatch the whole entry
-        again (issue 24). False (the caller files the nack) for a bare id, a delay beyond
+        again. False (the caller files the nack) for a bare id, a delay beyond
         :data:`HOLD_SIBLINGS_WITHIN_MS`, no room in the hold, or no parked copy. O(log held)."""
         if not self.holding or delay > HOLD_SIBLINGS_WITHIN_MS or not isinstance(message, pulsar.Message):
             return False
@@ -701,7 +701,7 @@ class NackBridge:
         self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str
     ) -> None:
         """A copy of a batch message whose nack is pending came early: with a forward of its entry (a
-        sibling's redelivery, issue 24), or unasked (a restart's or reconnect's re-dispatch, issue 27).
+        sibling's redelivery), or unasked (a restart's or reconnect's re-dispatch).
         If the hold has room — and, for a copy that came with a forward, the nack is due within
         :data:`HOLD_SIBLINGS_WITHIN_MS` — keep this copy and hand it out at the nack's due time (as
         :meth:`_keep` does), and its nack leaves the index: no forward of its own makes the broker dispatch

@@ -322,7 +322,7 @@ class _Times:
         """Remove a bucket time (if present). O(log + chunk) memmove. A chunk other than the first that
         this empties leaves the dict (its number stays in the heap until it comes first: ``first`` and
         ``pop_until`` skip numbers without a chunk): compact() moving sparse buckets to the packed tier
-        empties chunks all along the schedule, ~1 KB each (issue 23: 10 B a nack at k = 0, 1 h)."""
+        empties chunks all along the schedule, ~1 KB each (10 B a nack at k = 0, 1 h)."""
         chunk = time >> self._shift
         times = self._chunks.get(chunk)
         if times:
@@ -813,7 +813,7 @@ class _HotIndex:
         # Batch members: an entry pending in a slot for some messages of its batch only has the bitmask
         # of those batch indexes here, under _member_key(bucket, ledger serial, entry id); an entry of a
         # slot absent here is pending as a whole. One flat dict: ~100 bytes per such entry, where a
-        # dict entry, a tuple key and a Roaring bitmap per slot cost ~390 (issue 23).
+        # dict entry, a tuple key and a Roaring bitmap per slot cost ~390.
         self._members: dict[int, int] = {}
         # Slots with bitmaps of their own: bucket << _SERIAL_BITS | serial → their narrow members.
         self._dense: dict[int, BitMap] = {}
@@ -985,7 +985,7 @@ class _HotIndex:
         with batch members); one-id slots of a ledger are merged without numpy (see ``_merge_own``).
 
         The timer calls this every 68 ms at small k, with the caches cold after its sleep, where every
-        line and object touched costs several times its warm cost (issue 10): the loop over the due
+        line and object touched costs several times its warm cost: the loop over the due
         buckets reads their fields directly (no ``_Bucket.items`` call, no ``_Run`` object per run) and
         one due ledger skips the set and the sort of the ledgers.
         """
@@ -1183,7 +1183,7 @@ class _HotIndex:
                 done += 1
             if evicted:
                 # A dict keeps its grown table when entries leave: the buckets, ledgers and batch
-                # members that moved to the packed tier would leave ~40 B each behind (issue 23).
+                # members that moved to the packed tier would leave ~40 B each behind.
                 # O(live) when oversized.
                 if sys.getsizeof(self._schedule) > _OVERSIZED * (len(self._schedule) + 8):
                     self._schedule = dict(self._schedule)
@@ -2129,7 +2129,7 @@ class TimeBucketIndex:
       :data:`PROMOTE_AT` ids or more) — Roaring bitmaps per slot, shared bitmaps per bucket;
     * the *packed* tier (:class:`~pulsar_nack.packed.PackedStore`): buckets the add path has left whose
       slots are all small, moved there by :meth:`compact` — ~8 bytes a row and a few bytes of membership
-      bitmap, no object per bucket or slot (issue 23: one or two ids a bucket at k = 0 or with long,
+      bitmap, no object per bucket or slot (one or two ids a bucket at k = 0 or with long,
       sparse delays cost ~300 bytes an id as bucket and slot objects).
 
     An entry may have parts in both tiers (other buckets); a (bucket, entry) pair is in one of them. An

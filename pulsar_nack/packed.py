@@ -3,7 +3,7 @@
 :class:`~pulsar_nack.index.TimeBucketIndex` moves a bucket here when its add path has left it and every
 (bucket, ledger) slot in it is small (fewer than :data:`~pulsar_nack.index.PROMOTE_AT` ids): there a
 bucket object, its map entry and key, and a bitmap per slot cost ~300 bytes for the one or two ids such a
-bucket holds at k = 0 or with long, sparse delays (issue 23). Here an id costs one *row*: an 8-byte
+bucket holds at k = 0 or with long, sparse delays. Here an id costs one *row*: an 8-byte
 *code* ``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in this store; ``slot``
 0 for a whole entry, ``1 + batch index`` for one batch message) filed under its bucket time, an offset
 ``(bucket - origin) >> k`` kept once per bucket of a run with the position of the bucket's first row (8
@@ -70,7 +70,7 @@ class _Run:
 
     The offsets are kept run-length encoded when a run holds two rows a bucket or more — the distinct
     offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket, where
-    an offset per row cost 4 bytes a row, a third of a row (issue 23) — else one per row (``offsets``,
+    an offset per row cost 4 bytes a row, a third of a row — else one per row (``offsets``,
     ``starts`` None: at k = 0 and long delays a bucket holds one row or none). ``codes``: a code per row.
     """
 

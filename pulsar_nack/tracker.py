@@ -89,7 +89,7 @@ class NativeTiming:
 
     def __post_init__(self) -> None:
         # forward_at's two constants, computed once: it runs at every forward, with cold caches, where
-        # the two property calls cost several µs (issue 10).
+        # the two property calls cost several µs.
         object.__setattr__(self, "_free_after", self.latency_ms + self.margin_ms)
         object.__setattr__(self, "_same_grid_after", 2 * self.interval_ms)
 
@@ -257,7 +257,7 @@ class NackTracker:
         self._armed_bucket: float = math.inf  # ... this bucket (the earliest pending one); inf: none
         # One forward per bucket: a nack filed in a bucket the last forward covered (a short delay, a
         # repeated forward) waits for the next bucket's forward, the first bucket time after that
-        # forward's horizon, instead of a forward of its own (issue 24: a 200 ms backoff re-armed the
+        # forward's horizon, instead of a forward of its own (a 200 ms backoff re-armed the
         # timer every 60-150 ms at k = 8).
         self._width = 1 << precision_bits
         self._next_bucket: float = -math.inf
@@ -467,7 +467,7 @@ class NackTracker:
         time no earlier than its bucket's, below which no copy is handed out (never early with ceil
         rounding). A copy our forward asks for never comes sooner than :data:`NATIVE_MIN_DELAY_MS` after
         it — the filter checks that — so the ids due by then share that label; the few due in the native
-        latency's last ms are popped apart and labelled with its end (issue 24: labelling every id with
+        latency's last ms are popped apart and labelled with its end (labelling every id with
         the armed bucket let ids of a later bucket out up to 2**k ms before it)."""
         now = self._clock() if now is None else now
         limit = int(now + self.lead_ms)
@@ -487,7 +487,7 @@ class NackTracker:
             learn = self.arrivals.forwarded
             for ids in popped:
                 waiting = learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
-                if waiting:  # entries whose forward under way brings these messages too (issue 24)
+                if waiting:  # entries whose forward under way brings these messages too
                     ids = _without(ids, waiting)
                     if not len(ids.entry_ids):
                         continue

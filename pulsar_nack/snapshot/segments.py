@@ -435,7 +435,7 @@ class SegmentStore:
         are kept in memory, :meth:`_Record.member_mask`): the arrival filter expands an entry it kept as
         one bit from this mask, and takes every message of it not pending for acked — a whole-entry answer
         for an entry pending in part lost the acked messages' state, and an inexact one the pending
-        messages (issue 27 item 4: 571 of 10,000 batched nacks never came back after a restart).
+        messages (571 of 10,000 batched nacks never came back after a restart).
         O(S_l + the entry's members) plus the index's."""
         with self._lock:
             key = (topic, ledger_id)
@@ -1118,7 +1118,7 @@ class SegmentStore:
         in ``masks``, updated; the entry leaves ``entries`` when no member is left): per message, the
         earliest copy wins — one pending in the mutable or the loaded index (or its whole entry) no
         later than this group's bucket drops this one, a later one goes. Members of the entry that are
-        pending elsewhere are other messages, not copies: they stay (issue 27 item 4 — an entry-level
+        pending elsewhere are other messages, not copies: they stay (an entry-level
         match dropped every member of a batch whose other members sat in an earlier segment: 577 of
         10,000 batched nacks never came back after a restart). O(members × places)."""
         key = (g.topic, g.ledger_id)
