@@ -129,17 +129,22 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def steady(samples: list[dict[str, float]], warmup_s: float, key: str) -> dict[str, float]:
-    """Slope (bytes a minute) with its standard error, and growth of ``key`` over the samples after the
-    warm-up."""
+    """Slope (bytes a minute) with its standard error, over the samples after the warm-up and over their
+    second half (a rise that levels off is told from one that goes on), and the growth of ``key``."""
     after = [s for s in samples if s["t_s"] >= warmup_s]
-    if len(after) < 3:
+    if len(after) < 6:
         raise SystemExit(f"too few samples after the {warmup_s:.0f} s warm-up: run longer (--minutes)")
     t = np.array([s["t_s"] for s in after]) / 60
     values = np.array([s[key] for s in after], dtype=np.float64)
     fit, covariance = np.polyfit(t, values, 1, cov=True)
+    half = len(t) // 2
+    late, late_covariance = np.polyfit(t[half:], values[half:], 1, cov=True)
     return {
         "slope_per_min": float(fit[0]),
         "slope_se_per_min": float(np.sqrt(covariance[0, 0])),
+        "late_slope_per_min": float(late[0]),
+        "late_slope_se_per_min": float(np.sqrt(late_covariance[0, 0])),
+        "late_from_s": float(t[half] * 60),
         "samples": len(after),
         "growth": float(values[-1] - values[0]),
         "first": float(values[0]),
@@ -156,12 +161,45 @@ KINDS = {
 
 
 def verdict(label: str, figure: dict[str, float]) -> str:
-    """One sentence: is the slope told from zero (two standard errors)?"""
-    slope, error = figure["slope_per_min"], figure["slope_se_per_min"]
-    interval = f"{slope:+,.0f} ± {2 * error:,.0f} B/min"
-    if abs(slope) <= 2 * error:
-        return f"{label}: no trend told from zero ({interval}, two standard errors)"
-    return f"{label}: {'grows' if slope > 0 else 'falls'} ({interval}, two standard errors)"
+    """One sentence: is the slope told from zero (two standard errors), over the whole steady window and
+    over its second half?"""
+    parts = []
+    for prefix, span in (("", "after the warm-up"), ("late_", f"from {figure['late_from_s']:.0f} s on")):
+        slope, error = figure[prefix + "slope_per_min"], figure[prefix + "slope_se_per_min"]
+        trend = "no trend told from zero" if abs(slope) <= 2 * error else ("grows" if slope > 0 else "falls")
+        parts.append(f"{span} {trend} ({slope:+,.0f} ± {2 * error:,.0f} B/min)")
+    return f"{label}: " + "; ".join(parts) + " (± two standard errors)"
+
+
+Results = tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]
+
+
+def measure(args: argparse.Namespace, kinds: list[str], warmup_s: float) -> Results:
+    """Run each kind in turn on one pulsar-lite and save the results: machine facts, settings, runs."""
+    from pulsar_nack.testing import PulsarLite
+
+    facts = report.machine()
+    path = os.pathsep.join(p for p in (str(report.ROOT), os.environ.get("PYTHONPATH")) if p)
+    env: dict[str, str | None] = {"PYTHONMALLOC": "malloc", "PYTHONPATH": path}
+    settings = {
+        "minutes": args.minutes,
+        "rate": args.rate,
+        "share": args.share,
+        "delay_s": args.delay_s,
+        "sample_s": args.sample_s,
+        "kinds": kinds,
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    with PulsarLite() as broker:
+        # the official consumer on the same broker with the same traffic, in turn (one fresh process each)
+        for kind in kinds:
+            payload = {"url": broker.service_url, "kind": kind, **settings}
+            runs[kind] = report.run_probe(SCRIPT, payload, timeout=args.minutes * 60 + 300, env=env)
+            runs[kind]["heap"] = steady(runs[kind]["samples"], warmup_s, "heap")
+            if kind == "wrapper":
+                runs[kind]["reported"] = steady(runs[kind]["samples"], warmup_s, "reported")
+    report.save_json("nack_soak", {"machine": facts, "settings": settings, "runs": runs})
+    return facts, settings, runs
 
 
 def main(argv: list[str]) -> int:
@@ -172,6 +210,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--share", type=float, default=0.5, help="share of first deliveries nacked")
     parser.add_argument("--delay-s", type=float, default=10.0, help="the nack delay (default 10 s)")
     parser.add_argument("--sample-s", type=float, default=SAMPLE_S, help="seconds between samples (5)")
+    parser.add_argument(
+        "--from-results",
+        action="store_true",
+        help="no run: analyse bench/results/nack_soak.json again and rewrite the section from it",
+    )
     parser.add_argument(
         "--kinds",
         default="wrapper,native-ack",
@@ -193,28 +236,22 @@ def main(argv: list[str]) -> int:
         parser.error(f"--kinds: from {', '.join(KINDS)}, got {args.kinds!r}")
     if not 0 < args.share <= 1:
         parser.error(f"--share: in (0, 1], got {args.share}")
-    from pulsar_nack.testing import PulsarLite
-
-    facts = report.machine()
-    path = os.pathsep.join(p for p in (str(report.ROOT), os.environ.get("PYTHONPATH")) if p)
-    env: dict[str, str | None] = {"PYTHONMALLOC": "malloc", "PYTHONPATH": path}
-    settings = {
-        "minutes": args.minutes,
-        "rate": args.rate,
-        "share": args.share,
-        "delay_s": args.delay_s,
-        "sample_s": args.sample_s,
-    }
-    runs: dict[str, dict[str, Any]] = {}
-    with PulsarLite() as broker:
-        # the official consumer on the same broker with the same traffic, in turn (one fresh process each)
-        for kind in kinds:
-            payload = {"url": broker.service_url, "kind": kind, **settings}
-            runs[kind] = report.run_probe(SCRIPT, payload, timeout=args.minutes * 60 + 300, env=env)
-            runs[kind]["heap"] = steady(runs[kind]["samples"], warmup_s, "heap")
+    if args.from_results:
+        saved = json.loads((report.RESULTS / "nack_soak.json").read_text())
+        facts, settings, runs = saved["machine"], saved["settings"], saved["runs"]
+        args.minutes, args.rate, args.share = settings["minutes"], settings["rate"], settings["share"]
+        args.delay_s, args.sample_s = settings["delay_s"], settings["sample_s"]
+        # in the order they ran (the JSON's keys are sorted)
+        kinds = settings.get("kinds") or sorted(runs, key=list(KINDS).index)
+        runs = {kind: runs[kind] for kind in kinds}
+        warmup_s = 2 * args.delay_s + 60
+        for kind, run in runs.items():
+            run["heap"] = steady(run["samples"], warmup_s, "heap")
             if kind == "wrapper":
-                runs[kind]["reported"] = steady(runs[kind]["samples"], warmup_s, "reported")
-    report.save_json("nack_soak", {"machine": facts, "settings": settings, "runs": runs})
+                run["reported"] = steady(run["samples"], warmup_s, "reported")
+        report.save_json("nack_soak", saved)
+    else:
+        facts, settings, runs = measure(args, kinds, warmup_s)
     figures = [(KINDS[kind], run["heap"]) for kind, run in runs.items()]
     if "wrapper" in runs:
         figures.append(("pulsar-nack: nack_stats().memory_bytes", runs["wrapper"]["reported"]))
