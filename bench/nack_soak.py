@@ -3,14 +3,21 @@
 A consumer on a real broker (pulsar-lite, embedded) for ``--minutes`` (10 by default): a producer sends
 ``--rate`` messages a second in batches of 10, the consumer nacks ``--share`` of first deliveries with
 the default delay (``--delay-s``) and acks everything else, redeliveries included, so pending nacks stay
-near rate × share × delay once the first delay has passed. Every 15 s the consumer process — a fresh one,
-``PYTHONMALLOC=malloc`` with glibc's tcache off — reads its heap from outside
-(:func:`pulsar_nack.memory.heap_in_use`: the client library's state included) and
-``nack_stats(with_memory=True)``. Past the warm-up (twice the delay plus a minute) memory must be flat:
-the least-squares slope of each, in bytes per minute, and the growth from the first steady sample to the
-last, beside the pending range.
+near rate × share × delay once the first delay has passed. Every ``--sample-s`` (5 s) the consumer
+process — a fresh one, ``PYTHONMALLOC=malloc`` with glibc's tcache off — reads its heap from outside
+(:func:`pulsar_nack.memory.heap_in_use`: the client library's state included, and the producer's, which
+runs in the same process) and ``nack_stats(with_memory=True)``, into a table allocated before the run
+(a list of samples would itself grow with run time). Past the warm-up (twice the delay plus a minute)
+memory must be flat: the least-squares slope of each, in bytes per minute, with its standard error (the
+heap moves by ~±100 KB from sample to sample with the messages in flight, so a slope of a few KB/min is
+only told from zero over many samples), and the growth from the first steady sample to the last.
 
-    python bench/nack_soak.py [--minutes 10] [--rate 2000] [--share 0.5] [--delay-s 10]
+Kinds: ``wrapper`` (pulsar-nack), ``native`` (the official consumer with the same nacks: its tracker
+starves under a steady nack stream — each nack restarts its timer — so its pending grows until the
+broker stops dispatching; not a constant-pending run) and ``native-ack`` (the official consumer with the
+same traffic, acking what the others nack: the client library's own drift, the control).
+
+    python bench/nack_soak.py [--minutes 10] [--rate 2000] [--share 0.5] [--delay-s 10] [--sample-s 5]
 
 Writes ``bench/results/nack_soak.json`` and the ``nack-soak`` section of docs/performance.md.
 """
@@ -29,7 +36,8 @@ import numpy as np
 import report
 
 SCRIPT = Path(__file__).resolve()
-SAMPLE_S = 15.0
+SAMPLE_S = 5.0
+COLUMNS = ("t_s", "heap", "reported", "pending", "received", "sent")
 
 
 def probe(payload: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +55,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     url, minutes, rate = payload["url"], payload["minutes"], payload["rate"]
     share, delay_ms = payload["share"], int(payload["delay_s"] * 1000)
     wrapped = payload["kind"] == "wrapper"
+    nacking = payload["kind"] != "native-ack"
+    sample_s = payload["sample_s"]
     topic = f"persistent://public/default/soak-{uuid.uuid4().hex[:12]}"
     client = pulsar_nack.Client(url) if wrapped else pulsar.Client(url)
     consumer = client.subscribe(
@@ -70,7 +80,9 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
     thread = threading.Thread(target=produce, daemon=True)
     rng = random.Random(7)
-    samples: list[dict[str, float]] = []
+    # one row per sample, allocated now: appending to a list would grow the heap being measured
+    table = np.zeros((int(minutes * 60 / sample_s) + 2, len(COLUMNS)))
+    taken = 0
     received = nacked = 0
     started = time.monotonic()
     end = started + minutes * 60
@@ -83,25 +95,19 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
                 gc.collect()
                 heap = heap_in_use()
                 stats = consumer.nack_stats(with_memory=True) if wrapped else None
-                samples.append(
-                    {
-                        "t_s": now - started,
-                        "heap": heap,
-                        "reported": stats.memory_bytes or 0 if stats is not None else 0,
-                        "pending": stats.pending if stats is not None else 0,
-                        "received": received,
-                        "sent": sent[0],
-                    }
-                )
-                next_sample = now + SAMPLE_S
-                if now >= end:
+                reported = stats.memory_bytes or 0 if stats is not None else 0
+                pending = stats.pending if stats is not None else 0
+                table[taken] = (now - started, heap, reported, pending, received, sent[0])
+                taken += 1
+                next_sample = now + sample_s
+                if now >= end or taken == len(table):
                     break
             try:
                 message = consumer.receive(100)
             except pulsar.Timeout:
                 continue
             received += 1
-            if message.redelivery_count() == 0 and rng.random() < share:
+            if message.redelivery_count() == 0 and rng.random() < share and nacking:
                 consumer.negative_acknowledge(message)
                 nacked += 1
             else:
@@ -115,24 +121,85 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
             client.close()
         except pulsar.PulsarException:
             closed = False
+    samples = [
+        {name: float(v) if name == "t_s" else int(v) for name, v in zip(COLUMNS, row, strict=True)}
+        for row in table[:taken]
+    ]
     return {"samples": samples, "received": received, "nacked": nacked, "sent": sent[0], "closed": closed}
 
 
 def steady(samples: list[dict[str, float]], warmup_s: float, key: str) -> dict[str, float]:
-    """Slope (bytes a minute) and growth of ``key`` over the samples after the warm-up."""
+    """Slope (bytes a minute) with its standard error, over the samples after the warm-up and over their
+    second half (a rise that levels off is told from one that goes on), and the growth of ``key``."""
     after = [s for s in samples if s["t_s"] >= warmup_s]
-    if len(after) < 3:
+    if len(after) < 6:
         raise SystemExit(f"too few samples after the {warmup_s:.0f} s warm-up: run longer (--minutes)")
     t = np.array([s["t_s"] for s in after]) / 60
     values = np.array([s[key] for s in after], dtype=np.float64)
-    slope = float(np.polyfit(t, values, 1)[0])
+    fit, covariance = np.polyfit(t, values, 1, cov=True)
+    half = len(t) // 2
+    late, late_covariance = np.polyfit(t[half:], values[half:], 1, cov=True)
     return {
-        "slope_per_min": slope,
+        "slope_per_min": float(fit[0]),
+        "slope_se_per_min": float(np.sqrt(covariance[0, 0])),
+        "late_slope_per_min": float(late[0]),
+        "late_slope_se_per_min": float(np.sqrt(late_covariance[0, 0])),
+        "late_from_s": float(t[half] * 60),
+        "samples": len(after),
         "growth": float(values[-1] - values[0]),
         "first": float(values[0]),
         "last": float(values[-1]),
         "minutes": float(t[-1] - t[0]),
     }
+
+
+KINDS = {
+    "wrapper": "pulsar-nack: process heap (from outside)",
+    "native": "official consumer, same nacks: process heap",
+    "native-ack": "official consumer, acking instead (control): process heap",
+}
+
+
+def verdict(label: str, figure: dict[str, float]) -> str:
+    """One sentence: is the slope told from zero (two standard errors), over the whole steady window and
+    over its second half?"""
+    parts = []
+    for prefix, span in (("", "after the warm-up"), ("late_", f"from {figure['late_from_s']:.0f} s on")):
+        slope, error = figure[prefix + "slope_per_min"], figure[prefix + "slope_se_per_min"]
+        trend = "no trend told from zero" if abs(slope) <= 2 * error else ("grows" if slope > 0 else "falls")
+        parts.append(f"{span} {trend} ({slope:+,.0f} ± {2 * error:,.0f} B/min)")
+    return f"{label}: " + "; ".join(parts) + " (± two standard errors)"
+
+
+Results = tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]
+
+
+def measure(args: argparse.Namespace, kinds: list[str], warmup_s: float) -> Results:
+    """Run each kind in turn on one pulsar-lite and save the results: machine facts, settings, runs."""
+    from pulsar_nack.testing import PulsarLite
+
+    facts = report.machine()
+    path = os.pathsep.join(p for p in (str(report.ROOT), os.environ.get("PYTHONPATH")) if p)
+    env: dict[str, str | None] = {"PYTHONMALLOC": "malloc", "PYTHONPATH": path}
+    settings = {
+        "minutes": args.minutes,
+        "rate": args.rate,
+        "share": args.share,
+        "delay_s": args.delay_s,
+        "sample_s": args.sample_s,
+        "kinds": kinds,
+    }
+    runs: dict[str, dict[str, Any]] = {}
+    with PulsarLite() as broker:
+        # the official consumer on the same broker with the same traffic, in turn (one fresh process each)
+        for kind in kinds:
+            payload = {"url": broker.service_url, "kind": kind, **settings}
+            runs[kind] = report.run_probe(SCRIPT, payload, timeout=args.minutes * 60 + 300, env=env)
+            runs[kind]["heap"] = steady(runs[kind]["samples"], warmup_s, "heap")
+            if kind == "wrapper":
+                runs[kind]["reported"] = steady(runs[kind]["samples"], warmup_s, "reported")
+    report.save_json("nack_soak", {"machine": facts, "settings": settings, "runs": runs})
+    return facts, settings, runs
 
 
 def main(argv: list[str]) -> int:
@@ -142,43 +209,50 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rate", type=int, default=2_000, help="messages a second (default 2,000)")
     parser.add_argument("--share", type=float, default=0.5, help="share of first deliveries nacked")
     parser.add_argument("--delay-s", type=float, default=10.0, help="the nack delay (default 10 s)")
+    parser.add_argument("--sample-s", type=float, default=SAMPLE_S, help="seconds between samples (5)")
     parser.add_argument(
-        "--kinds", default="wrapper,native", help="consumers, in this order: wrapper and/or native (official)"
+        "--from-results",
+        action="store_true",
+        help="no run: analyse bench/results/nack_soak.json again and rewrite the section from it",
+    )
+    parser.add_argument(
+        "--kinds",
+        default="wrapper,native-ack",
+        help="consumers, in this order, from: " + ", ".join(KINDS) + " (default wrapper,native-ack)",
     )
     args = parser.parse_args(argv)
     if args.probe:
         print(json.dumps(probe(json.loads(args.probe))), flush=True)
         return 0
     warmup_s = 2 * args.delay_s + 60
-    if args.minutes * 60 < warmup_s + 3 * SAMPLE_S:
+    if not args.sample_s >= 1:
+        parser.error(f"--sample-s: at least 1, got {args.sample_s}")
+    if args.minutes * 60 < warmup_s + 3 * args.sample_s:
         parser.error(
-            f"--minutes: at least {(warmup_s + 3 * SAMPLE_S) / 60:.1f} with --delay-s {args.delay_s:g}"
+            f"--minutes: at least {(warmup_s + 3 * args.sample_s) / 60:.1f} with --delay-s {args.delay_s:g}"
         )
-    if not args.kinds or set(args.kinds.split(",")) - {"wrapper", "native"}:
-        parser.error(f"--kinds: wrapper and/or native, got {args.kinds!r}")
+    kinds = args.kinds.split(",")
+    if not args.kinds or set(kinds) - set(KINDS):
+        parser.error(f"--kinds: from {', '.join(KINDS)}, got {args.kinds!r}")
     if not 0 < args.share <= 1:
         parser.error(f"--share: in (0, 1], got {args.share}")
-    from pulsar_nack.testing import PulsarLite
-
-    facts = report.machine()
-    path = os.pathsep.join(p for p in (str(report.ROOT), os.environ.get("PYTHONPATH")) if p)
-    env: dict[str, str | None] = {"PYTHONMALLOC": "malloc", "PYTHONPATH": path}
-    settings = {"minutes": args.minutes, "rate": args.rate, "share": args.share, "delay_s": args.delay_s}
-    runs: dict[str, dict[str, Any]] = {}
-    with PulsarLite() as broker:
-        # the official consumer on the same broker with the same traffic, in turn (one fresh process each)
-        for kind in args.kinds.split(","):
-            payload = {"url": broker.service_url, "kind": kind, **settings}
-            runs[kind] = report.run_probe(SCRIPT, payload, timeout=args.minutes * 60 + 300, env=env)
-            runs[kind]["heap"] = steady(runs[kind]["samples"], warmup_s, "heap")
+    if args.from_results:
+        saved = json.loads((report.RESULTS / "nack_soak.json").read_text())
+        facts, settings, runs = saved["machine"], saved["settings"], saved["runs"]
+        args.minutes, args.rate, args.share = settings["minutes"], settings["rate"], settings["share"]
+        args.delay_s, args.sample_s = settings["delay_s"], settings["sample_s"]
+        # in the order they ran (the JSON's keys are sorted)
+        kinds = settings.get("kinds") or sorted(runs, key=list(KINDS).index)
+        runs = {kind: runs[kind] for kind in kinds}
+        warmup_s = 2 * args.delay_s + 60
+        for kind, run in runs.items():
+            run["heap"] = steady(run["samples"], warmup_s, "heap")
             if kind == "wrapper":
-                runs[kind]["reported"] = steady(runs[kind]["samples"], warmup_s, "reported")
-    report.save_json("nack_soak", {"machine": facts, "settings": settings, "runs": runs})
-    labels = {
-        "wrapper": "pulsar-nack: process heap (from outside)",
-        "native": "official consumer: process heap",
-    }
-    figures = [(labels[kind], run["heap"]) for kind, run in runs.items()]
+                run["reported"] = steady(run["samples"], warmup_s, "reported")
+        report.save_json("nack_soak", saved)
+    else:
+        facts, settings, runs = measure(args, kinds, warmup_s)
+    figures = [(KINDS[kind], run["heap"]) for kind, run in runs.items()]
     if "wrapper" in runs:
         figures.append(("pulsar-nack: nack_stats().memory_bytes", runs["wrapper"]["reported"]))
     rows = [
@@ -188,25 +262,33 @@ def main(argv: list[str]) -> int:
             f"{f['last']:,.0f}",
             f"{f['growth']:+,.0f}",
             f"{f['slope_per_min']:+,.0f}",
+            f"{f['slope_se_per_min']:,.0f}",
         ]
         for label, f in figures
     ]
     result = runs.get("wrapper") or next(iter(runs.values()))
     heap = result["heap"]
     pending = [s["pending"] for s in result["samples"] if s["t_s"] >= warmup_s]
+    lines = [f"- {verdict(label, f)}." for label, f in figures]
     text = "\n\n".join(
         [
             "## Soak at constant pending: memory over run time",
-            "`python bench/nack_soak.py` — one consumer on pulsar-lite (pulsar-nack's, then the official "
-            "one with the same traffic, each in a fresh process) for "
-            f"{args.minutes:g} min: {args.rate:,} messages/s in batches of 10, {args.share:.0%} of first "
-            f"deliveries nacked with a {args.delay_s:g} s delay, everything else acked; the consumer "
-            "process (fresh, `PYTHONMALLOC=malloc`, tcache off) samples its heap from outside and "
-            f"`nack_stats(with_memory=True)` every {SAMPLE_S:g} s. After the {warmup_s:.0f} s warm-up: "
-            f"{heap['minutes']:.1f} min, pending {min(pending):,}–{max(pending):,}; "
-            f"{result['received']:,} messages received, {result['nacked']:,} nacked.",
+            "`python bench/nack_soak.py` — one consumer on pulsar-lite ("
+            + ", then ".join(KINDS[kind].split(":")[0] for kind in kinds)
+            + "; the same traffic, each in a fresh process) for "
+            f"{args.minutes:g} min: {args.rate:,} messages/s in batches of 10 (the producer in the same "
+            f"process), {args.share:.0%} of first deliveries nacked with a {args.delay_s:g} s delay, "
+            "everything else acked; the consumer process (fresh, `PYTHONMALLOC=malloc`, tcache off) samples "
+            f"its heap from outside and `nack_stats(with_memory=True)` every {args.sample_s:g} s. After the "
+            f"{warmup_s:.0f} s warm-up: {heap['minutes']:.1f} min ({heap['samples']} samples), pending "
+            f"{min(pending):,}–{max(pending):,}; {result['received']:,} messages received, "
+            f"{result['nacked']:,} nacked.",
             report.machine_line(facts),
-            report.table(["memory", "first steady sample, B", "last, B", "growth, B", "slope, B/min"], rows),
+            report.table(
+                ["memory", "first steady sample, B", "last, B", "growth, B", "slope, B/min", "std. error"],
+                rows,
+            ),
+            "\n".join(lines),
         ]
     )
     report.write_section("nack-soak", text)
