@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -74,6 +75,13 @@ def points() -> list[Point]:
     return picked
 
 
+def validation_points(count: int = 12) -> list[Point]:
+    """Fixed-delay points nacking 10 % or 100 % that the fit does not use (seeded): out-of-sample checks."""
+    fitted = set(points())
+    pool = [p for p in grid() if p.spread == "fixed" and p.share != 0.01 and p not in fitted]
+    return random.Random(7).sample(pool, count)
+
+
 def scenario(point: Point, pending: int) -> Scenario:
     """The estimate's view of a grid point: the same workload, counted when its messages have arrived
     (nothing due yet: duration = delay)."""
@@ -102,6 +110,8 @@ def java_scenario(x: int, k: int, share: float, n: int, epl: int) -> Scenario:
 
 
 def _errors(predicted: list[float], measured: list[float]) -> dict[str, float]:
+    if not measured:
+        return {"median": math.nan, "max": math.nan, "points": 0}
     relative = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
     return {"median": statistics.median(relative), "max": max(relative), "points": len(relative)}
 
@@ -135,6 +145,11 @@ def main(argv: list[str]) -> int:
         help="fit again to the measurements in bench/results/estimate_fit.json (no new runs)",
     )
     which.add_argument("--rows", type=Path, help="fit to these nack_memory.measure rows (JSON lines)")
+    parser.add_argument(
+        "--validation-rows",
+        type=Path,
+        help="out-of-sample rows of validation_points() already measured (JSON lines; else measured here)",
+    )
     args = parser.parse_args(argv)
     earlier = json.loads((report.RESULTS / "estimate_fit.json").read_text()) if args.refit else None
     facts = earlier["machine"] if earlier else report.machine()  # when the measurements were taken
@@ -151,6 +166,16 @@ def main(argv: list[str]) -> int:
     predicted = [predict(coefficients, row) for row in rows]
     for m, p, row in zip(measured, predicted, rows, strict=True):
         m["predicted_bytes"], m["features"], m["error"] = p, row, p / m["measured_bytes"] - 1
+    if args.validation_rows:
+        checked = [json.loads(line) for line in args.validation_rows.read_text().splitlines() if line.strip()]
+    elif earlier:
+        checked = earlier.get("validation", [])
+    else:
+        checked = [measure(point, pending) for point in tqdm(validation_points(), file=sys.stderr)]
+    for m in checked:
+        m["predicted_bytes"] = predict(coefficients, features(scenario(Point.of(m), pending)))
+        m["error"] = m["predicted_bytes"] / m["measured_bytes"] - 1
+    validation = _errors([m["predicted_bytes"] for m in checked], [m["measured_bytes"] for m in checked])
     keys = [range_key(scenario(Point.of(m), pending)) for m in measured]
     ranges = {name: [min(k[name] for k in keys), max(k[name] for k in keys)] for name in keys[0]}
 
@@ -184,6 +209,7 @@ def main(argv: list[str]) -> int:
         "pulsar_nack": {
             "coefficients": coefficients,
             "error": _errors(predicted, targets),
+            "validation_error": validation,
             "target": "bench/nack_memory.py's measure (malloc-warm: PYTHONMALLOC=malloc + glibc in-use, "
             "the process's second run of the workload), every nack still pending",
         },
@@ -192,29 +218,39 @@ def main(argv: list[str]) -> int:
     PACKAGE_FIT.write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
     report.save_json(
         "estimate_fit",
-        {**model, "pending_target": pending, "measured": measured, "java_points": java.get("points", [])},
+        {
+            **model,
+            "pending_target": pending,
+            "measured": measured,
+            "validation": checked,
+            "java_points": java.get("points", []),
+        },
     )
-    text = render(model, measured)
+    text = render(model, measured, checked)
     report.write_section("estimate-fit", text)
     print(text)
     return 0
 
 
-def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
+def render(model: dict[str, Any], measured: list[dict[str, Any]], checked: list[dict[str, Any]]) -> str:
     ours = model["pulsar_nack"]
+    validation = ours["validation_error"]
     rows = [[name, f"{value:.4g}"] for name, value in ours["coefficients"].items()]
     java = model["java"]
     java_rows = [[name, f"{value:.4g}"] for name, value in java.get("coefficients", {}).items()]
-    point_rows = [
-        [
-            m["point"],
-            f"{m['pending']:,}",
-            f"{m['measured_bytes'] / m['pending']:.2f}",
-            f"{m['predicted_bytes'] / m['pending']:.2f}",
-            f"{m['predicted_bytes'] / m['measured_bytes'] - 1:+.0%}",
+
+    def point_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+        return [
+            [
+                m["point"],
+                f"{m['pending']:,}",
+                f"{m['measured_bytes'] / m['pending']:.2f}",
+                f"{m['predicted_bytes'] / m['pending']:.2f}",
+                f"{m['predicted_bytes'] / m['measured_bytes'] - 1:+.0%}",
+            ]
+            for m in rows
         ]
-        for m in measured
-    ]
+
     return "\n\n".join(
         [
             "## The estimate's fitted models",
@@ -237,7 +273,18 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
             report.table(["Java feature", "bytes each"], java_rows) if java_rows else "",
             "Valid range: "
             + ", ".join(f"{name} {low:g}..{high:g}" for name, (low, high) in model["range"].items()),
-            report.table(["grid point", "pending", "measured B/nack", "model B/nack", "error"], point_rows),
+            report.table(
+                ["grid point", "pending", "measured B/nack", "model B/nack", "error"], point_rows(measured)
+            ),
+            f"Out of sample (points the fit did not use): error median {validation['median']:.1%}, max "
+            f"{validation['max']:.1%} over {validation['points']} points."
+            if checked
+            else "",
+            report.table(
+                ["grid point", "pending", "measured B/nack", "model B/nack", "error"], point_rows(checked)
+            )
+            if checked
+            else "",
         ]
     )
 

@@ -245,6 +245,7 @@ def features(s: Scenario) -> dict[str, float]:
     partial = batched and s.nack_share < 1  # batch entries keep which of their messages are nacked
     hot = min(1.0, (width + tracker_default("compact_after_ms")) / (s.horizon_ms + width))
     buckets = max(shape.buckets, 1.0)
+    # per bucket; a packed row a nacked message (with batches too: a batch message's slot is 1 + its index)
     ids_b, slots_b, rows_b = shape.ids / buckets, shape.slots / buckets, s.pending / buckets
     own = shape.ids_per_slot >= PROMOTE_AT
     live_b = 300 + 24 * slots_b + (130 * ids_b if partial else 0.0) + 3 * ids_b
@@ -275,7 +276,8 @@ def features(s: Scenario) -> dict[str, float]:
         "live_slots": 0.0 if own else shape.slots * live,
         "own_slots": shape.slots * live if own else 0.0,
         "live_buckets": shape.buckets * live,
-        "live_members": shape.ids * live if partial else 0.0,
+        # (a slot with a bitmap of its own keeps its entries' members in it: no record an entry)
+        "live_members": shape.ids * live if partial and not own else 0.0,
         "live_payload": payload * live if own else 0.0,
         "ledger_keys": shape.ledger_keys,
         "batch_entries": shape.ids if batched else 0.0,
