@@ -5,8 +5,9 @@
   fresh process, messages over the shortest delay so that every nack is still pending at the end, target =
   the heap the process retains (``PYTHONMALLOC=malloc`` + glibc in-use bytes) in its second run of the
   workload (probe mode ``malloc-warm``; the first run's figure is kept as ``cold_bytes``). The points: the
-  fleet shape, three of the last grid run's, and a seeded sample of the fixed-delay points (1 % nacked
-  only with batches: a non-batched 1 % point is 10 million messages). Uniform delays are not modelled.
+  fleet shape, three of the last grid run's, and seeded samples of the fixed-delay points (1 % nacked
+  only with batches: a non-batched 1 % point is 10 million messages), 47 in all. Uniform delays are not
+  modelled.
 * **Java** — the PIP-393 structure (``bench/java``, a fresh JVM per case) on the blog's workload over x,
   k, nack share, ids and entries per ledger; target = retained heap as built (no runOptimize: the Java
   client does not run it).
@@ -15,9 +16,10 @@
   native nack is its own node).
 
 Coefficients come from non-negative least squares on relative errors (``pulsar_nack.estimate``); the
-in-sample errors are written beside them, per point too.
+in-sample errors are written beside them, per point too, and the leave-one-out errors (each point
+predicted by the model fitted to the others).
 
-    python bench/fit_estimate.py [--pending 100000] [--no-java] [--refit | --rows FILE]
+    python bench/fit_estimate.py [--pending 100000] [--no-java] [--refit | --rows FILE...]
 
 ``--rows``: fit to measurement rows already taken (JSON lines of ``nack_memory.measure``), no new runs.
 Writes ``pulsar_nack/data/estimate_fit.json`` (the package's model), ``bench/results/estimate_fit.json``
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 import sys
@@ -76,7 +77,8 @@ def points() -> list[Point]:
 
 
 def validation_points(count: int = 12) -> list[Point]:
-    """Fixed-delay points nacking 10 % or 100 % that the fit does not use (seeded): out-of-sample checks."""
+    """More fixed-delay points nacking 10 % or 100 % (seeded apart from :func:`points`, with which they
+    were first checked out of sample)."""
     fitted = set(points())
     pool = [p for p in grid() if p.spread == "fixed" and p.share != 0.01 and p not in fitted]
     return random.Random(7).sample(pool, count)
@@ -110,8 +112,6 @@ def java_scenario(x: int, k: int, share: float, n: int, epl: int) -> Scenario:
 
 
 def _errors(predicted: list[float], measured: list[float]) -> dict[str, float]:
-    if not measured:
-        return {"median": math.nan, "max": math.nan, "points": 0}
     relative = [abs(p / m - 1) for p, m in zip(predicted, measured, strict=True)]
     return {"median": statistics.median(relative), "max": max(relative), "points": len(relative)}
 
@@ -144,11 +144,8 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="fit again to the measurements in bench/results/estimate_fit.json (no new runs)",
     )
-    which.add_argument("--rows", type=Path, help="fit to these nack_memory.measure rows (JSON lines)")
-    parser.add_argument(
-        "--validation-rows",
-        type=Path,
-        help="out-of-sample rows of validation_points() already measured (JSON lines; else measured here)",
+    which.add_argument(
+        "--rows", type=Path, nargs="+", help="fit to these nack_memory.measure rows (JSON lines files)"
     )
     args = parser.parse_args(argv)
     earlier = json.loads((report.RESULTS / "estimate_fit.json").read_text()) if args.refit else None
@@ -156,9 +153,12 @@ def main(argv: list[str]) -> int:
     pending: int = earlier["pending_target"] if earlier else args.pending
     measured: list[dict[str, Any]] = earlier["measured"] if earlier else []
     if args.rows:
-        measured = [json.loads(line) for line in args.rows.read_text().splitlines() if line.strip()]
+        lines = [line for path in args.rows for line in path.read_text().splitlines() if line.strip()]
+        measured = [json.loads(line) for line in lines]
     elif not earlier:
-        for point in tqdm(points(), unit="point", file=sys.stderr, desc="pulsar-nack"):
+        for point in tqdm(
+            [*points(), *validation_points()], unit="point", file=sys.stderr, desc="pulsar-nack"
+        ):
             measured.append(measure(point, pending))
     rows = [features(scenario(Point.of(m), pending)) for m in measured]
     targets = [float(m["measured_bytes"]) for m in measured]
@@ -166,16 +166,13 @@ def main(argv: list[str]) -> int:
     predicted = [predict(coefficients, row) for row in rows]
     for m, p, row in zip(measured, predicted, rows, strict=True):
         m["predicted_bytes"], m["features"], m["error"] = p, row, p / m["measured_bytes"] - 1
-    if args.validation_rows:
-        checked = [json.loads(line) for line in args.validation_rows.read_text().splitlines() if line.strip()]
-    elif earlier:
-        checked = earlier.get("validation", [])
-    else:
-        checked = [measure(point, pending) for point in tqdm(validation_points(), file=sys.stderr)]
-    for m in checked:
-        m["predicted_bytes"] = predict(coefficients, features(scenario(Point.of(m), pending)))
-        m["error"] = m["predicted_bytes"] / m["measured_bytes"] - 1
-    validation = _errors([m["predicted_bytes"] for m in checked], [m["measured_bytes"] for m in checked])
+    # Out of sample: each point predicted by the model fitted to the others (leave one out).
+    for index, m in enumerate(measured):
+        others = [i for i in range(len(measured)) if i != index]
+        held = fit_linear([rows[i] for i in others], [targets[i] for i in others], FEATURES)
+        m["loo_predicted_bytes"] = predict(held, rows[index])
+        m["loo_error"] = m["loo_predicted_bytes"] / m["measured_bytes"] - 1
+    left_out = _errors([m["loo_predicted_bytes"] for m in measured], targets)
     keys = [range_key(scenario(Point.of(m), pending)) for m in measured]
     ranges = {name: [min(k[name] for k in keys), max(k[name] for k in keys)] for name in keys[0]}
 
@@ -209,7 +206,7 @@ def main(argv: list[str]) -> int:
         "pulsar_nack": {
             "coefficients": coefficients,
             "error": _errors(predicted, targets),
-            "validation_error": validation,
+            "leave_one_out_error": left_out,
             "target": "bench/nack_memory.py's measure (malloc-warm: PYTHONMALLOC=malloc + glibc in-use, "
             "the process's second run of the workload), every nack still pending",
         },
@@ -222,35 +219,33 @@ def main(argv: list[str]) -> int:
             **model,
             "pending_target": pending,
             "measured": measured,
-            "validation": checked,
             "java_points": java.get("points", []),
         },
     )
-    text = render(model, measured, checked)
+    text = render(model, measured)
     report.write_section("estimate-fit", text)
     print(text)
     return 0
 
 
-def render(model: dict[str, Any], measured: list[dict[str, Any]], checked: list[dict[str, Any]]) -> str:
+def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
     ours = model["pulsar_nack"]
-    validation = ours["validation_error"]
+    left_out = ours["leave_one_out_error"]
     rows = [[name, f"{value:.4g}"] for name, value in ours["coefficients"].items()]
     java = model["java"]
     java_rows = [[name, f"{value:.4g}"] for name, value in java.get("coefficients", {}).items()]
 
-    def point_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-        return [
-            [
-                m["point"],
-                f"{m['pending']:,}",
-                f"{m['measured_bytes'] / m['pending']:.2f}",
-                f"{m['predicted_bytes'] / m['pending']:.2f}",
-                f"{m['predicted_bytes'] / m['measured_bytes'] - 1:+.0%}",
-            ]
-            for m in rows
+    point_rows = [
+        [
+            m["point"],
+            f"{m['pending']:,}",
+            f"{m['measured_bytes'] / m['pending']:.2f}",
+            f"{m['predicted_bytes'] / m['pending']:.2f}",
+            f"{m['error']:+.0%}",
+            f"{m['loo_error']:+.0%}",
         ]
-
+        for m in measured
+    ]
     return "\n\n".join(
         [
             "## The estimate's fitted models",
@@ -273,18 +268,11 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]], checked: list[
             report.table(["Java feature", "bytes each"], java_rows) if java_rows else "",
             "Valid range: "
             + ", ".join(f"{name} {low:g}..{high:g}" for name, (low, high) in model["range"].items()),
+            f"Out of sample (each point predicted by the model fitted to the others): error median "
+            f"{left_out['median']:.1%}, max {left_out['max']:.1%}.",
             report.table(
-                ["grid point", "pending", "measured B/nack", "model B/nack", "error"], point_rows(measured)
+                ["grid point", "pending", "measured B/nack", "model B/nack", "error", "left out"], point_rows
             ),
-            f"Out of sample (points the fit did not use): error median {validation['median']:.1%}, max "
-            f"{validation['max']:.1%} over {validation['points']} points."
-            if checked
-            else "",
-            report.table(
-                ["grid point", "pending", "measured B/nack", "model B/nack", "error"], point_rows(checked)
-            )
-            if checked
-            else "",
         ]
     )
 

@@ -130,6 +130,7 @@ FEATURES: Final = (
     "live_buckets",
     "live_members",
     "live_payload",
+    "own_messages",
     "ledger_keys",
     "batch_entries",
     "batch_messages",
@@ -232,8 +233,9 @@ def features(s: Scenario) -> dict[str, float]:
     * *packed*: a compacted bucket whose slots are all small moves to the packed store (one 8-byte code a
       nacked message, an offset a bucket, a membership bitmap) when its rows cost less than the live
       tier's objects — the index's own rule (``_evict``: 15 B a row against 300 B a bucket, 24 B a slot,
-      130 B a batch entry with members, a few bytes an id), applied to the mean bucket.
-    * *live*: compacted buckets that stay: runs and bitmaps of their own, shared bitmaps, batch members.
+      130 B a batch entry's member record, a few bytes an id), applied to the mean bucket.
+    * *live*: compacted buckets that stay: runs and bitmaps of their own, shared bitmaps, and a record of
+      which messages are nacked for every batch entry of a slot without a bitmap of its own (all nacked too).
     * the arrival filter: a bitmap of pending non-batched ids per (topic, ledger), a record per batch entry.
     * *fired*: with floor rounding a bucket fires up to ``2**k`` ms early, so a run as long as the delay
       has forwarded the ids of its first bucket: the filter remembers them (flights, recent forwards per
@@ -242,13 +244,12 @@ def features(s: Scenario) -> dict[str, float]:
     shape = _shape(s)
     width = float(1 << s.precision_bits)
     batched = s.batch_size > 1
-    partial = batched and s.nack_share < 1  # batch entries keep which of their messages are nacked
     hot = min(1.0, (width + tracker_default("compact_after_ms")) / (s.horizon_ms + width))
     buckets = max(shape.buckets, 1.0)
     # per bucket; a packed row a nacked message (with batches too: a batch message's slot is 1 + its index)
     ids_b, slots_b, rows_b = shape.ids / buckets, shape.slots / buckets, s.pending / buckets
     own = shape.ids_per_slot >= PROMOTE_AT
-    live_b = 300 + 24 * slots_b + (130 * ids_b if partial else 0.0) + 3 * ids_b
+    live_b = 300 + 24 * slots_b + (130 * ids_b if batched else 0.0) + 3 * ids_b
     packed = (1 - hot) if not own and (15 * rows_b < 300 or 15 * rows_b < live_b) else 0.0
     live = 1 - packed - hot
     fired = 0.0  # share of the ids forwarded early: floor(due / 2**k) * 2**k has passed
@@ -277,8 +278,10 @@ def features(s: Scenario) -> dict[str, float]:
         "own_slots": shape.slots * live if own else 0.0,
         "live_buckets": shape.buckets * live,
         # (a slot with a bitmap of its own keeps its entries' members in it: no record an entry)
-        "live_members": shape.ids * live if partial and not own else 0.0,
+        "live_members": shape.ids * live if batched and not own else 0.0,
         "live_payload": payload * live if own else 0.0,
+        # ... where a slot of its own keeps them: a member (entry << 10 | index) a nacked message
+        "own_messages": s.pending * (1 - packed) if batched and own else 0.0,
         "ledger_keys": shape.ledger_keys,
         "batch_entries": shape.ids if batched else 0.0,
         "batch_messages": s.pending if batched else 0.0,
