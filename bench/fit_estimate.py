@@ -1,10 +1,13 @@
 """Fit ``pulsar-nack estimate``'s models to measurements, and write them with the range they hold for.
 
-* **pulsar-nack** — ``pulsar_nack.profile.profile`` (fresh processes, the real tracker) on a grid of
-  workloads, half in steady state (duration = delay + the arrival filter's linger + 5 s), half with a 1 h
-  delay counted after 20 or 60 s (nothing due yet): rate, delay, precision
-  bits, batch size, nack share, topics and entries per ledger varied over seeded picks of a grid plus its
-  corners; target = the process-level measure (``PYTHONMALLOC=malloc`` + mallinfo2).
+* **pulsar-nack** — issue 23's grid points (``bench/nack_memory.py``'s :class:`Point`), each measured
+  exactly as that bench measures it: the real tracker driven as ``pulsar-nack profile`` drives it, in a
+  fresh process, messages over the shortest delay so that every nack is still pending at the end, target =
+  the heap the process retains (``PYTHONMALLOC=malloc`` + glibc in-use bytes) in its second run of the
+  workload (probe mode ``malloc-warm``; the first run's figure is kept as ``cold_bytes``). The points: the
+  fleet shape, three of the last grid run's, and seeded samples of the fixed-delay points (1 % nacked
+  only with batches: a non-batched 1 % point is 10 million messages), 47 in all. Uniform delays are not
+  modelled.
 * **Java** — the PIP-393 structure (``bench/java``, a fresh JVM per case) on the blog's workload over x,
   k, nack share, ids and entries per ledger; target = retained heap as built (no runOptimize: the Java
   client does not run it).
@@ -13,10 +16,12 @@
   native nack is its own node).
 
 Coefficients come from non-negative least squares on relative errors (``pulsar_nack.estimate``); the
-in-sample errors are written beside them.
+in-sample errors are written beside them, per point too, and the leave-one-out errors (each point
+predicted by the model fitted to the others).
 
-    python bench/fit_estimate.py [--points 36] [--no-java]
+    python bench/fit_estimate.py [--pending 100000] [--no-java] [--refit | --rows FILE...]
 
+``--rows``: fit to measurement rows already taken (JSON lines of ``nack_memory.measure``), no new runs.
 Writes ``pulsar_nack/data/estimate_fit.json`` (the package's model), ``bench/results/estimate_fit.json``
 (the same plus every measured point) and the ``estimate-fit`` section of docs/performance.md.
 """
@@ -28,9 +33,11 @@ import json
 import random
 import statistics
 import sys
+from pathlib import Path
 from typing import Any
 
 import report
+from nack_memory import Point, grid, measure
 from tqdm import tqdm
 
 from pulsar_nack.estimate import (
@@ -43,41 +50,10 @@ from pulsar_nack.estimate import (
     predict,
     range_key,
 )
-from pulsar_nack.profile import Delay, Workload, profile
 
 PACKAGE_FIT = report.ROOT / "pulsar_nack" / "data" / "estimate_fit.json"
-GRID: dict[str, list[Any]] = {
-    "rate": [500.0, 2_000.0, 6_000.0, 12_000.0],
-    "delay_ms": [5_000.0, 20_000.0],
-    "precision_bits": [4, 8, 12],
-    "batch_size": [1, 1, 10, 100],
-    "nack_share": [1.0, 0.3, 0.02],
-    "topics": [1, 1, 10, 50],
-    "entries_per_ledger": [50_000, 50_000, 5_000],
-}
-CORNERS: list[dict[str, Any]] = [
-    {"rate": 6_000.0, "delay_ms": 20_000.0, "precision_bits": 8, "batch_size": 1, "nack_share": 1.0,
-     "topics": 1, "entries_per_ledger": 50_000},
-    {"rate": 500.0, "delay_ms": 5_000.0, "precision_bits": 4, "batch_size": 1, "nack_share": 1.0,
-     "topics": 1, "entries_per_ledger": 50_000},
-    {"rate": 6_000.0, "delay_ms": 20_000.0, "precision_bits": 12, "batch_size": 100, "nack_share": 0.02,
-     "topics": 50, "entries_per_ledger": 5_000},
-    {"rate": 2_000.0, "delay_ms": 20_000.0, "precision_bits": 8, "batch_size": 1, "nack_share": 0.3,
-     "topics": 10, "entries_per_ledger": 50_000},
-    {"rate": 20_000.0, "delay_ms": 10_000.0, "precision_bits": 8, "batch_size": 1, "nack_share": 1.0,
-     "topics": 1, "entries_per_ledger": 50_000},
-    {"rate": 20_000.0, "delay_ms": 10_000.0, "precision_bits": 10, "batch_size": 10, "nack_share": 0.1,
-     "topics": 10, "entries_per_ledger": 50_000},
-    # long delays, counted before anything falls due (pending = rate × share × duration)
-    {"rate": 10_000.0, "delay_ms": 3_600_000.0, "precision_bits": 8, "batch_size": 1, "nack_share": 1.0,
-     "topics": 1, "entries_per_ledger": 50_000, "duration_ms": 60_000.0},
-    {"rate": 10_000.0, "delay_ms": 3_600_000.0, "precision_bits": 8, "batch_size": 100, "nack_share": 0.01,
-     "topics": 1, "entries_per_ledger": 50_000, "duration_ms": 60_000.0},
-    {"rate": 5_000.0, "delay_ms": 3_600_000.0, "precision_bits": 10, "batch_size": 1, "nack_share": 1.0,
-     "topics": 100, "entries_per_ledger": 50_000, "duration_ms": 60_000.0},
-    {"rate": 5_000.0, "delay_ms": 3_600_000.0, "precision_bits": 15, "batch_size": 1, "nack_share": 0.2,
-     "topics": 1, "entries_per_ledger": 50_000, "duration_ms": 60_000.0},
-]  # fmt: skip
+#: Besides the seeded sample: the fleet shape and three shapes of the last grid run.
+NAMED = ("t100-b10-n0.1-d3600s-k8", "t1-b1-n1-d60s-k0", "t1-b100-n1-d3600s-k8", "t1000-b100-n1-d60s-k0")
 JAVA_GRID: list[tuple[int, int, float, int, int]] = [  # x, k, share, n, entries per ledger
     (x, k, share, n, epl)
     for x, k in ((1, 4), (1, 10), (4, 8), (8, 10), (8, 15), (1, 8), (8, 4))
@@ -85,47 +61,46 @@ JAVA_GRID: list[tuple[int, int, float, int, int]] = [  # x, k, share, n, entries
 ]
 
 
-def linger_s() -> float:
-    from pulsar_nack.estimate import tracker_default
-
-    return tracker_default("linger_ms") / 1_000
-
-
-def points(count: int, seed: int = 13) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    picked = list(CORNERS)
-    while len(picked) < count:
-        point = {name: rng.choice(values) for name, values in GRID.items()}
-        if rng.random() < 0.5:  # a long delay, counted before anything falls due: the planner's usual case
-            point |= {"delay_ms": 3_600_000.0, "duration_ms": rng.choice([20_000.0, 60_000.0])}
-        if point not in picked:
-            picked.append(point)
+def points() -> list[Point]:
+    """The named points, 28 fixed-delay points nacking 10 % or 100 % and 3 batched ones nacking 1 %
+    (seeded)."""
+    every = grid()
+    by_name = {p.name: p for p in every}
+    fixed = [p for p in every if p.spread == "fixed"]
+    common = [p for p in fixed if p.share != 0.01]
+    rare = [p for p in fixed if p.share == 0.01 and p.batch >= 10]
+    picked = [by_name[name] for name in NAMED]
+    for p in [*random.Random(5).sample(common, 28), *random.Random(5).sample(rare, 3)]:
+        if p not in picked:
+            picked.append(p)
     return picked
 
 
-def _duration_ms(point: dict[str, Any]) -> float:
-    """The point's own duration, else steady state: the delay, the linger and 5 s more."""
-    duration: float = point.get("duration_ms", point["delay_ms"] + (linger_s() + 5) * 1_000)
-    return duration
+def validation_points(count: int = 12) -> list[Point]:
+    """More fixed-delay points nacking 10 % or 100 % (seeded apart from :func:`points`, with which they
+    were first checked out of sample)."""
+    fitted = set(points())
+    pool = [p for p in grid() if p.spread == "fixed" and p.share != 0.01 and p not in fitted]
+    return random.Random(7).sample(pool, count)
 
 
-def _workload(point: dict[str, Any]) -> Workload:
-    delay = point["delay_ms"]
-    return Workload(
-        rate=point["rate"],
-        delay=Delay("fixed", delay, delay),
-        duration_s=_duration_ms(point) / 1_000,
-        topics=point["topics"],
-        batch_size=point["batch_size"],
-        nack_share=point["nack_share"],
-        precision_bits=point["precision_bits"],
-        entries_per_ledger=point["entries_per_ledger"],
+def scenario(point: Point, pending: int) -> Scenario:
+    """The estimate's view of a grid point: the same workload, counted when its messages have arrived
+    (nothing due yet: duration = delay)."""
+    if point.spread != "fixed":
+        raise ValueError(f"point: {point.name}: uniform delays are not modelled")
+    workload = point.workload(pending)
+    delay_ms = point.delay_s * 1_000.0
+    return Scenario(
+        rate=workload.rate,
+        delay_ms=delay_ms,
+        precision_bits=point.k,
+        batch_size=point.batch,
+        nack_share=point.share,
+        topics=point.topics,
+        entries_per_ledger=workload.entries_per_ledger,
+        duration_ms=delay_ms,
     )
-
-
-def scenario(point: dict[str, Any]) -> Scenario:
-    """The estimate's view of a grid point: the same workload, run for as long as the profile ran it."""
-    return Scenario(**{**point, "duration_ms": _duration_ms(point)})
 
 
 def java_scenario(x: int, k: int, share: float, n: int, epl: int) -> Scenario:
@@ -159,37 +134,46 @@ def _fit_java(java_points: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--points", type=int, default=36, help="pulsar-nack workloads (default: 36)")
-    parser.add_argument("--no-java", action="store_true", help="keep the Java model of the last fit")
     parser.add_argument(
+        "--pending", type=int, default=100_000, help="pending nacks a point (default 100,000)"
+    )
+    parser.add_argument("--no-java", action="store_true", help="keep the Java model of the last fit")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
         "--refit",
         action="store_true",
         help="fit again to the measurements in bench/results/estimate_fit.json (no new runs)",
     )
+    which.add_argument(
+        "--rows", type=Path, nargs="+", help="fit to these nack_memory.measure rows (JSON lines files)"
+    )
     args = parser.parse_args(argv)
-    if args.points < len(CORNERS):
-        parser.error(f"--points: at least {len(CORNERS)}")
     earlier = json.loads((report.RESULTS / "estimate_fit.json").read_text()) if args.refit else None
-    grid = [] if earlier else points(args.points)
+    facts = earlier["machine"] if earlier else report.machine()  # when the measurements were taken
+    pending: int = earlier["pending_target"] if earlier else args.pending
     measured: list[dict[str, Any]] = earlier["measured"] if earlier else []
-    for point in tqdm(grid, unit="workload", file=sys.stderr, desc="pulsar-nack"):
-        result = profile(_workload(point), java=False, measures=("malloc",))
-        measured.append({
-            "point": point,
-            "malloc_bytes": result.memory["malloc"],
-            "reported_bytes": result.memory["reported"],
-            "pending": result.pending,
-            "buckets": result.buckets,
-            "slots": result.slots,
-            "ledgers": result.ledgers,
-        })  # fmt: skip
-    rows = [features(scenario(m["point"])) for m in measured]
-    targets = [float(m["malloc_bytes"]) for m in measured]
+    if args.rows:
+        lines = [line for path in args.rows for line in path.read_text().splitlines() if line.strip()]
+        measured = [json.loads(line) for line in lines]
+    elif not earlier:
+        for point in tqdm(
+            [*points(), *validation_points()], unit="point", file=sys.stderr, desc="pulsar-nack"
+        ):
+            measured.append(measure(point, pending))
+    rows = [features(scenario(Point.of(m), pending)) for m in measured]
+    targets = [float(m["measured_bytes"]) for m in measured]
     coefficients = fit_linear(rows, targets, FEATURES)
     predicted = [predict(coefficients, row) for row in rows]
     for m, p, row in zip(measured, predicted, rows, strict=True):
-        m["predicted_bytes"], m["features"] = p, row
-    keys = [range_key(scenario(m["point"])) for m in measured]
+        m["predicted_bytes"], m["features"], m["error"] = p, row, p / m["measured_bytes"] - 1
+    # Out of sample: each point predicted by the model fitted to the others (leave one out).
+    for index, m in enumerate(measured):
+        others = [i for i in range(len(measured)) if i != index]
+        held = fit_linear([rows[i] for i in others], [targets[i] for i in others], FEATURES)
+        m["loo_predicted_bytes"] = predict(held, rows[index])
+        m["loo_error"] = m["loo_predicted_bytes"] / m["measured_bytes"] - 1
+    left_out = _errors([m["loo_predicted_bytes"] for m in measured], targets)
+    keys = [range_key(scenario(Point.of(m), pending)) for m in measured]
     ranges = {name: [min(k[name] for k in keys), max(k[name] for k in keys)] for name in keys[0]}
 
     java: dict[str, Any] = {}
@@ -214,7 +198,6 @@ def main(argv: list[str]) -> int:
             java = _fit_java(java_points)
         else:
             print("java/mvn not found: no Java model", file=sys.stderr)
-    facts = earlier["machine"] if earlier else report.machine()  # when the measurements were taken
     now = report.machine()
     model = {
         "machine": facts,
@@ -223,12 +206,22 @@ def main(argv: list[str]) -> int:
         "pulsar_nack": {
             "coefficients": coefficients,
             "error": _errors(predicted, targets),
-            "target": "profile's process-level measure (PYTHONMALLOC=malloc + mallinfo2), steady state",
+            "leave_one_out_error": left_out,
+            "target": "bench/nack_memory.py's measure (malloc-warm: PYTHONMALLOC=malloc + glibc in-use, "
+            "the process's second run of the workload), every nack still pending",
         },
         "java": {k: v for k, v in java.items() if k != "points"},
     }
     PACKAGE_FIT.write_text(json.dumps(model, indent=2, sort_keys=True) + "\n")
-    report.save_json("estimate_fit", {**model, "measured": measured, "java_points": java.get("points", [])})
+    report.save_json(
+        "estimate_fit",
+        {
+            **model,
+            "pending_target": pending,
+            "measured": measured,
+            "java_points": java.get("points", []),
+        },
+    )
     text = render(model, measured)
     report.write_section("estimate-fit", text)
     print(text)
@@ -237,31 +230,31 @@ def main(argv: list[str]) -> int:
 
 def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
     ours = model["pulsar_nack"]
+    left_out = ours["leave_one_out_error"]
     rows = [[name, f"{value:.4g}"] for name, value in ours["coefficients"].items()]
     java = model["java"]
     java_rows = [[name, f"{value:.4g}"] for name, value in java.get("coefficients", {}).items()]
+
     point_rows = [
         [
-            f"{m['point']['rate']:g}/s, {m['point']['delay_ms'] / 1000:g} s"
-            + (f" (for {m['point']['duration_ms'] / 1000:g} s)" if "duration_ms" in m["point"] else "")
-            + f", k={m['point']['precision_bits']}, "
-            f"b={m['point']['batch_size']}, share={m['point']['nack_share']:g}, T={m['point']['topics']}, "
-            f"epl={m['point']['entries_per_ledger']:,}",
+            m["point"],
             f"{m['pending']:,}",
-            f"{m['malloc_bytes'] / 1e6:.3f}",
-            f"{m['predicted_bytes'] / 1e6:.3f}",
-            f"{m['predicted_bytes'] / m['malloc_bytes'] - 1:+.0%}",
+            f"{m['measured_bytes'] / m['pending']:.2f}",
+            f"{m['predicted_bytes'] / m['pending']:.2f}",
+            f"{m['error']:+.0%}",
+            f"{m['loo_error']:+.0%}",
         ]
         for m in measured
     ]
     return "\n\n".join(
         [
             "## The estimate's fitted models",
-            "`python bench/fit_estimate.py` — `pulsar-nack estimate` predicts steady-state memory from "
-            "structural features of the workload (buckets, slots, Roaring containers and payload, ledgers, "
-            "batch entries, forwards remembered for the linger) with bytes-per-feature coefficients fitted "
-            "(non-negative least squares, relative error) to `pulsar-nack profile` runs (process-level, "
-            "system allocator) and to the Java structure in fresh JVMs.",
+            "`python bench/fit_estimate.py` — `pulsar-nack estimate` predicts memory from structural "
+            "features of the workload (hot, live and packed buckets, slots, ids and rows, batch members, "
+            "ledgers, the arrival filter's bitmaps and batch records) with bytes-per-feature coefficients "
+            "fitted (non-negative least squares, relative error) to issue 23's grid points measured as "
+            "`bench/nack_memory.py` measures them (the real tracker, every nack still pending, process heap "
+            "in the process's second run) and to the Java structure in fresh JVMs.",
             report.machine_line(model["machine"]),
             f"pulsar-nack: in-sample error median {ours['error']['median']:.1%}, "
             f"max {ours['error']['max']:.1%} over {ours['error']['points']} workloads. Java: "
@@ -275,7 +268,11 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
             report.table(["Java feature", "bytes each"], java_rows) if java_rows else "",
             "Valid range: "
             + ", ".join(f"{name} {low:g}..{high:g}" for name, (low, high) in model["range"].items()),
-            report.table(["workload", "pending", "measured MB", "model MB", "error"], point_rows),
+            f"Out of sample (each point predicted by the model fitted to the others): error median "
+            f"{left_out['median']:.1%}, max {left_out['max']:.1%}.",
+            report.table(
+                ["grid point", "pending", "measured B/nack", "model B/nack", "error", "left out"], point_rows
+            ),
         ]
     )
 

@@ -31,7 +31,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from pulsar_nack.index import MAX_PRECISION_BITS
+from pulsar_nack.index import MAX_PRECISION_BITS, PROMOTE_AT
 from pulsar_nack.profile import ProfileError, check_integer, check_number, native_cost
 
 __all__ = [
@@ -116,24 +116,28 @@ class Scenario:
         return min(limit_ms, max(self.duration_ms - self.delay_ms, 0.0))
 
 
-#: pulsar-nack's features, in the order of the fitted coefficients.
+#: pulsar-nack's features, in the order of the fitted coefficients (see :func:`features`).
 FEATURES: Final = (
     "constant",
-    "buckets",
-    "run_slots",
-    "bitmap_slots",
-    "index_payload",
+    "packed_rows",
+    "packed_buckets",
+    "hot_ids",
+    "hot_slots",
+    "hot_own_slots",
+    "live_ids",
+    "live_slots",
+    "own_slots",
+    "live_buckets",
+    "live_members",
+    "live_payload",
+    "own_messages",
     "ledger_keys",
-    "filter_payload",
     "batch_entries",
     "batch_messages",
-    "member_slots",
-    "linger_ids",
-    "linger_batch_entries",
-    "linger_batch_messages",
-    "linger_records",
-    "lateness_samples",
-    "forward_peak_ids",
+    "filter_payload",
+    "single_nacks",
+    "fired_ids",
+    "fired_keys",
 )
 #: The Java structure's features (the same analysis, no compaction, no arrival filter).
 JAVA_FEATURES: Final = ("constant", "buckets", "slots", "java_payload", "ledger_keys")
@@ -221,56 +225,70 @@ def _java_container_bytes(values: float) -> float:
 
 
 def features(s: Scenario) -> dict[str, float]:
-    """pulsar-nack's structural features of ``s`` in steady state (see the module docstring). O(1)."""
+    """pulsar-nack's structural features of ``s`` (see the module docstring), after the index's tiers
+    (``pulsar_nack.index``, ``pulsar_nack.packed``). O(1).
+
+    * *hot*: the bucket nacks are filed in and those of the last ``compact_after_ms`` — not compacted yet:
+      slots in shared 64-bit bitmaps, or bitmaps of their own from :data:`PROMOTE_AT` ids.
+    * *packed*: a compacted bucket whose slots are all small moves to the packed store (one 8-byte code a
+      nacked message, an offset a bucket, a membership bitmap) when its rows cost less than the live
+      tier's objects — the index's own rule (``_evict``: 15 B a row against 300 B a bucket, 24 B a slot,
+      130 B a batch entry's member record, a few bytes an id), applied to the mean bucket.
+    * *live*: compacted buckets that stay: runs and bitmaps of their own, shared bitmaps, and a record of
+      which messages are nacked for every batch entry of a slot without a bitmap of its own (all nacked too).
+    * the arrival filter: a bitmap of pending non-batched ids per (topic, ledger), a record per batch entry.
+    * *fired*: with floor rounding a bucket fires up to ``2**k`` ms early, so a run as long as the delay
+      has forwarded the ids of its first bucket: the filter remembers them (flights, recent forwards per
+      (topic, ledger)).
+    """
     shape = _shape(s)
-    dense = shape.entry_share >= 1 - 1e-12 and s.batch_size == 1
-    mean = shape.ids_per_slot
-    # A slot holding one run of consecutive ids is packed into an int by compaction: every slot of a
-    # dense stream, and the slots of a sparse one that hold a single id (Poisson, given at least one).
-    single = mean * math.exp(-mean) / -math.expm1(-mean) if mean > 0 else 0.0
-    run_slots = shape.slots if dense else shape.slots * single
-    bitmap_slots = shape.slots - run_slots
-    per_container = mean / shape.containers_per_slot
-    containers = bitmap_slots * shape.containers_per_slot
-    payload = containers * _container_bytes(per_container, shape.entry_share, runs=True)
-    # The arrival filter keeps a bitmap of pending non-batched nacks per (topic, ledger), not compacted.
+    width = float(1 << s.precision_bits)
+    batched = s.batch_size > 1
+    hot = min(1.0, (width + tracker_default("compact_after_ms")) / (s.horizon_ms + width))
+    buckets = max(shape.buckets, 1.0)
+    # per bucket; a packed row a nacked message (with batches too: a batch message's slot is 1 + its index)
+    ids_b, slots_b, rows_b = shape.ids / buckets, shape.slots / buckets, s.pending / buckets
+    own = shape.ids_per_slot >= PROMOTE_AT
+    live_b = 300 + 24 * slots_b + (130 * ids_b if batched else 0.0) + 3 * ids_b
+    packed = (1 - hot) if not own and (15 * rows_b < 300 or 15 * rows_b < live_b) else 0.0
+    live = 1 - packed - hot
+    fired = 0.0  # share of the ids forwarded early: floor(due / 2**k) * 2**k has passed
+    if s.duration_ms is not None and s.duration_ms <= s.delay_ms:
+        last = (math.floor(s.duration_ms / width) + 1) * width  # the first bucket not yet due
+        fired = min(1.0, max(0.0, (last - s.delay_ms) / s.duration_ms))
+    per_container = shape.ids_per_slot / shape.containers_per_slot
+    payload = (
+        shape.slots * shape.containers_per_slot * _container_bytes(per_container, shape.entry_share, True)
+    )
     filter_payload = 0.0
-    if s.batch_size == 1:
+    if not batched:
         ledger_span = min(float(s.entries_per_ledger), shape.entries_per_ms * s.horizon_ms)
         ledger_containers = max(1.0, ledger_span / _CONTAINER_SPAN)
         values = ledger_span * shape.entry_share / ledger_containers
         filter_payload = shape.ledger_keys * ledger_containers * _container_bytes(values, 1.0, runs=False)
-    # Batched nacks: the index keeps each pending message as a member (entry << 10 | index) of a 64-bit
-    # bitmap per slot, the arrival filter a record or a bit per entry.
-    batched = s.batch_size > 1
-    batch_entries = shape.ids if batched else 0.0
-    batch_messages = s.pending if batched else 0.0
-    # Forwards of the last linger are remembered (ids, batch indexes, flights, recent deliveries), and
-    # the lateness of the last lateness_window redeliveries.
-    linger = s.redelivered_ms(tracker_default("linger_ms")) / s.horizon_ms  # relative to what is pending
-    window = tracker_default("lateness_window")
-    lateness = min(window, s.rate * s.nack_share * s.redelivered_ms(math.inf) / 1_000)
     return {
         "constant": 1.0,
-        "buckets": shape.buckets,
-        "run_slots": run_slots,
-        "bitmap_slots": bitmap_slots,
-        "index_payload": payload,
+        "packed_rows": s.pending * packed,
+        "packed_buckets": shape.buckets * packed,
+        "hot_ids": shape.ids * hot,
+        "hot_slots": 0.0 if own else shape.slots * hot,
+        "hot_own_slots": shape.slots * hot if own else 0.0,
+        "live_ids": shape.ids * live,
+        "live_slots": 0.0 if own else shape.slots * live,
+        "own_slots": shape.slots * live if own else 0.0,
+        "live_buckets": shape.buckets * live,
+        # (a slot with a bitmap of its own keeps its entries' members in it: no record an entry)
+        "live_members": shape.ids * live if batched and not own else 0.0,
+        "live_payload": payload * live if own else 0.0,
+        # ... where a slot of its own keeps them: a member (entry << 10 | index) a nacked message
+        "own_messages": s.pending * (1 - packed) if batched and own else 0.0,
         "ledger_keys": shape.ledger_keys,
+        "batch_entries": shape.ids if batched else 0.0,
+        "batch_messages": s.pending if batched else 0.0,
         "filter_payload": filter_payload,
-        "batch_entries": batch_entries,
-        "batch_messages": batch_messages,
-        "member_slots": shape.slots if batched else 0.0,  # one 64-bit members bitmap per slot
-        "linger_ids": 0.0 if batched else shape.ids * linger,
-        "linger_batch_entries": shape.ids * linger if batched else 0.0,
-        "linger_batch_messages": s.pending * linger if batched else 0.0,
-        "linger_records": shape.slots * linger,
-        "lateness_samples": lateness,
-        # The filter's in-flight dict keeps the hash table of its largest forward (a dict never shrinks):
-        # one bucket's non-batched ids of every topic at once, once anything has fallen due.
-        "forward_peak_ids": (
-            0.0 if batched or not s.redelivered_ms(math.inf) else s.topics * shape.ids_per_window
-        ),
+        "single_nacks": 0.0 if batched else s.pending,
+        "fired_ids": shape.ids * fired,
+        "fired_keys": shape.ledger_keys * min(1.0, fired * shape.ids / shape.ledger_keys),
     }
 
 
@@ -401,6 +419,7 @@ def range_key(s: Scenario) -> dict[str, float]:
         "topics": s.topics,
         "entries_per_ledger": s.entries_per_ledger,
         "ids_per_slot": shape.ids_per_slot,
+        "redelivered_ms": s.redelivered_ms(math.inf),  # the fit's workloads: nothing due yet (0..0)
     }
 
 
