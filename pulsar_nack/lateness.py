@@ -4,14 +4,21 @@ The index keeps buckets, not due times (that is where its memory goes down), so 
 every pending nack is not known at arrival. Two fixed-size structures measure lateness anyway:
 
 * :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (a table of 512
-  slots, two-way: 8 bytes a slot) — taken when the id's nack is filed, read when it is forwarded (the
-  forward carries it to the copy that is handed out);
-* :class:`LatenessHistogram` counts the sampled redeliveries' lateness in log buckets (an HDR-histogram
-  shape: 64 sub-buckets per power of two, so ≤ 1.6 % of the value wide, interpolated within), early ones
-  (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds twice
-  ``window`` samples: the percentiles describe roughly the last ``window``–``2 * window`` redeliveries.
+  slots, two-way: 9 bytes a slot) — taken when the id's nack is filed, read when it is forwarded (the
+  forward carries it to the copy that is handed out) — with the weight of each: 1 in how many nacks
+  were sampled when it was (:data:`Sampled`);
+* :class:`LatenessHistogram` counts the sampled redeliveries' lateness, each by its weight, in log
+  buckets (an HDR-histogram shape: 64 sub-buckets per power of two, so ≤ 1.6 % of the value wide,
+  interpolated within), early ones (negative lateness: floor rounding) in a coarser mirror, and halves
+  every count once it holds twice ``window`` samples: the percentiles describe roughly the last
+  ``window``–``2 * window`` sampled redeliveries.
 
-Neither grows with pending nacks or run time: ~4.9 KiB + ~1.3 KiB for the histogram, 4 KiB for the
+Why weights: the sample is thinned while many nacks are pending, and those are the busy, later parts of
+a run; unweighted, a sample taken 1 in 64 counts as much as one taken 1 in 1 and the percentiles follow
+the quiet parts (issue 24: the demo's 20,000 messages, ``nack_stats()`` p50 136 ms where the application
+measured 231 ms on pulsar-lite).
+
+Neither grows with pending nacks or run time: ~4.9 KiB + ~1.3 KiB for the histogram, 4.5 KiB for the
 sample, each allocated at its first use. Not thread-safe: the arrival filter calls both under its lock.
 """
 
@@ -23,7 +30,11 @@ from collections.abc import Sequence
 
 from pulsar_nack.memory import python_bytes
 
-__all__ = ["DueSample", "LatenessHistogram"]
+__all__ = ["DueSample", "LatenessHistogram", "Sampled"]
+
+#: A sampled nack's exact due time (ms) and its weight: the ``every + 1`` it was sampled at (1 in how many
+#: nacks like it were), for :meth:`LatenessHistogram.add`.
+Sampled = tuple[float, int]
 
 _NAN = math.nan
 #: Spreads keys over the slots: the keys of one batch's messages differ in their low bits only (the batch
@@ -52,8 +63,9 @@ MAX_EVERY = 255
 
 
 class DueSample:
-    """Exact due times (ms) of up to ``capacity`` pending ids, by a key of the id (a hash): 8 bytes a slot
-    — 32 bits of the key, and the due time modulo 2**32 ms (49 days), read back near a time given.
+    """Exact due times (ms) of up to ``capacity`` pending ids, by a key of the id (a hash): 9 bytes a slot
+    — 32 bits of the key, the due time modulo 2**32 ms (49 days), read back near a time given, and the
+    thinning it was sampled at (log2 of ``every + 1``: its weight, returned by :meth:`take`).
 
     The nack path offers a nack only when :func:`offered` says so: every nack while the table has room,
     and fewer (``every`` doubles up to :data:`MAX_EVERY`, a 1/256 sample) when an offered nack finds both
@@ -65,12 +77,17 @@ class DueSample:
     quarters free. An id whose two slots are taken while the table has room is not sampled: chosen by
     its hash, not by its lateness.
 
+    Each id is weighted by the thinning it passed: ``every + 1`` when it was noted, and the larger
+    ``every + 1`` of a thinning it survived (it passed that offer test too: nested, since ``every`` only
+    gains low bits) — so the weights sum, in expectation, to the nacks offered and not, whatever the
+    thinning was when each was filed.
+
     ``note`` keeps a due time if one of the key's two slots is free or holds this key (the earlier due time
     is kept: a re-nack does not move a nack later), or replaces an id due more than ``horizon_ms`` before
     it (one whose forward was never seen: acked, cleared). ``take`` returns the key's due time and frees
     its slot. O(1) each, O(capacity) when ``every`` grows (at most 8 times while the table is full)."""
 
-    __slots__ = ("_dues", "_keys", "_mask", "every", "horizon_ms", "used")
+    __slots__ = ("_dues", "_keys", "_mask", "_shifts", "every", "horizon_ms", "used")
 
     def __init__(self, capacity: int = 512, horizon_ms: int = 60_000) -> None:
         if capacity < 4 or capacity & (capacity - 1):
@@ -79,6 +96,7 @@ class DueSample:
         self.horizon_ms = int(horizon_ms)
         self._keys: array[int] | None = None  # allocated at the first note
         self._dues: array[int] | None = None  # due ms & _LOW; _FREE: a free slot
+        self._shifts: array[int] | None = None  # weight = 1 << shift (every.bit_length() when sampled)
         self.every = 0  # offer a nack when offered(due_ms, every) (0: every nack)
         self.used = 0  # slots taken
 
@@ -86,9 +104,11 @@ class DueSample:
         """Sample ``due_ms`` (an int) for ``key`` if there is room (see the class docstring). O(1)."""
         dues = self._dues
         keys = self._keys
-        if dues is None or keys is None:
+        shifts = self._shifts
+        if dues is None or keys is None or shifts is None:
             keys = self._keys = array("I", bytes(4 * (self._mask + 1)))
             dues = self._dues = array("I", [_FREE]) * (self._mask + 1)
+            shifts = self._shifts = array("B", bytes(self._mask + 1))
         code = key & _LOW
         due = due_ms & _LOW
         slot = key * _SPREAD >> 40 & self._mask
@@ -105,33 +125,41 @@ class DueSample:
             return
         keys[slot] = code
         dues[slot] = due
+        shifts[slot] = self.every.bit_length()
 
     def _contend(self, key: int, due_ms: int, slot: int) -> None:
         """Both slots taken by other ids: one long overdue gives way, or the sample is thinned."""
-        dues, keys = self._dues, self._keys
-        assert dues is not None and keys is not None
+        dues, keys, shifts = self._dues, self._keys, self._shifts
+        assert dues is not None and keys is not None and shifts is not None
         due = due_ms & _LOW
         for probe in (slot ^ 1, slot):
             if self.horizon_ms < (due - dues[probe]) & _LOW < _HALF:  # overdue by more than the horizon
                 keys[probe] = key & _LOW
                 dues[probe] = due
+                shifts[probe] = self.every.bit_length()
                 return
         if self.every >= MAX_EVERY or self.used < self._mask - (self._mask >> 2):
             return  # (not full: this id is not sampled — chosen by its hash, not by its lateness)
         every = self.every = self.every << 1 | 1
+        shift = every.bit_length()
         for probe, old in enumerate(dues):
-            if old != _FREE and not offered(old, every):  # (old: the due time modulo 2**32, as offered reads)
+            if old == _FREE:
+                continue
+            if offered(old, every):  # (old: the due time modulo 2**32, as offered reads)
+                shifts[probe] = max(shifts[probe], shift)  # it passed this thinning too: 1 in 2**shift
+            else:
                 dues[probe] = _FREE
                 self.used -= 1
         if offered(due_ms, every):
             self.note(key, due_ms)
 
-    def take(self, key: int, near_ms: float) -> float | None:
+    def take(self, key: int, near_ms: float) -> Sampled | None:
         """The due time sampled for ``key`` (None if it was not), read as the one within 24 days of
-        ``near_ms``; its slot is freed. O(1)."""
+        ``near_ms``, and its weight; its slot is freed. O(1)."""
         dues = self._dues
         keys = self._keys
-        if not self.used or dues is None or keys is None:
+        shifts = self._shifts
+        if not self.used or dues is None or keys is None or shifts is None:
             return None
         code = key & _LOW
         slot = key * _SPREAD >> 40 & self._mask
@@ -147,16 +175,16 @@ class DueSample:
         if self.every and self.used <= self._mask >> 2:
             self.every >>= 1  # room again: offer more nacks
         near = int(near_ms)
-        return float(near + ((due - near + _HALF) & _LOW) - _HALF)
+        return float(near + ((due - near + _HALF) & _LOW) - _HALF), 1 << shifts[slot]
 
     def clear(self) -> None:
-        self._keys = self._dues = None
+        self._keys = self._dues = self._shifts = None
         self.every = self.used = 0
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the two arrays and this object. O(1)."""
-        held = (self._keys, self._dues)
+        """Bytes held: the three arrays and this object. O(1)."""
+        held = (self._keys, self._dues, self._shifts)
         return python_bytes(self) + sum(python_bytes(a) for a in held if a is not None)
 
 
@@ -193,9 +221,10 @@ class _Buckets:
 
 class LatenessHistogram:
     """Lateness (ms; negative: early) of redeliveries: see the module docstring. ``add`` O(1), percentiles
-    O(buckets) (~1,700)."""
+    O(buckets) (~1,700). ``len()`` is the samples counted (halved with the counts); the percentiles and
+    the early share weigh each by its weight."""
 
-    __slots__ = ("_early", "_late", "_total", "window")
+    __slots__ = ("_early", "_late", "_samples", "_total", "window")
 
     def __init__(self, window: int = 4096) -> None:
         if window < 1:
@@ -203,18 +232,23 @@ class LatenessHistogram:
         self.window = window
         self._late: _Buckets | None = None  # allocated at the first sample
         self._early: _Buckets | None = None
-        self._total = 0
+        self._total = 0  # the counts' sum: samples by their weights
+        self._samples = 0
 
-    def add(self, lateness_ms: float) -> None:
+    def add(self, lateness_ms: float, weight: int = 1) -> None:
+        """Count a redelivery ``lateness_ms`` late for ``weight`` (an int >= 1: 1 in how many were
+        sampled, :data:`Sampled`). O(1), O(buckets) when the counts halve."""
         if self._late is None or self._early is None:
             self._late, self._early = _Buckets(64, 24), _Buckets(16, 24)
         if lateness_ms >= 0:
             buckets = self._late
         else:
             buckets, lateness_ms = self._early, -lateness_ms
-        buckets.counts[buckets.index(lateness_ms)] += 1
-        self._total += 1
-        if self._total >= 2 * self.window:
+        buckets.counts[buckets.index(lateness_ms)] += weight
+        self._total += weight
+        self._samples += 1
+        # (and before a count could pass its 32 bits: a window of millions of samples weighing 256 each)
+        if self._samples >= 2 * self.window or self._total >= _HALF:
             self._halve()
 
     def _halve(self) -> None:
@@ -227,9 +261,10 @@ class LatenessHistogram:
                         counts[index] = count >> 1
                 total += sum(counts)
         self._total = total
+        self._samples = min(self._samples >> 1, total)
 
     def __len__(self) -> int:
-        return self._total
+        return self._samples
 
     @property
     def early_share(self) -> float | None:
@@ -279,7 +314,7 @@ class LatenessHistogram:
 
     def clear(self) -> None:
         self._late = self._early = None
-        self._total = 0
+        self._total = self._samples = 0
 
     @property
     def nbytes(self) -> int:
