@@ -336,11 +336,14 @@ def render(saved: dict[str, Any]) -> str:
             "broker sends the entry again instead."
         )
         parts.append(
-            "Open (issue 24): in the demo workload `nack_stats()` lateness reads below the application's. "
-            "Its sample of due times (`pulsar_nack.lateness.DueSample`, 512 slots) is thinned while more "
-            "nacks are pending than it holds, so it over-represents the quieter parts of a run, which "
-            "are less late: forwarded and kept redeliveries are sampled alike, but each below the "
-            "application's own figure for them; weighting each sample by its thinning rate would fix it."
+            "`nack_stats()` lateness comes from a sample of due times (`pulsar_nack.lateness.DueSample`, "
+            "512 slots), thinned while more nacks are pending than it holds — the busier, later parts of "
+            "a run. Each sampled redelivery is weighted by the nacks it stands for (1 in how many were "
+            "offered when it was, raised by a thinning it survived, plus offered nacks that found its slot "
+            "pair taken), so the percentiles no longer follow the quieter parts. Open (issue 24): the sample "
+            "(`reported_samples` in bench/results/redelivery.json: a part of the run's redeliveries) "
+            "still differs from the application's percentiles by its own sampling error, more than 5 ms "
+            "in some runs of this workload (tables below)."
         )
     for workload in WORKLOADS:
         if workload in saved:

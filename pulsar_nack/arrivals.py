@@ -50,7 +50,7 @@ from pyroaring import BitMap
 
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.index import batch_mask
-from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
+from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
 __all__ = [
@@ -113,8 +113,9 @@ class _Flight:
         # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
         again = previous is not None and previous.at == _NEVER
         self.reforwards = previous.reforwards + 1 if again else 0  # type: ignore[union-attr]
-        # the due time the application asked for, if sampled (DueSample); a repeat keeps the first's
-        self.due: float | None = previous.due if again else None  # type: ignore[union-attr]
+        # the due time the application asked for and its weight, if sampled (DueSample); a repeat keeps
+        # the first's
+        self.due: Sampled | None = previous.due if again else None  # type: ignore[union-attr]
         self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
 
 
@@ -843,7 +844,8 @@ class ArrivalFilter:
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
             if flight.due is not None:
-                self.lateness.add(now - flight.due)
+                due, weight = flight.due
+                self.lateness.add(now - due, weight)
             return _DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
@@ -1019,8 +1021,8 @@ class ArrivalFilter:
                 entry.last_forward = self._clock()
             return True
 
-    def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> float | None:
-        """The exact due time sampled for a nack just taken (:meth:`take_pending`,
+    def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> Sampled | None:
+        """The exact due time and weight sampled for a nack just taken (:meth:`take_pending`,
         :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
         :meth:`held_out` when the kept copy is handed out. O(1)."""
         with self._lock:
@@ -1028,19 +1030,19 @@ class ArrivalFilter:
                 return None
             return self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
 
-    def held_out(self, due_ms: float | None, key: tuple[Any, ...] = ()) -> None:
+    def held_out(self, due_ms: Sampled | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
-        when due: it counts as redelivered, and with its sampled exact due time ``due_ms`` (None: not
-        sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. ``key``: the hold's,
-        ``(topic, ledger id, entry id)`` for a non-batched message — it counts as recently redelivered, as
-        the copy of a forward does, so that a later broker copy of it (a second re-dispatch, a request
-        still on its way) is a duplicate, or acked once the application has acked it, not a first
+        when due: it counts as redelivered, and with its sampled exact due time and weight ``due_ms``
+        (None: not sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. ``key``: the
+        hold's, ``(topic, ledger id, entry id)`` for a non-batched message — it counts as recently
+        redelivered, as the copy of a forward does, so that a later broker copy of it (a second re-dispatch,
+        a request still on its way) is a duplicate, or acked once the application has acked it, not a first
         delivery (a kept batch message is the application's already: :meth:`take_pending_message`). O(1)."""
         with self._lock:
             self._redelivered += 1
             now = self._clock()
             if due_ms is not None:
-                self.lateness.add(now - due_ms)
+                self.lateness.add(now - due_ms[0], due_ms[1])
             if len(key) == 3:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)

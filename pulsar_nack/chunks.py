@@ -45,6 +45,7 @@ from typing import Any, Literal
 import pulsar
 
 from pulsar_nack.checks import check_int
+from pulsar_nack.lateness import Sampled
 from pulsar_nack.memory import python_bytes
 from pulsar_nack.tracker import NackStats
 
@@ -102,8 +103,8 @@ class _Held:
     redelivery_count: int
     size: int
     # a broker copy kept for a pending nack (not a nacked chunked message): the nack's sampled exact due
-    # time, for the lateness of its hand-out (None: not sampled), and whether it is such a copy
-    sampled_due: float | None = None
+    # time and weight, for the lateness of its hand-out (None: not sampled), and whether it is such a copy
+    sampled_due: Sampled | None = None
     copy: bool = False
 
 
@@ -128,11 +129,11 @@ class ChunkHold:
         #: Called with the due time (ms) after each successful :meth:`hold`, outside the lock, on the
         #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
         self.on_hold: Callable[[float], object] | None = None
-        #: Called by :meth:`pop_due` for each kept copy it hands out, with the sampled exact due time of its
-        #: nack (None if not sampled) and its key, outside the lock: it counts in ``nack_stats()`` as
-        #: redelivered, with its lateness, as the forwarded redeliveries do, and later copies of it are not
-        #: first deliveries.
-        self.on_handout: Callable[[float | None, Key], object] | None = None
+        #: Called by :meth:`pop_due` for each kept copy it hands out, with the sampled exact due time and
+        #: weight of its nack (None if not sampled) and its key, outside the lock: it counts in
+        #: ``nack_stats()`` as redelivered, with its lateness, as the forwarded redeliveries do, and later
+        #: copies of it are not first deliveries.
+        self.on_handout: Callable[[Sampled | None, Key], object] | None = None
 
     def __len__(self) -> int:
         return len(self.held)
@@ -151,7 +152,7 @@ class ChunkHold:
         size: int,
         *,
         copy: bool = False,
-        sampled_due: float | None = None,
+        sampled_due: Sampled | None = None,
     ) -> bool:
         """Keep ``message`` (``size`` payload bytes) until ``due_ms``, to be handed out with
         ``redelivery_count``. False, counted in ``chunked_over_bound``, if that would pass ``max_bytes``

@@ -692,9 +692,10 @@ class NackBridge:
         due = self.tracker.now() + delay
         key = (topic, ledger_id, entry_id, batch_index)
         # Its exact due time is known; its lateness is sampled as often as a filed nack's (the nack path's
-        # offer test): sampling every kept spare would outweigh the nacks that go through buckets.
+        # offer test), and weighs as much: sampling every kept spare would outweigh the nacks that go
+        # through buckets.
         every = self._arrivals.dues.every
-        sampled = due if not every or offered(int(due), every) else None
+        sampled = (due, every + 1) if not every or offered(int(due), every) else None
         return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=sampled)
 
     def _keep_sibling(

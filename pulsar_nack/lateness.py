@@ -4,14 +4,21 @@ The index keeps buckets, not due times (that is where its memory goes down), so 
 every pending nack is not known at arrival. Two fixed-size structures measure lateness anyway:
 
 * :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (a table of 512
-  slots, two-way: 8 bytes a slot) — taken when the id's nack is filed, read when it is forwarded (the
-  forward carries it to the copy that is handed out);
-* :class:`LatenessHistogram` counts the sampled redeliveries' lateness in log buckets (an HDR-histogram
-  shape: 64 sub-buckets per power of two, so ≤ 1.6 % of the value wide, interpolated within), early ones
-  (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds twice
-  ``window`` samples: the percentiles describe roughly the last ``window``–``2 * window`` redeliveries.
+  slots, two-way: 11 bytes a slot) — taken when the id's nack is filed, read when it is forwarded (the
+  forward carries it to the copy that is handed out) — with the weight of each: how many nacks filed
+  it stands for (:data:`Sampled`);
+* :class:`LatenessHistogram` counts the sampled redeliveries' lateness, each by its weight, in log
+  buckets (an HDR-histogram shape: 64 sub-buckets per power of two, so ≤ 1.6 % of the value wide,
+  interpolated within), early ones (negative lateness: floor rounding) in a coarser mirror, and halves
+  every count once it holds twice ``window`` samples: the percentiles describe roughly the last
+  ``window``–``2 * window`` sampled redeliveries.
 
-Neither grows with pending nacks or run time: ~4.9 KiB + ~1.3 KiB for the histogram, 4 KiB for the
+Why weights: while many nacks are pending — the busy, later parts of a run — the sample is thinned and
+more of the nacks offered find their slots taken; unweighted, a nack sampled 1 in 64 counts as much as
+one sampled 1 in 1 and the percentiles follow the quiet parts (issue 24: the demo's 20,000 messages,
+``nack_stats()`` p50 136 ms where the application measured 231 ms on pulsar-lite).
+
+Neither grows with pending nacks or run time: ~4.9 KiB + ~1.3 KiB for the histogram, 5.5 KiB for the
 sample, each allocated at its first use. Not thread-safe: the arrival filter calls both under its lock.
 """
 
@@ -23,7 +30,11 @@ from collections.abc import Sequence
 
 from pulsar_nack.memory import python_bytes
 
-__all__ = ["DueSample", "LatenessHistogram"]
+__all__ = ["DueSample", "LatenessHistogram", "Sampled"]
+
+#: A sampled nack's exact due time (ms) and its weight (1 in how many nacks like it were sampled: see
+#: :class:`DueSample`), for :meth:`LatenessHistogram.add`.
+Sampled = tuple[float, int]
 
 _NAN = math.nan
 #: Spreads keys over the slots: the keys of one batch's messages differ in their low bits only (the batch
@@ -52,8 +63,10 @@ MAX_EVERY = 255
 
 
 class DueSample:
-    """Exact due times (ms) of up to ``capacity`` pending ids, by a key of the id (a hash): 8 bytes a slot
-    — 32 bits of the key, and the due time modulo 2**32 ms (49 days), read back near a time given.
+    """Exact due times (ms) of up to ``capacity`` pending ids, by a key of the id (a hash): 11 bytes a
+    slot — 32 bits of the key, the due time modulo 2**32 ms (49 days), read back near a time given, and
+    its weight (returned by :meth:`take`): ``m << shift``, the nacks it stands for (two bytes) in units
+    of the thinning it passed (log2 of ``every + 1``, a byte).
 
     The nack path offers a nack only when :func:`offered` says so: every nack while the table has room,
     and fewer (``every`` doubles up to :data:`MAX_EVERY`, a 1/256 sample) when an offered nack finds both
@@ -62,15 +75,26 @@ class DueSample:
     sample is always the pending ids whose due time passes ``every``: spread evenly over a burst larger
     than the table, not its first nacks (whose lateness differs: with ceil rounding a bucket's earliest
     due times are the latest). ``every`` halves again each time an id is taken while the table is three
-    quarters free. An id whose two slots are taken while the table has room is not sampled: chosen by
-    its hash, not by its lateness.
+    quarters free. An id whose two slots are taken while the table has room (or is thinned its most) is
+    not sampled: chosen by its hash, not by its lateness.
+
+    The weights sum to the nacks filed (in expectation), whatever the thinning and the crowding of the
+    table were when each was: the sample is thinned, and more offered ids find their slots taken, while
+    many nacks are pending — the busy, late parts of a run — and unweighted the percentiles follow the
+    quiet parts. An id noted at ``every`` stands for ``every + 1`` nacks; one that survives a thinning
+    passed that offer test too (nested: ``every`` only gains low bits), so its shift is raised to the
+    thinning's (its ``m`` kept); and an offered id that finds no room is counted in one of the two that
+    took its slots (``m`` grows by one each ``1 << shift`` such nacks; the remainder waits in
+    :attr:`missed`): pending at the same time, so late alike. Without that, the weights of a burst of
+    3,000 nacks into 64 slots summed to 79 % of it, of 20,000 into 512 slots to 54 %.
 
     ``note`` keeps a due time if one of the key's two slots is free or holds this key (the earlier due time
     is kept: a re-nack does not move a nack later), or replaces an id due more than ``horizon_ms`` before
-    it (one whose forward was never seen: acked, cleared). ``take`` returns the key's due time and frees
-    its slot. O(1) each, O(capacity) when ``every`` grows (at most 8 times while the table is full)."""
+    it (one whose forward was never seen: acked, cleared). ``take`` returns the key's due time and weight
+    and frees its slot. O(1) each, O(capacity) when ``every`` grows (at most 8 times while the table is
+    full)."""
 
-    __slots__ = ("_dues", "_keys", "_mask", "every", "horizon_ms", "used")
+    __slots__ = ("_dues", "_keys", "_mask", "_ms", "_shifts", "every", "horizon_ms", "missed", "used")
 
     def __init__(self, capacity: int = 512, horizon_ms: int = 60_000) -> None:
         if capacity < 4 or capacity & (capacity - 1):
@@ -79,8 +103,11 @@ class DueSample:
         self.horizon_ms = int(horizon_ms)
         self._keys: array[int] | None = None  # allocated at the first note
         self._dues: array[int] | None = None  # due ms & _LOW; _FREE: a free slot
+        self._shifts: array[int] | None = None  # the thinning passed: weight = m << shift
+        self._ms: array[int] | None = None  # m: 1, plus offered nacks that found no room, in 1 << shift
         self.every = 0  # offer a nack when offered(due_ms, every) (0: every nack)
         self.used = 0  # slots taken
+        self.missed = 0  # offered nacks that found no room, not yet counted in an m (< 1 << shift)
 
     def note(self, key: int, due_ms: int) -> None:
         """Sample ``due_ms`` (an int) for ``key`` if there is room (see the class docstring). O(1)."""
@@ -89,6 +116,8 @@ class DueSample:
         if dues is None or keys is None:
             keys = self._keys = array("I", bytes(4 * (self._mask + 1)))
             dues = self._dues = array("I", [_FREE]) * (self._mask + 1)
+            self._shifts = array("B", bytes(self._mask + 1))
+            self._ms = array("H", bytes(2 * (self._mask + 1)))
         code = key & _LOW
         due = due_ms & _LOW
         slot = key * _SPREAD >> 40 & self._mask
@@ -101,37 +130,56 @@ class DueSample:
                 return
         if old == _FREE:
             self.used += 1
+            self._new(slot)
         elif (due - old) & _LOW < _HALF:  # this id's own, earlier due time (modulo 2**32)
             return
         keys[slot] = code
         dues[slot] = due
 
+    def _new(self, slot: int) -> None:
+        """A new id in ``slot``: it stands for ``every + 1`` nacks."""
+        assert self._shifts is not None and self._ms is not None
+        self._shifts[slot] = self.every.bit_length()
+        self._ms[slot] = 1
+
     def _contend(self, key: int, due_ms: int, slot: int) -> None:
-        """Both slots taken by other ids: one long overdue gives way, or the sample is thinned."""
-        dues, keys = self._dues, self._keys
-        assert dues is not None and keys is not None
+        """Both slots taken by other ids: one long overdue gives way, or the sample is thinned, or one of
+        them counts this nack too."""
+        dues, keys, shifts, ms = self._dues, self._keys, self._shifts, self._ms
+        assert dues is not None and keys is not None and shifts is not None and ms is not None
         due = due_ms & _LOW
         for probe in (slot ^ 1, slot):
             if self.horizon_ms < (due - dues[probe]) & _LOW < _HALF:  # overdue by more than the horizon
                 keys[probe] = key & _LOW
                 dues[probe] = due
+                self._new(probe)
                 return
         if self.every >= MAX_EVERY or self.used < self._mask - (self._mask >> 2):
-            return  # (not full: this id is not sampled — chosen by its hash, not by its lateness)
+            # not sampled (chosen by its hash, not by its lateness); counted in the id in its slot
+            more, self.missed = divmod(self.missed + self.every + 1, 1 << shifts[slot])
+            ms[slot] = min(ms[slot] + more, 0xFFFF)
+            return
         every = self.every = self.every << 1 | 1
+        shift = every.bit_length()
         for probe, old in enumerate(dues):
-            if old != _FREE and not offered(old, every):  # (old: the due time modulo 2**32, as offered reads)
+            if old == _FREE:
+                continue
+            if offered(old, every):  # (old: the due time modulo 2**32, as offered reads)
+                shifts[probe] = max(shifts[probe], shift)  # it passed this thinning too: 1 in 2**shift
+            else:
                 dues[probe] = _FREE
                 self.used -= 1
         if offered(due_ms, every):
             self.note(key, due_ms)
 
-    def take(self, key: int, near_ms: float) -> float | None:
+    def take(self, key: int, near_ms: float) -> Sampled | None:
         """The due time sampled for ``key`` (None if it was not), read as the one within 24 days of
-        ``near_ms``; its slot is freed. O(1)."""
+        ``near_ms``, and its weight; its slot is freed. O(1)."""
         dues = self._dues
         keys = self._keys
-        if not self.used or dues is None or keys is None:
+        shifts = self._shifts
+        ms = self._ms
+        if not self.used or dues is None or keys is None or shifts is None or ms is None:
             return None
         code = key & _LOW
         slot = key * _SPREAD >> 40 & self._mask
@@ -147,16 +195,16 @@ class DueSample:
         if self.every and self.used <= self._mask >> 2:
             self.every >>= 1  # room again: offer more nacks
         near = int(near_ms)
-        return float(near + ((due - near + _HALF) & _LOW) - _HALF)
+        return float(near + ((due - near + _HALF) & _LOW) - _HALF), ms[slot] << shifts[slot]
 
     def clear(self) -> None:
-        self._keys = self._dues = None
-        self.every = self.used = 0
+        self._keys = self._dues = self._shifts = self._ms = None
+        self.every = self.used = self.missed = 0
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the two arrays and this object. O(1)."""
-        held = (self._keys, self._dues)
+        """Bytes held: the four arrays and this object. O(1)."""
+        held = (self._keys, self._dues, self._shifts, self._ms)
         return python_bytes(self) + sum(python_bytes(a) for a in held if a is not None)
 
 
@@ -193,9 +241,10 @@ class _Buckets:
 
 class LatenessHistogram:
     """Lateness (ms; negative: early) of redeliveries: see the module docstring. ``add`` O(1), percentiles
-    O(buckets) (~1,700)."""
+    O(buckets) (~1,700). ``len()`` is the samples counted (halved with the counts); the percentiles and
+    the early share weigh each by its weight."""
 
-    __slots__ = ("_early", "_late", "_total", "window")
+    __slots__ = ("_early", "_late", "_samples", "_total", "window")
 
     def __init__(self, window: int = 4096) -> None:
         if window < 1:
@@ -203,18 +252,23 @@ class LatenessHistogram:
         self.window = window
         self._late: _Buckets | None = None  # allocated at the first sample
         self._early: _Buckets | None = None
-        self._total = 0
+        self._total = 0  # the counts' sum: samples by their weights
+        self._samples = 0
 
-    def add(self, lateness_ms: float) -> None:
+    def add(self, lateness_ms: float, weight: int = 1) -> None:
+        """Count a redelivery ``lateness_ms`` late for ``weight`` (an int >= 1: 1 in how many were
+        sampled, :data:`Sampled`). O(1), O(buckets) when the counts halve."""
         if self._late is None or self._early is None:
             self._late, self._early = _Buckets(64, 24), _Buckets(16, 24)
         if lateness_ms >= 0:
             buckets = self._late
         else:
             buckets, lateness_ms = self._early, -lateness_ms
-        buckets.counts[buckets.index(lateness_ms)] += 1
-        self._total += 1
-        if self._total >= 2 * self.window:
+        buckets.counts[buckets.index(lateness_ms)] += weight
+        self._total += weight
+        self._samples += 1
+        # (and before a count could pass its 32 bits: a window of millions of samples weighing 256 each)
+        if self._samples >= 2 * self.window or self._total >= _HALF:
             self._halve()
 
     def _halve(self) -> None:
@@ -227,9 +281,10 @@ class LatenessHistogram:
                         counts[index] = count >> 1
                 total += sum(counts)
         self._total = total
+        self._samples = min(self._samples >> 1, total)
 
     def __len__(self) -> int:
-        return self._total
+        return self._samples
 
     @property
     def early_share(self) -> float | None:
@@ -279,7 +334,7 @@ class LatenessHistogram:
 
     def clear(self) -> None:
         self._late = self._early = None
-        self._total = 0
+        self._total = self._samples = 0
 
     @property
     def nbytes(self) -> int:
