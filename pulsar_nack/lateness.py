@@ -15,7 +15,7 @@ every pending nack is not known at arrival. Two fixed-size structures measure la
 
 Why weights: while many nacks are pending — the busy, later parts of a run — the sample is thinned and
 more of the nacks offered find their slots taken; unweighted, a nack sampled 1 in 64 counts as much as
-one sampled 1 in 1 and the percentiles follow the quiet parts (issue 24: the demo's 20,000 messages,
+one sampled 1 in 1 and the percentiles follow the quiet parts (the demo's 20,000 messages,
 ``nack_stats()`` p50 136 ms where the application measured 231 ms on pulsar-lite).
 
 Neither grows with pending nacks or run time: ~4.9 KiB + ~1.3 KiB for the histogram, 5.5 KiB for the
@@ -52,7 +52,7 @@ def offered(due_ms: int, every: int) -> bool:
     Tests bits 16+ of the due time times an odd constant (Fibonacci hashing), not the due time's own low
     bits: with ceil rounding a due time's offset in its 2^k-ms bucket is how late its message will be, and
     ``due_ms & every == 0`` offered, once ``every`` reached 2^k - 1, only due times on a bucket's edge —
-    the least late (issue 24: ``nack_stats()`` p50 142 ms where the application measured 234 ms, the demo's
+    the least late (``nack_stats()`` p50 142 ms where the application measured 234 ms, the demo's
     20,000 messages with delays up to 10 s on pulsar-lite). The nack path tests ``every`` first, so that
     this call is made only while the sample is thinned. O(1)."""
     return not (due_ms & _LOW) * _MIX >> 16 & every
