@@ -42,7 +42,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain, pairwise
-from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
+from typing import Any, Literal, NamedTuple, NoReturn, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -66,6 +66,7 @@ __all__ = [
     "MEMBER_BITS",
     "PROMOTE_AT",
     "DueIds",
+    "NackIndex",
     "Rounding",
     "TimeBucketIndex",
     "as_id_arrays",
@@ -94,6 +95,74 @@ class DueIds(NamedTuple):
     ledger_id: int
     entry_ids: npt.NDArray[np.uint32]
     batch_indexes: Mapping[int, tuple[int, ...]] = {}
+
+
+class NackIndex(Protocol):
+    """What the tracker, its arrival filter and the consumer ask of a nack index: the calls
+    :class:`TimeBucketIndex` answers, and :class:`~pulsar_nack.snapshot.segments.SegmentStore` answers
+    over its mutable index, loaded index and segment files (with its own bounds: see there).
+
+    Semantics and complexity are :class:`TimeBucketIndex`'s; ``tests/test_index_model.py`` runs both
+    implementations against one reference model.
+    """
+
+    def add(
+        self,
+        due_ms: int,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int = -1,
+        topic: str = "",
+        fresh: bool = False,
+    ) -> int:
+        """Schedule one id (earliest due wins); returns the bucket time it is due at."""
+        ...
+
+    def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
+        """Forget a pending id; True if something was removed."""
+        ...
+
+    def pop_due(self, now_ms: int) -> list[DueIds]:
+        """Remove and return every id whose bucket time is <= ``now_ms``."""
+        ...
+
+    def next_due_ms(self) -> int | None:
+        """The earliest bucket time pending, or None."""
+        ...
+
+    def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
+        """The bucket time at which this id will be popped, or None if it is not pending."""
+        ...
+
+    def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
+        """The entry's batch indexes pending, as a bitmask; -1 if the whole entry is pending, 0 if none."""
+        ...
+
+    def compact(self) -> int:
+        """Compact cold buckets (never needed for correctness); returns how many."""
+        ...
+
+    def clear(self) -> None:
+        """Forget everything."""
+        ...
+
+    def memory_usage(self) -> MemoryUsage:
+        """The bytes the index holds."""
+        ...
+
+    def __len__(self) -> int:
+        """Pending ids."""
+        ...
+
+    @property
+    def bucket_count(self) -> int:
+        """Non-empty buckets (in memory)."""
+        ...
+
+    @property
+    def added(self) -> int:
+        """Ids accepted by ``add`` so far, repeats included."""
+        ...
 
 
 #: The snapshot format stores a batch member as ``entry_id << MEMBER_BITS | batch_index``.
