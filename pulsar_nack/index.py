@@ -72,6 +72,7 @@ __all__ = [
     "as_id_arrays",
     "batch_indexes",
     "batch_mask",
+    "merge_due",
 ]
 
 #: Entry ids are stored in 32-bit Roaring bitmaps. Pulsar caps entries per ledger with the int setting
@@ -2401,7 +2402,7 @@ class TimeBucketIndex:
                 )
                 other = merged.get(key)
                 merged[key] = (
-                    (first, mine) if other is None else (min(first, other[0]), _merge_due(other[1], mine))
+                    (first, mine) if other is None else (min(first, other[0]), merge_due(other[1], mine))
                 )
             return [due for _, due in sorted(merged.values(), key=_by_first)]
 
@@ -2508,8 +2509,9 @@ class TimeBucketIndex:
             return MemoryUsage(live.python_bytes + python, live.roaring_bytes + roaring, len(self), parts)
 
 
-def _merge_due(a: DueIds, b: DueIds) -> DueIds:
-    """One ledger's due ids from both tiers: an entry is due whole if it is due whole in either. O(n)."""
+def merge_due(a: DueIds, b: DueIds) -> DueIds:
+    """One ledger's due ids from two places (the index's tiers, a segment store's indexes): an entry is
+    due whole if it is due whole in either. O(n)."""
     entry_ids = np.union1d(a.entry_ids, b.entry_ids).astype(np.uint32)
     if not a.batch_indexes and not b.batch_indexes:
         return DueIds(a.topic, a.ledger_id, entry_ids)
