@@ -403,6 +403,9 @@ class SegmentStore:
                         indexes = ids.batch_indexes.get(entry)
                         if indexes is None:
                             self._mark_deleted(key, entry, -1, "unloaded")
+                            # a copy nacked while the whole entry was pending in a segment (kept
+                            # beside it, due later): the whole entry covered it
+                            self._mutable.remove(ids.ledger_id, entry, -1, ids.topic)
                             dup.discard(entry)
                         else:
                             for index in indexes:
