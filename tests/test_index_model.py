@@ -293,24 +293,6 @@ class SegmentStoreMachine(NackIndexRules):
         )
         self.start(store, k, rounding)
 
-    @rule(
-        delay=st.integers(0, 80),
-        topic=st.sampled_from(TOPICS),
-        ledger=st.sampled_from(LEDGERS),
-        entry=ENTRIES,
-        bi=BATCH,
-    )
-    def add(self, delay: int, topic: str, ledger: int, entry: int, bi: int) -> None:
-        """The index's rule, but for one case left out: a whole-entry nack of an entry whose batch messages
-        are pending while the store holds segments. Once one is loaded, ``SegmentStore.add`` takes the
-        loaded index's ``due_of(entry, -1)`` — its earliest *part* — for an earlier copy of the whole
-        entry and drops the new nack: member 0 due at 0 sealed (and loaded), then the whole entry nacked
-        due at 0, pops member 0 only, and the entry's other messages are never handed out again."""
-        members = self.model.member
-        if bi < 0 and self.index.segments() and any(m[:3] == (topic, ledger, entry) for m in members):
-            return
-        super().add(delay, topic, ledger, entry, bi)
-
     @rule()
     def checkpoint(self) -> None:
         self.index.checkpoint(self.now)

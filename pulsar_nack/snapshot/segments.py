@@ -352,7 +352,14 @@ class SegmentStore:
                 return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic)
             bucket = (int(due_ms) + self._round_up) & self._mask
             loaded_due = self._loaded.due_of(ledger_id, entry_id, batch_index, topic)
-            if loaded_due is not None:
+            loaded_mask = self._loaded.pending_mask(ledger_id, entry_id, topic) if batch_index < 0 else -1
+            if loaded_mask > 0:  # only batch messages loaded: a whole entry covers those due at or after it
+                for index in batch_indexes(loaded_mask):
+                    member_due = self._loaded.due_of(ledger_id, entry_id, index, topic)
+                    if member_due is not None and member_due >= bucket:
+                        self._loaded.remove(ledger_id, entry_id, index, topic)
+                        self._mark_deleted(key, entry_id, index, "loaded")
+            elif loaded_due is not None:
                 if loaded_due <= bucket:
                     return loaded_due
                 self._loaded.remove(ledger_id, entry_id, batch_index, topic)
