@@ -55,7 +55,7 @@ from typing import Final, Literal, Protocol, TypeAlias, get_args
 import numpy as np
 import numpy.typing as npt
 
-from pulsar_nack.index import Rounding, TimeBucketIndex, as_id_arrays
+from pulsar_nack.index import NackIndex, Rounding, TimeBucketIndex, as_id_arrays
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
 from pulsar_nack.sweep.workloads import T0_MS, splitmix64
 
@@ -477,7 +477,7 @@ class TimeBucketTracker:
         self.index.clear()
 
 
-def _pop_by_bucket(index: TimeBucketIndex | SegmentStore, now_ms: int) -> Popped:
+def _pop_by_bucket(index: NackIndex, now_ms: int) -> Popped:
     """Pop bucket by bucket up to ``now_ms`` so that each id comes with the bucket it was filed under."""
     rows: list[Popped] = []
     while True:

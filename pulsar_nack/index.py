@@ -42,7 +42,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain, pairwise
-from typing import Any, Literal, NamedTuple, NoReturn, TypeAlias
+from typing import Any, Literal, NamedTuple, NoReturn, Protocol, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -66,11 +66,13 @@ __all__ = [
     "MEMBER_BITS",
     "PROMOTE_AT",
     "DueIds",
+    "NackIndex",
     "Rounding",
     "TimeBucketIndex",
     "as_id_arrays",
     "batch_indexes",
     "batch_mask",
+    "merge_due",
 ]
 
 #: Entry ids are stored in 32-bit Roaring bitmaps. Pulsar caps entries per ledger with the int setting
@@ -94,6 +96,74 @@ class DueIds(NamedTuple):
     ledger_id: int
     entry_ids: npt.NDArray[np.uint32]
     batch_indexes: Mapping[int, tuple[int, ...]] = {}
+
+
+class NackIndex(Protocol):
+    """What the tracker, its arrival filter and the consumer ask of a nack index: the calls
+    :class:`TimeBucketIndex` answers, and :class:`~pulsar_nack.snapshot.segments.SegmentStore` answers
+    over its mutable index, loaded index and segment files (with its own bounds: see there).
+
+    Semantics and complexity are :class:`TimeBucketIndex`'s; ``tests/test_index_model.py`` runs both
+    implementations against one reference model.
+    """
+
+    def add(
+        self,
+        due_ms: int,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int = -1,
+        topic: str = "",
+        fresh: bool = False,
+    ) -> int:
+        """Schedule one id (earliest due wins); returns the bucket time it is due at."""
+        ...
+
+    def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
+        """Forget a pending id; True if something was removed."""
+        ...
+
+    def pop_due(self, now_ms: int) -> list[DueIds]:
+        """Remove and return every id whose bucket time is <= ``now_ms``."""
+        ...
+
+    def next_due_ms(self) -> int | None:
+        """The earliest bucket time pending, or None."""
+        ...
+
+    def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
+        """The bucket time at which this id will be popped, or None if it is not pending."""
+        ...
+
+    def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
+        """The entry's batch indexes pending, as a bitmask; -1 if the whole entry is pending, 0 if none."""
+        ...
+
+    def compact(self) -> int:
+        """Compact cold buckets (never needed for correctness); returns how many."""
+        ...
+
+    def clear(self) -> None:
+        """Forget everything."""
+        ...
+
+    def memory_usage(self) -> MemoryUsage:
+        """The bytes the index holds."""
+        ...
+
+    def __len__(self) -> int:
+        """Pending ids."""
+        ...
+
+    @property
+    def bucket_count(self) -> int:
+        """Non-empty buckets (in memory)."""
+        ...
+
+    @property
+    def added(self) -> int:
+        """Ids accepted by ``add`` so far, repeats included."""
+        ...
 
 
 #: The snapshot format stores a batch member as ``entry_id << MEMBER_BITS | batch_index``.
@@ -2332,7 +2402,7 @@ class TimeBucketIndex:
                 )
                 other = merged.get(key)
                 merged[key] = (
-                    (first, mine) if other is None else (min(first, other[0]), _merge_due(other[1], mine))
+                    (first, mine) if other is None else (min(first, other[0]), merge_due(other[1], mine))
                 )
             return [due for _, due in sorted(merged.values(), key=_by_first)]
 
@@ -2439,8 +2509,9 @@ class TimeBucketIndex:
             return MemoryUsage(live.python_bytes + python, live.roaring_bytes + roaring, len(self), parts)
 
 
-def _merge_due(a: DueIds, b: DueIds) -> DueIds:
-    """One ledger's due ids from both tiers: an entry is due whole if it is due whole in either. O(n)."""
+def merge_due(a: DueIds, b: DueIds) -> DueIds:
+    """One ledger's due ids from two places (the index's tiers, a segment store's indexes): an entry is
+    due whole if it is due whole in either. O(n)."""
     entry_ids = np.union1d(a.entry_ids, b.entry_ids).astype(np.uint32)
     if not a.batch_indexes and not b.batch_indexes:
         return DueIds(a.topic, a.ledger_id, entry_ids)

@@ -36,7 +36,7 @@ import numpy as np
 from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
-from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
+from pulsar_nack.index import DueIds, NackIndex, Rounding, TimeBucketIndex
 from pulsar_nack.snapshot.format import Group
 from pulsar_nack.snapshot.segments import RestoreReport, SegmentStore, SnapshotStats
 from pulsar_nack.snapshot.storage import SnapshotStorage
@@ -219,7 +219,7 @@ class NackTracker:
         so (:func:`epoch_clock`). Its life cycle (seal, load, merge, rewrite) runs on the timer thread
         every ``config.checkpoint_interval_ms``; :meth:`close` writes a final snapshot."""
         self.snapshots = snapshots
-        self.index: TimeBucketIndex | SegmentStore = (
+        self.index: NackIndex = (
             snapshots if snapshots is not None else TimeBucketIndex(precision_bits, rounding)
         )
         self.arrivals = ArrivalFilter(

@@ -30,7 +30,15 @@ EXPORTED = [
     "DelayLimitedProducer",
     "DelayLimitExceeded",
 ]
-LOWLEVEL = ["DueIds", "MemoryUsage", "NackTracker", "NativeTiming", "TimeBucketIndex", "TimerWheel"]
+LOWLEVEL = [
+    "DueIds",
+    "MemoryUsage",
+    "NackIndex",
+    "NackTracker",
+    "NativeTiming",
+    "TimeBucketIndex",
+    "TimerWheel",
+]
 
 
 def test_all_is_pinned() -> None:

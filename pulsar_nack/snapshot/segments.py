@@ -79,7 +79,15 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
-from pulsar_nack.index import MEMBER_BITS, DueIds, Rounding, TimeBucketIndex, batch_indexes, batch_mask
+from pulsar_nack.index import (
+    MEMBER_BITS,
+    DueIds,
+    Rounding,
+    TimeBucketIndex,
+    batch_indexes,
+    batch_mask,
+    merge_due,
+)
 from pulsar_nack.memory import MemoryUsage, bitmap_heap_bytes, python_bytes
 from pulsar_nack.snapshot.format import (
     Group,
@@ -344,7 +352,14 @@ class SegmentStore:
                 return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic)
             bucket = (int(due_ms) + self._round_up) & self._mask
             loaded_due = self._loaded.due_of(ledger_id, entry_id, batch_index, topic)
-            if loaded_due is not None:
+            loaded_mask = self._loaded.pending_mask(ledger_id, entry_id, topic) if batch_index < 0 else -1
+            if loaded_mask > 0:  # only batch messages loaded: a whole entry covers those due at or after it
+                for index in batch_indexes(loaded_mask):
+                    member_due = self._loaded.due_of(ledger_id, entry_id, index, topic)
+                    if member_due is not None and member_due >= bucket:
+                        self._loaded.remove(ledger_id, entry_id, index, topic)
+                        self._mark_deleted(key, entry_id, index, "loaded")
+            elif loaded_due is not None:
                 if loaded_due <= bucket:
                     return loaded_due
                 self._loaded.remove(ledger_id, entry_id, batch_index, topic)
@@ -384,7 +399,7 @@ class SegmentStore:
             from_loaded = self._loaded.pop_due(now_ms)
             for ids in from_loaded:
                 self._consumed(ids)
-            due = self._mutable.pop_due(now_ms) + from_loaded
+            due = _one_per_ledger(self._mutable.pop_due(now_ms), from_loaded)
             if self._dupes:
                 for ids in due:  # a second copy may sit in an unloaded segment: retire it
                     key = (ids.topic, ids.ledger_id)
@@ -395,6 +410,9 @@ class SegmentStore:
                         indexes = ids.batch_indexes.get(entry)
                         if indexes is None:
                             self._mark_deleted(key, entry, -1, "unloaded")
+                            # a copy nacked while the whole entry was pending in a segment (kept
+                            # beside it, due later): the whole entry covered it
+                            self._mutable.remove(ids.ledger_id, entry, -1, ids.topic)
                             dup.discard(entry)
                         else:
                             for index in indexes:
@@ -419,14 +437,20 @@ class SegmentStore:
 
     def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
         """The bucket an id is due at; for an id in an unloaded segment, that segment's first bucket (a
-        lower bound: the exact time is on storage). None if not pending."""
+        lower bound: the exact time is on storage). None if not pending (an unloaded segment's batch
+        messages are matched by their kept members, :meth:`_Record.member_mask`). O(S_l + the entry's
+        members) plus the indexes'."""
         with self._lock:
             found = [
                 self._mutable.due_of(ledger_id, entry_id, batch_index, topic),
                 self._loaded.due_of(ledger_id, entry_id, batch_index, topic),
             ]
             key = (topic, ledger_id)
-            found += [r.min_due for r in self._holding(key) if not r.loaded and r.holds(key, entry_id)]
+            for rec in self._holding(key):
+                if not rec.loaded and rec.holds(key, entry_id):
+                    mask = rec.member_mask(key, entry_id)
+                    if mask == -1 or (mask >> batch_index & 1 if batch_index >= 0 else mask):
+                        found.append(rec.min_due)
             known = [t for t in found if t is not None]
             return min(known) if known else None
 
@@ -1192,14 +1216,19 @@ class SegmentStore:
     def _mark_deleted(
         self, key: Key, entry_id: int, batch_index: int, where: Literal["all", "loaded", "unloaded"]
     ) -> bool:
-        """Record a removal in the segments (of the kind ``where``) whose membership holds the entry."""
+        """Record a removal in the segments (of the kind ``where``) whose membership holds the entry. True if
+        an unloaded one held the id pending: the entry (``batch_index`` -1), or that batch message on its
+        own (a message covered by a whole entry stays, as in the index). A loaded segment's membership
+        may be stale (popped ids): the loaded index answers for it."""
         hit = False
         for rec in self._holding(key):
             if (where == "loaded" and not rec.loaded) or (where == "unloaded" and rec.loaded):
                 continue
             if rec.holds(key, entry_id):
+                if not rec.loaded and not hit:
+                    mask = -1 if batch_index < 0 else rec.member_mask(key, entry_id)
+                    hit = batch_index < 0 or (mask >= 0 and mask >> batch_index & 1 == 1)
                 self._delete_in(rec, key, entry_id, batch_index)
-                hit = True
         return hit
 
     def _delete_in(self, rec: _Record, key: Key, entry_id: int, batch_index: int, dirty: bool = True) -> None:
@@ -1346,3 +1375,16 @@ def _seq_of(name: str) -> int:
 
 def _ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000.0
+
+
+def _one_per_ledger(first: list[DueIds], second: list[DueIds]) -> list[DueIds]:
+    """Two pops' due ids as one pop's: one ``DueIds`` per ledger (an entry whole if whole in either), in
+    the order the ledgers first come. O(due ids) for ledgers in both, else O(ledgers)."""
+    if not second:
+        return first
+    merged = {(ids.topic, ids.ledger_id): ids for ids in first}
+    for ids in second:
+        key = (ids.topic, ids.ledger_id)
+        other = merged.get(key)
+        merged[key] = ids if other is None else merge_due(other, ids)
+    return list(merged.values())
