@@ -15,7 +15,7 @@
   (``pulsar_nack/data/native_nack_cost.json``, read at estimate time, not copied into the fit; every
   native nack is its own node).
 
-Coefficients come from non-negative least squares on relative errors (``pulsar_nack.estimate``); the
+Coefficients come from non-negative least squares on relative errors (:func:`fit_linear`); the
 in-sample errors are written beside them, per point too, and the leave-one-out errors (each point
 predicted by the model fitted to the others).
 
@@ -33,9 +33,12 @@ import json
 import random
 import statistics
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import report
 from nack_memory import Point, grid, measure
 from tqdm import tqdm
@@ -45,7 +48,6 @@ from pulsar_nack.estimate import (
     JAVA_FEATURES,
     Scenario,
     features,
-    fit_linear,
     java_features,
     predict,
     range_key,
@@ -59,6 +61,45 @@ JAVA_GRID: list[tuple[int, int, float, int, int]] = [  # x, k, share, n, entries
     for x, k in ((1, 4), (1, 10), (4, 8), (8, 10), (8, 15), (1, 8), (8, 4))
     for share, n, epl in ((1.0, 200_000, 50_000), (0.3, 100_000, 50_000), (1.0, 60_000, 5_000))
 ]
+
+
+def nnls(
+    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], max_iter: int = 500
+) -> npt.NDArray[np.float64]:
+    """Non-negative least squares (Lawson–Hanson): argmin ‖a·x − b‖ with x ≥ 0. O(iterations × n·m²)."""
+    cols = a.shape[1]
+    x = np.zeros(cols)
+    passive = np.zeros(cols, dtype=bool)
+    for _ in range(max_iter):
+        gradient = a.T @ (b - a @ x)
+        candidates = ~passive & (gradient > 1e-10 * max(1.0, float(np.abs(gradient).max(initial=0))))
+        if not candidates.any():
+            break
+        passive[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
+        while True:
+            z = np.zeros(cols)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            negative = passive & (z <= 0)
+            step = np.min(x[negative] / (x[negative] - z[negative]))
+            x = x + step * (z - x)
+            passive &= x > 1e-12
+    return x
+
+
+def fit_linear(
+    rows: Sequence[Mapping[str, float]], measured: Sequence[float], names: Sequence[str]
+) -> dict[str, float]:
+    """Coefficients (≥ 0) of ``names`` minimising the squared *relative* error against ``measured``."""
+    a = np.array([[row[name] for name in names] for row in rows], dtype=float)
+    b = np.array(measured, dtype=float)
+    weights = 1 / b  # relative error: small workloads count as much as large ones
+    scale = np.abs(a * weights[:, None]).max(axis=0)
+    scale[scale == 0] = 1.0
+    x = nnls(a * weights[:, None] / scale, np.ones(len(b))) / scale
+    return {name: float(value) for name, value in zip(names, x, strict=True)}
 
 
 def points() -> list[Point]:
@@ -177,10 +218,9 @@ def main(argv: list[str]) -> int:
     ranges = {name: [min(k[name] for k in keys), max(k[name] for k in keys)] for name in keys[0]}
 
     java: dict[str, Any] = {}
-    if earlier:
-        java_points = earlier["java_points"]
-        java = _fit_java(java_points) if java_points else {}
-    elif args.no_java:
+    if earlier and earlier["java_points"]:
+        java = _fit_java(earlier["java_points"])
+    elif earlier or args.no_java:  # (a fit run with --no-java kept no Java points: keep its model too)
         java = json.loads(PACKAGE_FIT.read_text())["java"] if PACKAGE_FIT.exists() else {}
     else:
         import java_reference

@@ -22,14 +22,11 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Final
-
-import numpy as np
-import numpy.typing as npt
 
 from pulsar_nack.index import MAX_PRECISION_BITS, PROMOTE_AT
 from pulsar_nack.profile import ProfileError, check_integer, check_number, native_cost
@@ -43,10 +40,8 @@ __all__ = [
     "Scenario",
     "estimate",
     "features",
-    "fit_linear",
     "java_features",
     "load_fit",
-    "nnls",
     "predict",
     "range_key",
     "render",
@@ -306,53 +301,12 @@ def java_features(s: Scenario) -> dict[str, float]:
     }
 
 
-# -- fitting ---------------------------------------------------------------------------------------------
-
-
-def nnls(
-    a: npt.NDArray[np.float64], b: npt.NDArray[np.float64], max_iter: int = 500
-) -> npt.NDArray[np.float64]:
-    """Non-negative least squares (Lawson–Hanson): argmin ‖a·x − b‖ with x ≥ 0. O(iterations × n·m²)."""
-    cols = a.shape[1]
-    x = np.zeros(cols)
-    passive = np.zeros(cols, dtype=bool)
-    for _ in range(max_iter):
-        gradient = a.T @ (b - a @ x)
-        candidates = ~passive & (gradient > 1e-10 * max(1.0, float(np.abs(gradient).max(initial=0))))
-        if not candidates.any():
-            break
-        passive[int(np.argmax(np.where(candidates, gradient, -np.inf)))] = True
-        while True:
-            z = np.zeros(cols)
-            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
-            if (z[passive] > 0).all():
-                x = z
-                break
-            negative = passive & (z <= 0)
-            step = np.min(x[negative] / (x[negative] - z[negative]))
-            x = x + step * (z - x)
-            passive &= x > 1e-12
-    return x
-
-
-def fit_linear(
-    rows: Sequence[Mapping[str, float]], measured: Sequence[float], names: Sequence[str]
-) -> dict[str, float]:
-    """Coefficients (≥ 0) of ``names`` minimising the squared *relative* error against ``measured``."""
-    a = np.array([[row[name] for name in names] for row in rows], dtype=float)
-    b = np.array(measured, dtype=float)
-    weights = 1 / b  # relative error: small workloads count as much as large ones
-    scale = np.abs(a * weights[:, None]).max(axis=0)
-    scale[scale == 0] = 1.0
-    x = nnls(a * weights[:, None] / scale, np.ones(len(b))) / scale
-    return {name: float(value) for name, value in zip(names, x, strict=True)}
+# -- the fitted model ---------------------------------------------------------------------------------------
 
 
 def predict(coefficients: Mapping[str, float], row: Mapping[str, float]) -> float:
+    """The model's bytes for one feature row: Σ coefficient × feature. O(features)."""
     return sum(coefficients[name] * row[name] for name in coefficients)
-
-
-# -- the fitted model ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
