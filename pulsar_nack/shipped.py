@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import ModuleType
 from typing import Final
@@ -48,35 +49,46 @@ def _cache_root() -> Path:
     return Path(base) / "pulsar-nack" / f"java-reference-{__version__}"
 
 
-def _copy_changed(source: Path, target: Path) -> None:
-    """Copy the tree ``source`` into ``target``, only files whose bytes differ: an unchanged source keeps its
-    old modification time, so the reference does not rebuild a current jar. O(bytes of the tree)."""
-    for path in source.rglob("*"):
-        if not path.is_file():
+def _copy_changed(source: Traversable, target: Path) -> None:
+    """Copy the tree ``source`` (a package resource) into ``target``, only files whose bytes differ: an
+    unchanged source keeps its old modification time, so the reference does not rebuild a current jar.
+    O(bytes of the tree)."""
+    for item in source.iterdir():
+        destination = target / item.name
+        if item.is_dir():
+            _copy_changed(item, destination)
             continue
-        destination = target / path.relative_to(source)
-        if destination.is_file() and destination.read_bytes() == path.read_bytes():
+        data = item.read_bytes()
+        if destination.is_file() and destination.read_bytes() == data:
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, destination)
+        destination.write_bytes(data)
 
 
 def java_reference() -> ModuleType | None:
-    """The Java PIP-393 reference runner (``bench/java_reference.py``), loaded by path, or None if neither
-    a checkout nor the package has it.
+    """The Java PIP-393 reference runner (``bench/java_reference.py``), or None if neither a checkout nor
+    the package has it.
 
-    From a checkout the module builds its jar in ``bench/java/target`` as the benchmarks do. From an
-    install the packaged sources are first copied to ``$XDG_CACHE_HOME/pulsar-nack/java-reference-VERSION``
-    (default ``~/.cache``) and built there by Maven, so nothing is written into the installed package;
-    the first build fetches fastutil and RoaringBitmap from Maven Central into ``~/.m2``."""
-    path = CHECKOUT / _JAVA_REFERENCE
+    From a checkout the module runs where it is and builds its jar in ``bench/java/target``, as the
+    benchmarks do. From an install the packaged sources — read as package resources
+    (:mod:`importlib.resources`), so a zipped install serves them too — are first copied to
+    ``$XDG_CACHE_HOME/pulsar-nack/java-reference-VERSION`` (default ``~/.cache``) and built there by
+    Maven, so nothing is written into the installed package; the first build fetches fastutil and
+    RoaringBitmap from Maven Central into ``~/.m2``. O(bytes of the sources) to copy and load."""
+    packaged = resources.files("pulsar_nack").joinpath("data", "repository", "bench")
+    return _java_reference_from(CHECKOUT / _JAVA_REFERENCE, packaged)
+
+
+def _java_reference_from(checkout: Path, packaged: Traversable) -> ModuleType | None:
+    """:func:`java_reference` with its two places as arguments: ``checkout``, the module in a source
+    checkout; ``packaged``, the package resource holding the packaged ``bench`` folder."""
+    path = checkout
     if not path.is_file():
-        packaged = PACKAGED / "bench"
-        if not (packaged / "java_reference.py").is_file():
+        if not packaged.joinpath("java_reference.py").is_file():
             return None
-        cache = _cache_root()
-        _copy_changed(packaged, cache / "bench")
-        path = cache / _JAVA_REFERENCE
+        cache = _cache_root() / "bench"
+        _copy_changed(packaged, cache)
+        path = cache / "java_reference.py"
     spec = importlib.util.spec_from_file_location("_pulsar_nack_java_reference", path)
     if spec is None or spec.loader is None:
         return None
