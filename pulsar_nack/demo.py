@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import random
 import signal
@@ -23,43 +22,9 @@ import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from importlib import resources
-from importlib.resources.abc import Traversable
 from typing import Any
 
 import numpy as np
-
-#: The native client's memory per pending nack as ``bench/nack_lateness.py`` measured it (package data it
-#: writes): ``bytes_per_nack``, ``date``, ``machine``, ``versions``, ``commit``, ``source``.
-NATIVE_COST_FILE: Traversable = resources.files("pulsar_nack") / "data" / "native_nack_cost.json"
-
-
-@dataclass(frozen=True)
-class NativeCost:
-    """The native client's measured bytes per pending nack, and where and when it was measured."""
-
-    bytes_per_nack: float
-    date: str
-    machine: str
-    source: str
-
-    def provenance(self) -> str:
-        return f"measured {self.date} on {self.machine} by {self.source}"
-
-
-def native_cost(path: Traversable | None = None) -> NativeCost | None:
-    """The measurement in ``path`` (default :data:`NATIVE_COST_FILE`), or None if it is missing or
-    unreadable — the demo then prints no native figure rather than a guessed one. O(file)."""
-    try:
-        data = json.loads((NATIVE_COST_FILE if path is None else path).read_text())
-        return NativeCost(
-            bytes_per_nack=float(data["bytes_per_nack"]),
-            date=str(data["date"]),
-            machine=str(data["machine"]),
-            source=str(data["source"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 @dataclass
@@ -302,8 +267,19 @@ def _summary(progress: _Progress, stats: Any, args: argparse.Namespace) -> None:
             f"{2**args.precision_bits} ms late by design)"
         )
     if progress.peak_pending:
-        for line in _memory_lines(progress, native_cost()):
+        for line in _memory_lines(progress, _native_cost()):
             print(line)
+
+
+def _native_cost() -> dict[str, Any] | None:
+    """The packaged measurement of the native client (:func:`pulsar_nack.profile.native_cost`), or None
+    if it is missing or unusable — the demo then prints no native figure rather than a guessed one."""
+    from pulsar_nack.profile import ProfileError, native_cost
+
+    try:
+        return native_cost()
+    except ProfileError:
+        return None
 
 
 def marginal_bytes(samples: list[tuple[int, int]]) -> float | None:
@@ -320,7 +296,7 @@ def marginal_bytes(samples: list[tuple[int, int]]) -> float | None:
     return float(slope)
 
 
-def _memory_lines(progress: _Progress, native: NativeCost | None) -> list[str]:
+def _memory_lines(progress: _Progress, native: dict[str, Any] | None) -> list[str]:
     """The summary's memory sentences: the marginal cost of a pending nack on both sides (one definition:
     bytes per additional pending nack), then the tracker's total at its peak and its parts."""
     ours = marginal_bytes(progress.memory)
@@ -337,8 +313,10 @@ def _memory_lines(progress: _Progress, native: NativeCost | None) -> list[str]:
             "bench/nack_lateness.py writes it)"
         )
     else:
-        ratio = f"; {native.bytes_per_nack / ours:.0f}× less" if ours is not None and ours > 0 else ""
-        theirs = f"the native client {native.bytes_per_nack:.0f} B ({native.provenance()}){ratio}"
+        cost = native["bytes_per_nack"]
+        ratio = f"; {cost / ours:.0f}× less" if ours is not None and ours > 0 else ""
+        provenance = f"measured {native['date']} on {native['machine']} by {native['source']}"
+        theirs = f"the native client {cost:.0f} B ({provenance}){ratio}"
     parts = ", ".join(f"{name} {size:,} B" for name, size in progress.peak_parts)
     total = (
         f"tracker memory at the peak of {progress.peak_pending:,} pending nacks: {progress.peak_bytes:,} B "

@@ -53,6 +53,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import BuiltinFunctionType, FunctionType, ModuleType
 from typing import Any, Final
@@ -668,11 +669,26 @@ def type_breakdown(roots: Sequence[object], stop: Sequence[object] = ()) -> dict
 # -- side by side ------------------------------------------------------------------------------------
 
 
-def native_cost() -> dict[str, Any]:
-    """The native client's measured bytes per pending nack, with its provenance (package data written by
-    ``bench/nack_lateness.py``)."""
-    text = resources.files("pulsar_nack").joinpath("data/native_nack_cost.json").read_text()
-    data: dict[str, Any] = json.loads(text)
+#: The native client's memory per pending nack as ``bench/nack_lateness.py`` measured it (package data it
+#: writes): ``bytes_per_nack``, ``broker``, ``date``, ``machine``, ``versions``, ``commit``, ``source``.
+NATIVE_COST_FILE: Traversable = resources.files("pulsar_nack").joinpath("data", "native_nack_cost.json")
+
+
+def native_cost(path: Traversable | None = None) -> dict[str, Any]:
+    """The native client's measured bytes per pending nack, with its provenance, from ``path`` (default
+    :data:`NATIVE_COST_FILE`): the one reader of that file (profile, estimate, demo, bench). Raises
+    :class:`ProfileError` naming the file if it is missing, unreadable or lacks a field. O(file)."""
+    source = NATIVE_COST_FILE if path is None else path
+    try:
+        data: dict[str, Any] = json.loads(source.read_text())
+        data["bytes_per_nack"] = float(data["bytes_per_nack"])
+        for key in ("broker", "commit", "date", "machine", "source"):
+            data[key] = str(data[key])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ProfileError(
+            f"{source}: no usable measurement of the native client ({error!r}); bench/nack_lateness.py "
+            "writes it"
+        ) from None
     return data
 
 

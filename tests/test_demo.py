@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from pulsar_nack import demo
+from pulsar_nack import demo, profile
 from pulsar_nack.cli import main
+from pulsar_nack.profile import ProfileError, native_cost
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,10 +80,11 @@ def test_the_packaged_native_figure_is_the_benchmarks_measurement() -> None:
 
 def test_the_native_figure_comes_from_the_file(tmp_path: Path) -> None:
     path = tmp_path / "cost.json"
-    cost = {"bytes_per_nack": 123.4, "date": "2030-01-02", "machine": "Test CPU", "source": "bench/x.py"}
+    cost = {"bytes_per_nack": 123.4, "date": "2030-01-02", "machine": "Test CPU", "source": "bench/x.py",
+            "broker": "pulsar-lite", "commit": "abc1234"}  # fmt: skip
     path.write_text(json.dumps(cost))
-    native = demo.native_cost(path)
-    assert native == demo.NativeCost(123.4, "2030-01-02", "Test CPU", "bench/x.py")
+    native = native_cost(path)
+    assert native == cost
     # the tracker grows 10 B per pending nack over 2,000 B fixed: the marginal is 10, not total / pending
     samples = [(pending, 2_000 + 10 * pending) for pending in (0, 500, 1_000)]
     progress = demo._Progress(peak_pending=1_000, peak_bytes=12_000, memory=samples,
@@ -110,8 +112,10 @@ def test_without_the_file_the_native_figure_is_unavailable(
     path = tmp_path / "native_nack_cost.json"
     if content is not None:
         path.write_text(content)
-    monkeypatch.setattr(demo, "NATIVE_COST_FILE", path)
-    assert demo.native_cost() is None
+    monkeypatch.setattr(profile, "NATIVE_COST_FILE", path)
+    with pytest.raises(ProfileError, match=r"native_nack_cost\.json: no usable measurement"):
+        native_cost()
+    assert demo._native_cost() is None
     samples = [(0, 0), (500, 5_000), (1_000, 10_000)]
     progress = demo._Progress(received=10, acked=10, peak_pending=1_000, peak_bytes=10_000, memory=samples)
     stats = type("Stats", (), {"redelivered": 0, "held_back": 0, "dropped": 0})()
