@@ -368,21 +368,13 @@ def _mark(ok: bool) -> str:
     return "✓" if ok else "✗"
 
 
-def rounding_note(results: dict[str, Any]) -> str:
-    """How the wrapper rounded in a results file (files written before issue 24 ran floor rounding)."""
-    k = results.get("precision_bits", PRECISION_BITS)
-    if results.get("rounding", "floor") == "floor":
-        return f"floor rounding: up to {2**k} ms early by design"
-    return "ceil rounding: never early"
-
-
 def render(results: dict[str, Any]) -> str:
     goal = 2**PRECISION_BITS + 50
     parts = [
         "## Redelivery through a broker: pulsar-nack vs the native client",
         "",
         "`python bench/nack_lateness.py` — lateness = arrival − (nack time + delay), ms, over 200 "
-        f"messages; the wrapper at k = {PRECISION_BITS}, {rounding_note(results)}. "
+        f"messages; the wrapper at k = {PRECISION_BITS}, {report.rounding_note(results, PRECISION_BITS)}. "
         "Native and wrapper ran each pattern at the same time, on two topics. "
         f"Goal: wrapper p99 ≤ 2^k + 50 = {goal} ms.",
         "",

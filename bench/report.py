@@ -96,6 +96,15 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+def rounding_note(results: dict[str, Any], precision_bits: int) -> str:
+    """How the wrapper rounded bucket times in a results file: its ``rounding`` (a file written before it
+    was recorded ran floor rounding) at its ``precision_bits`` (this one if the file does not say)."""
+    k = results.get("precision_bits", precision_bits)
+    if results.get("rounding", "floor") == "floor":
+        return f"floor rounding: up to {2**k} ms early by design"
+    return "ceil rounding: never early"
+
+
 def run_probe(
     script: Path | str,
     payload: Any,

@@ -15,7 +15,6 @@ import sys
 from typing import Any
 
 import report
-from nack_lateness import rounding_note
 
 README = report.ROOT / "README.md"
 
@@ -88,7 +87,7 @@ def rows() -> list[list[str]]:
         out.append([
             f"lateness p99, steady stream of nacks, {longest / 1000:g} s delay",
             f"{native_p99 / 1000:.1f} s late",
-            f"{wrapper_p99:+.1f} ms (k = {k}, {rounding_note(lateness)}{earliest})",
+            f"{wrapper_p99:+.1f} ms (k = {k}, {report.rounding_note(lateness, k)}{earliest})",
             f"nack_lateness ({_stamp(lateness)})",
         ])
     if lateness:
