@@ -982,10 +982,12 @@ class _HotIndex:
                     record.mins = None  # ranges may overlap now
                 self._added += 1
                 return bucket
-            if entry_id > record.hi or entry_id < record.lo or (len(record) == 1 and not self._members):
+            if entry_id > record.hi or entry_id < record.lo or (
+                len(record) == 1 and not self._members and not self._dense
+            ):
                 # Outside every pending id of the ledger, or the ledger's only slot (membership is
-                # exact) and no batch members anywhere: cannot be a duplicate elsewhere, and covers
-                # no pending message of its batch.
+                # exact) and no batch members anywhere (slots with bitmaps of their own keep theirs in
+                # _dense): cannot be a duplicate elsewhere, and covers no pending message of its batch.
                 self._put(entry_id)
                 self._added += 1
                 return bucket
@@ -1148,6 +1150,15 @@ class _HotIndex:
                     return -1
                 mask |= member
             return mask
+
+    def parts(self, ledger_id: int, entry_id: int, topic: str = "") -> list[tuple[int, int | None]]:
+        """(bucket time, batch mask or None for the whole entry) of each bucket holding the entry, earliest
+        first. Complexity as :meth:`due_of`."""
+        with self._lock:
+            record = self._ledgers.get(_key(ledger_id, topic))
+            if record is None:
+                return []
+            return [(b, self._member_mask(b, record, entry_id)) for b in self._holding(record, entry_id)]
 
     def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
         """The bucket time at which this id will be popped, or None if it is not pending.
@@ -2419,6 +2430,16 @@ class TimeBucketIndex:
                 mask |= part
             return mask
 
+    def parts(self, ledger_id: int, entry_id: int, topic: str = "") -> list[tuple[int, int | None]]:
+        """(bucket time, batch mask or None for the whole entry) of each bucket holding the entry, earliest
+        first: what :meth:`due_of` and :meth:`pending_mask` summarize (a whole entry's messages pending
+        beside it are due earlier than it). Complexity as :meth:`due_of`."""
+        with self._lock:
+            found = self._hot.parts(ledger_id, entry_id, topic)
+            if len(self._packed):
+                found = sorted(found + self._packed.parts(_key(ledger_id, topic), entry_id), key=_part_time)
+            return found
+
     def due_of(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> int | None:
         """The bucket time at which this id will be popped, or None if it is not pending.
 
@@ -2532,6 +2553,10 @@ def merge_due(a: DueIds, b: DueIds) -> DueIds:
         if partial
         else DueIds(a.topic, a.ledger_id, entry_ids)
     )
+
+
+def _part_time(part: tuple[int, int | None]) -> int:
+    return part[0]
 
 
 def _by_first(item: tuple[int, DueIds]) -> int:

@@ -421,6 +421,21 @@ def test_due_of_remove_and_pending_mask_across_shared_and_own_slots(promote_at: 
     assert len(index) == 0 and index.bucket_count == 0 and index.next_due_ms() is None
 
 
+@pytest.mark.parametrize("promote_at", [1, 3, 128])
+def test_a_whole_entry_nacked_beside_its_pending_message_in_the_ledgers_only_slot(promote_at: int) -> None:
+    """Message 0 of an entry pending, then the whole entry nacked due in the same bucket, the ledger's
+    only one: the whole entry covers the message and comes out whole. (A slot with a bitmap of its own
+    keeps its batch members in ``_dense``, not ``_members``: the add took "no members anywhere" for
+    true, kept message 0 only and lost the whole nack — found by the state machine's re-nack rule.)"""
+    index = TimeBucketIndex(0, promote_at=promote_at)
+    for entry in range(1, promote_at):
+        index.add(0, 3, entry)  # fill the slot up to its own bitmap
+    index.add(0, 3, 0, 0)
+    index.add(0, 3, 0, -1)
+    assert index.pending_mask(3, 0) == -1 and index.parts(3, 0) == [(0, None)]
+    assert drain(index, 0) == {("", 3, entry): None for entry in range(max(promote_at, 1))}
+
+
 @pytest.mark.parametrize("promote_at", [2, 128])
 def test_batch_members_of_many_ledgers_in_shared_slots(promote_at: int) -> None:
     index = TimeBucketIndex(0, promote_at=promote_at)

@@ -426,6 +426,29 @@ def test_renack_earlier_than_a_loaded_copy_wins_once(storage: SnapshotStorage) -
     assert popped == {("", 1, 1): [bucket(1_000)]}
 
 
+def test_whole_entry_renack_between_its_loaded_message_and_its_loaded_whole_copy(
+    storage: SnapshotStorage,
+) -> None:
+    """Loaded: message 0 of an entry due at 10, the whole entry due at 30. The whole entry re-nacked due
+    at 20 moves the whole copy to 20, as in the index (earliest wins, per id): the earlier message is no
+    copy of the whole entry. (The store took the loaded index's earliest part, message 0, for an earlier
+    whole copy and dropped the re-nack: pop_due(20) handed out message 0 only, the rest at 30.)"""
+    store = SegmentStore(storage, SegmentConfig(load_ahead_ms=60_000), precision_bits=0)
+    store.add(10, 3, 0, 0)
+    store.add(30, 3, 0, -1)
+    store.checkpoint(0)
+    assert store.segments()[0][-1], "the segment is loaded"
+    assert store.add(20, 3, 0, -1) == 20
+    assert store.due_of(3, 0, -1) == 10 and store.pending_mask(3, 0) == -1 and store.added == 3
+    store.checkpoint(1)
+    restarted = SegmentStore(storage, SegmentConfig(load_ahead_ms=60_000), precision_bits=0)
+    restarted.restore(2)
+    for place in (store, restarted):  # and so after a restart: the files hold what memory does
+        (due,) = place.pop_due(20)
+        assert (due.ledger_id, due.entry_ids.tolist(), due.batch_indexes) == (3, [0], {})  # whole
+        assert place.pop_due(1_000) == [] and len(place) == 0 and place.next_due_ms() is None
+
+
 def test_a_copy_in_an_unloaded_segment_is_retired_when_the_other_pops(storage: SnapshotStorage) -> None:
     """A re-nack inside an unloaded segment's time range cannot know whether the stored copy is earlier:
     both stay, the first to pop retires the other — the id comes out once, at the earlier time."""

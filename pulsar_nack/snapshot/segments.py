@@ -253,6 +253,12 @@ class _Record:
         entries = whole.get(key)
         if entries is not None and entry_id in entries:
             return -1
+        return self.own_mask(key, entry_id)
+
+    def own_mask(self, key: Key, entry_id: int) -> int:
+        """The batch indexes of an entry pending on their own (as batch messages; the entry may be pending
+        whole beside them, at a later bucket), as a bitmask. Deletions applied. O(log members + the
+        entry's members)."""
         mask = 0
         codes = self.members.get(key)
         if codes is not None:
@@ -307,6 +313,7 @@ class SegmentStore:
         self._records: dict[int, _Record] = {}
         self._by_key: dict[Key, set[int]] = {}
         self._dupes: dict[Key, BitMap] = {}  # entries that may be pending in the mutable index and a segment
+        self._moved = 0  # ids moved from the loaded into the mutable index (add): not counted as added
         # seq → its supersedes, of files to delete (asked for by the in-memory work, or whose delete failed):
         # _write_out deletes them, outside _lock
         self._undeleted: dict[int, tuple[int, ...]] = {}
@@ -342,7 +349,9 @@ class SegmentStore:
         the mutable index, as does an id of a ledger no segment holds (the loaded index only holds ids of
         segments). That is the nack path, O(1): a fresh id does not even take the store's lock (the
         mutable index has its own, and a seal or load running meanwhile cannot hold a copy of an id that
-        is pending nowhere). Else O(S_l) bitmap probes.
+        is pending nowhere). Else O(S_l) bitmap probes, plus — when the loaded index holds a part of the
+        entry later than this nack — moving the entry's loaded parts to the mutable index (the index's
+        rule then files the nack among them; a segment cannot drop a whole entry and keep its messages).
         """
         if fresh:
             return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh=True)
@@ -351,31 +360,31 @@ class SegmentStore:
             if key not in self._by_key:
                 return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic)
             bucket = (int(due_ms) + self._round_up) & self._mask
-            loaded_due = self._loaded.due_of(ledger_id, entry_id, batch_index, topic)
-            loaded_mask = self._loaded.pending_mask(ledger_id, entry_id, topic) if batch_index < 0 else -1
-            if loaded_mask > 0:  # only batch messages loaded: a whole entry covers those due at or after it
-                for index in batch_indexes(loaded_mask):
-                    member_due = self._loaded.due_of(ledger_id, entry_id, index, topic)
-                    if member_due is not None and member_due >= bucket:
-                        self._loaded.remove(ledger_id, entry_id, index, topic)
-                        self._mark_deleted(key, entry_id, index, "loaded")
-            elif loaded_due is not None:
-                if loaded_due <= bucket:
-                    return loaded_due
-                self._loaded.remove(ledger_id, entry_id, batch_index, topic)
-                self._mark_deleted(key, entry_id, batch_index, "loaded")  # only the copy just replaced
+            parts = self._loaded.parts(ledger_id, entry_id, topic)
+            for due, mask in parts:
+                if due <= bucket and (mask is None or (batch_index >= 0 and mask >> batch_index & 1)):
+                    return due  # a copy no later (or the whole entry, no later) covers this nack
+            if parts:
+                # Some loaded part of the entry is later than this nack: the entry's loaded parts move to
+                # the mutable index, where the index's own rule files the nack among them (a segment can
+                # drop a whole entry and keep its earlier messages only by dropping the entry: the whole
+                # entry loaded at 30 and its message 0 at 10, then the whole entry nacked at 20).
+                self._loaded.remove(ledger_id, entry_id, -1, topic)
+                self._mark_deleted(key, entry_id, -1, "loaded")
+                for due, mask in parts:
+                    for index in batch_indexes(mask) if mask is not None else (-1,):
+                        self._mutable.add(due, ledger_id, entry_id, index, topic)
+                        self._moved += 1
             covered: int | None = None
             for rec in self._holding(key):
-                if rec.loaded:
+                if rec.loaded or not rec.holds(key, entry_id):
                     continue  # the loaded index answered for it (membership may be stale: popped ids)
-                if bucket < rec.min_due:
-                    if rec.holds(key, entry_id):
-                        self._delete_in(rec, key, entry_id, batch_index)  # the new nack is earlier
-                elif rec.holds(key, entry_id):
-                    if rec.max_due <= bucket and not rec.has_members:
-                        covered = rec.min_due if covered is None else min(covered, rec.min_due)
-                    else:  # maybe earlier, maybe later: keep both, the first popped retires the other
-                        self._dupes.setdefault(key, BitMap()).add(entry_id)
+                if rec.max_due <= bucket and not rec.has_members:
+                    covered = rec.min_due if covered is None else min(covered, rec.min_due)
+                elif bucket < rec.min_due or (batch_index < 0 and bucket == rec.min_due):
+                    self._delete_in(rec, key, entry_id, batch_index)  # due no earlier there: this one wins
+                else:  # maybe earlier, maybe later: keep both, the first popped retires the other
+                    self._dupes.setdefault(key, BitMap()).add(entry_id)
             if covered is not None:
                 return covered
             return self._mutable.add(bucket, ledger_id, entry_id, batch_index, topic)
@@ -496,7 +505,7 @@ class SegmentStore:
     @property
     def added(self) -> int:
         """Ids accepted by :meth:`add` so far (repeats included), as the index counts them. O(1)."""
-        return self._mutable.added
+        return self._mutable.added - self._moved
 
     @property
     def unsealed(self) -> int:
@@ -1065,7 +1074,9 @@ class SegmentStore:
 
     def _fill(self, rec: _Record, segment: Segment) -> None:
         """Put a segment's ids (deletions applied, second copies resolved) into the loaded index."""
-        filled: dict[Key, BitMap] = {}  # entries this call put into the loaded index
+        # entries this call put into the loaded index whole (an entry filed as some of its messages is not
+        # here: a later whole copy of it in this segment is no copy of those, and is matched as any is)
+        filled: dict[Key, BitMap] = {}
         # whole entries, filed with one add_many per topic at the end: the index's dedupe then gathers a
         # ledger's pending ids once per segment, not once per (bucket, ledger) group
         wholes: dict[str, list[tuple[int, int, npt.NDArray[np.uint32]]]] = {}
@@ -1099,7 +1110,7 @@ class SegmentStore:
             if dup:  # a second copy may be pending in the mutable or the loaded index: earliest wins
                 for entry in list(dup & entries):
                     if entry in filled.get(key, _EMPTY):
-                        continue  # an earlier copy in this very segment: the loaded index keeps it
+                        continue  # an earlier whole copy in this very segment: the loaded index keeps it
                     if entry in masks:  # pending in part here: a second copy is of the same message
                         self._resolve_members(rec, g, entry, masks, entries)
                         continue
@@ -1117,8 +1128,8 @@ class SegmentStore:
                         place.remove(g.ledger_id, entry, -1, g.topic)
                         if place is self._loaded:
                             self._mark_deleted(key, entry, -1, "loaded")  # rec is not loaded yet
-            filled.setdefault(key, BitMap()).update(entries)
             whole = entries - BitMap(masks) if masks else entries
+            filled.setdefault(key, BitMap()).update(whole)
             if whole:
                 array = np.frombuffer(whole.to_array(), dtype=np.uint32)
                 wholes.setdefault(g.topic, []).append((g.bucket_ms, g.ledger_id, array))
@@ -1225,9 +1236,11 @@ class SegmentStore:
             if (where == "loaded" and not rec.loaded) or (where == "unloaded" and rec.loaded):
                 continue
             if rec.holds(key, entry_id):
-                if not rec.loaded and not hit:
-                    mask = -1 if batch_index < 0 else rec.member_mask(key, entry_id)
-                    hit = batch_index < 0 or (mask >= 0 and mask >> batch_index & 1 == 1)
+                if not rec.loaded and not hit:  # (an entry whose messages were all removed: nothing)
+                    if batch_index < 0:
+                        hit = rec.member_mask(key, entry_id) != 0
+                    else:  # on its own only: a message the whole entry covers stays, as in the index
+                        hit = rec.own_mask(key, entry_id) >> batch_index & 1 == 1
                 self._delete_in(rec, key, entry_id, batch_index)
         return hit
 
