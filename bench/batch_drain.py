@@ -31,6 +31,22 @@ NACK_DELAY_MS = 1_000
 RECEIVERS = 4
 
 
+def produce(client: Any, topic: str, messages: int) -> float:
+    """Send messages 0 .. ``messages`` - 1 (4-byte big-endian) to ``topic`` in batches of :data:`BATCH`,
+    as both shapes do; returns the seconds it took (send to flush). The producer is closed."""
+    producer = client.create_producer(
+        topic, batching_enabled=True, batching_max_messages=BATCH, batching_max_publish_delay_ms=10,
+        block_if_queue_full=True,
+    )  # fmt: skip
+    started = time.monotonic()
+    for i in range(messages):
+        producer.send_async(i.to_bytes(4, "big"), None)
+    producer.flush()
+    elapsed = time.monotonic() - started
+    producer.close()
+    return elapsed
+
+
 def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
     import pulsar
 
@@ -40,15 +56,7 @@ def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     client = pulsar_nack.Client(service_url, operation_timeout_seconds=30, logger=logger)
     consumer = client.subscribe(topic, "drain", consumer_type=pulsar.ConsumerType.Shared)
-    producer = client.create_producer(
-        topic, batching_enabled=True, batching_max_messages=BATCH, batching_max_publish_delay_ms=10,
-        block_if_queue_full=True,
-    )
-    started = time.monotonic()
-    for i in range(messages):
-        producer.send_async(i.to_bytes(4, "big"), None)
-    producer.flush()
-    produced_s = time.monotonic() - started
+    produced_s = produce(client, topic, messages)
     handouts = bytearray(messages)  # hand-outs per message (capped at 255)
     acked = bytearray(messages)
     late = []  # messages handed out after the application acked them
@@ -108,7 +116,6 @@ def drain(service_url: str, messages: int, timeout_s: float) -> dict[str, Any]:
         pass
     leftovers = len(left)
     check.close()
-    producer.close()
     client.close()
     nacked = messages // BATCH
     wrong = sum(1 for i in range(messages) if handouts[i] != (2 if i % BATCH == 3 else 1))
@@ -159,16 +166,7 @@ def held_drain(service_url: str, messages: int, timeout_s: float) -> dict[str, A
         )
         for name, client in clients.items()
     }  # fmt: skip
-    producer = clients["official"].create_producer(
-        topic, batching_enabled=True, batching_max_messages=BATCH, batching_max_publish_delay_ms=10,
-        block_if_queue_full=True,
-    )
-    started = time.monotonic()
-    for i in range(messages):
-        producer.send_async(i.to_bytes(4, "big"), None)
-    producer.flush()
-    produced_s = time.monotonic() - started
-    producer.close()
+    produced_s = produce(clients["official"], topic, messages)
     results: dict[str, Any] = {}
 
     def run_one(name: str) -> None:

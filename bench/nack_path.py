@@ -124,7 +124,7 @@ def measure(service_url: str) -> dict[str, Any]:
 
         def prefill(tracker: Any = tracker, buckets: int = buckets, bridge: Any = bridge) -> None:
             tracker.clear()
-            base = tracker._clock() + 3_600_000
+            base = tracker.clock() + 3_600_000
             for b in range(buckets):  # ids below and above the messages' entries, one per bucket
                 entry_id = entries[0] - 1 - b % 3 if b % 2 else entries[-1] + 1 + b % 3
                 tracker.schedule(base + b * 256, ledger_id, max(entry_id, 0), 50 + b % 40, topic)
@@ -145,7 +145,7 @@ def measure(service_url: str) -> dict[str, Any]:
             nack_rounds.append(_timed(wrapper_nacks, MESSAGES))
         prefill()
         ids = [message.__dict__[_ADMITTED_IDS] for message in messages]
-        due = int(tracker._clock() + 7_200_000)
+        due = int(tracker.clock() + 7_200_000)
 
         def index_adds(index: Any = tracker.index, ids: Any = ids, due: int = due) -> None:
             for ledger, entry, batch_index, on_topic in ids:  # as the nack path files them: fresh

@@ -42,7 +42,7 @@ def run(batched: bool, count: int) -> dict[str, Any]:
     """One kill -9 and restart on its own pulsar-lite: lateness figures (ms) and what went wrong."""
     import pulsar
     from snapshot_helpers import assert_each_once_on_time  # noqa: F401  (the tests' notion of "on time")
-    from test_snapshot_restart import EARLY_MS, run_consumer_a
+    from test_snapshot_restart import EARLY_MS, drain, run_consumer_a
 
     from pulsar_nack import Client
     from pulsar_nack.testing import PulsarLite
@@ -80,7 +80,7 @@ def run(batched: bool, count: int) -> dict[str, Any]:
             restored = consumer.nack_stats().pending
             handouts: dict[str, list[float]] = {}
             ids: dict[str, tuple[int, int, int]] = {}
-            _drain(consumer, set(due), max(due.values()), handouts, ids)
+            drain(consumer, set(due), max(due.values()), handouts, ids)
             stats = consumer.nack_stats()
         finally:
             client.close()
@@ -105,34 +105,6 @@ def run(batched: bool, count: int) -> dict[str, Any]:
         "forwarded": stats.forwarded,
         "kept_copies": stats.chunked_redelivered,
     }
-
-
-def _drain(
-    consumer: Any,
-    expected: set[str],
-    last_due_ms: float,
-    handouts: dict[str, list[float]],
-    ids: dict[str, tuple[int, int, int]],
-) -> None:
-    """Receive (and ack) until every expected message was handed out and 2 s passed with nothing new, or
-    until 30 s after the last due time (as the restart tests' drain), recording hand-out times (epoch
-    ms) and each message's (ledger, entry, batch index)."""
-    import pulsar
-
-    deadline = max(last_due_ms / 1000, time.time()) + 30
-    quiet_until = deadline
-    while time.time() < min(deadline, quiet_until):
-        try:
-            message = consumer.receive(200)
-        except pulsar.Timeout:
-            continue
-        data = message.data().decode()
-        handouts.setdefault(data, []).append(time.time() * 1000)
-        mid = message.message_id()
-        ids[data] = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
-        consumer.acknowledge(message)
-        if quiet_until == deadline and set(handouts) >= expected:
-            quiet_until = time.time() + 2
 
 
 def _quantile(values: list[float], q: float) -> float | None:

@@ -58,13 +58,13 @@ def probe(precision_bits: int, per_ms: int) -> dict[str, Any]:
 
     tracker = NackTracker(record, precision_bits=precision_bits)
     ids = SPAN_MS * per_ms
-    start = tracker._clock() + 3_000.0 + 0.007 * ids  # filing takes ~4 µs a nack, then one compaction
+    start = tracker.clock() + 3_000.0 + 0.007 * ids  # filing takes ~4 µs a nack, then one compaction
     for entry_id in range(ids):
         tracker.schedule(start + entry_id // per_ms, 1, entry_id)
     buckets = tracker.index.bucket_count
     lead = tracker.lead_ms
     window_start = start - lead  # the first bucket's forward time
-    time.sleep(max(0.0, (window_start - tracker._clock()) / 1000.0))
+    time.sleep(max(0.0, (window_start - tracker.clock()) / 1000.0))
     cpu_before, calls_before = time.process_time(), calls[0]
     time.sleep(WINDOW_MS / 1000.0)
     cpu_ms = (time.process_time() - cpu_before) * 1000.0

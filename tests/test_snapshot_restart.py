@@ -76,9 +76,16 @@ def run_consumer_a(broker: Broker, topic: str, tmp_path: Path, count: int, **ext
     return {row["data"]: row["due_ms"] for row in map(json.loads, dues.read_text().splitlines())}
 
 
-def drain(consumer: Any, expected: set[str], last_due_ms: float, handouts: dict[str, list[float]]) -> None:
+def drain(
+    consumer: Any,
+    expected: set[str],
+    last_due_ms: float,
+    handouts: dict[str, list[float]],
+    ids: dict[str, tuple[int, int, int]] | None = None,
+) -> None:
     """Receive (and ack) until every expected message was handed out and 2 s passed with nothing new, or
-    until 30 s after the last due time. Records hand-out times (epoch ms)."""
+    until 30 s after the last due time. Records hand-out times (epoch ms), and in ``ids`` each message's
+    (ledger, entry, batch index). (bench/restart_lateness.py drains with it too.)"""
     deadline = max(last_due_ms / 1000, time.time()) + 30
     quiet_until = deadline
     while time.time() < min(deadline, quiet_until):
@@ -86,7 +93,11 @@ def drain(consumer: Any, expected: set[str], last_due_ms: float, handouts: dict[
             message = consumer.receive(200)
         except pulsar.Timeout:
             continue
-        handouts.setdefault(message.data().decode(), []).append(time.time() * 1000)
+        data = message.data().decode()
+        handouts.setdefault(data, []).append(time.time() * 1000)
+        if ids is not None:
+            mid = message.message_id()
+            ids[data] = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
         consumer.acknowledge(message)
         if quiet_until == deadline and set(handouts) >= expected:
             quiet_until = time.time() + 2
