@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -49,6 +50,10 @@ def test_profile_end_to_end(tmp_path: Path) -> None:
         (["profile", "--duration", "1s", "--no-progress"], "pympler", "profile needs pympler"),
         (["profile", "--duration", "1s"], "tqdm", "profile needs tqdm"),
         (["sweep", "--grid", "small", "--out", "out"], "pyspark", "the sweep needs pyspark"),
+        (["sweep", "--grid", "small", "--out", "out"], "pyarrow", "the sweep needs pyarrow"),
+        (["sweep", "--grid", "small", "--out", "out"], "matplotlib", "the sweep needs matplotlib"),
+        # a submodule the check before Spark does not list: the import of the job itself names it
+        (["sweep", "--grid", "small", "--out", "out"], "matplotlib.figure", "the sweep needs matplotlib"),
     ],
 )
 def test_a_tool_without_its_extra_names_the_extra(
@@ -64,6 +69,25 @@ def test_a_tool_without_its_extra_names_the_extra(
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert out.stderr.strip() == f"pulsar-nack {argv[0]}: {named}: pip install 'pulsar-nack[{extra}]'"
+    if argv[0] == "sweep":
+        assert not (tmp_path / "out" / "sweep.parquet").exists()
+
+
+def test_a_spark_submit_driver_without_a_module_names_its_python_and_the_module(tmp_path: Path) -> None:
+    """Under spark-submit (which sets PYSPARK_GATEWAY_PORT for the driver's Python) a driver lacking
+    pyarrow — spark.pyspark.python taken for the driver too, spark/README.md — is one line naming that
+    Python, the module and the setting, exit 1, before the job runs."""
+    code = "import sys; sys.modules['pyarrow'] = None; from pulsar_nack.cli import main; sys.exit(main())"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "sweep", "--grid", "small", "--out", "out"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYSPARK_GATEWAY_PORT": "1"},
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    line = out.stderr.strip()
+    assert line.startswith(f"pulsar-nack sweep: the sweep's driver Python ({sys.executable}) needs pyarrow:")
+    assert "pip install pyarrow" in line and "spark.pyspark.driver.python" in line
 
 
 @pytest.mark.parametrize(
