@@ -43,7 +43,6 @@ def test_profile_end_to_end(tmp_path: Path) -> None:
     assert data["breakdown_total"] == sum(data["breakdown"].values())
 
 
-
 @pytest.mark.parametrize(
     ("argv", "hidden", "named"),
     [
@@ -310,6 +309,43 @@ def test_sigint_to_profile_exits_130_quietly_and_ends_its_probe() -> None:
     while any(Path(f"/proc/{child}").exists() for child in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [child for child in children if Path(f"/proc/{child}").exists()], "the probe was killed"
+
+
+def test_ctrl_c_to_the_sweep_exits_130_quietly_and_stops_spark(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the sweep's job runs: exit 130,
+    no traceback or Spark error on the way out, and nothing of the group left (the JVM, its Python
+    workers)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsar_nack.cli", "sweep", "--grid", "small", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        seen = []
+        while not any(line.startswith("sweep:") for line in seen):  # the job's bar: Spark is up
+            line = process.stderr.readline()
+            assert line, "".join(seen)[-2000:]
+            seen.append(line)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    err = "".join(seen) + err
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err, err[-3000:]
+    assert " ERROR " not in err and "ERROR:" not in err, err[-3000:]
+    deadline = time.monotonic() + 30
+    while _group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group(process.pid), "the JVM and its workers stopped"
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of a process group."""
+    found = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
 
 
 def test_a_spark_master_that_never_answers_is_one_run_error(tmp_path: Path) -> None:
