@@ -321,7 +321,7 @@ def test_ctrl_c_to_the_sweep_exits_130_quietly_and_stops_spark(tmp_path: Path) -
     )  # fmt: skip
     try:
         assert process.stderr is not None
-        seen = []
+        seen: list[str] = []
         while not any(line.startswith("sweep:") for line in seen):  # the job's bar: Spark is up
             line = process.stderr.readline()
             assert line, "".join(seen)[-2000:]
