@@ -27,7 +27,7 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from pulsar_nack import __version__, demo
 from pulsar_nack.progress import ProgressStream
@@ -223,17 +223,19 @@ def _sweep(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"--out: cannot create {args.out}: {error.strerror or error}") from None
     java_results = _java_results(args.java_results)
-    require_extra("the sweep", "spark", "pyspark", "tqdm")
+    missing = [name for name in _SWEEP_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise _sweep_lacks(missing, submitted)
     if not submitted and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise RunError("Spark needs Java 17 or newer: put java on PATH or set JAVA_HOME")
     if args.master is not None and args.master.startswith("spark://"):
         check_reachable("--master", args.master, 10.0, ("spark",))
 
-    from py4j.protocol import Py4JError  # type: ignore[import-untyped]
-
-    from pulsar_nack.sweep.spark import run
-
     try:
+        from py4j.protocol import Py4JError  # type: ignore[import-untyped]
+
+        from pulsar_nack.sweep.spark import run
+
         result = run(
             args.grid,
             points,
@@ -242,6 +244,8 @@ def _sweep(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             java_results=java_results,
         )
+    except ModuleNotFoundError as error:  # a module the check above does not list (a dependency's own)
+        raise _sweep_lacks([(error.name or str(error)).partition(".")[0]], submitted) from None
     except Py4JError as error:  # Spark's own failure: its log above says why; the Java trace adds nothing
         raise RunError(f"Spark failed (master {args.master or 'default'}): {_first_line(error)}") from None
     info = result.info
@@ -253,6 +257,24 @@ def _sweep(args: argparse.Namespace) -> int:
     print(f"wrote {result.parquet}, {result.report} and {result.report.with_suffix('.html')}")
     print(f"Java bars: {java_results}" if java_results else "Java bars: none (no --java-results file)")
     return 0
+
+
+#: What the sweep's driver imports besides the core's dependencies: Spark and py4j, the progress bar, the
+#: Parquet writer, the report's plots. (Workers need only the core's: see spark/README.md.)
+_SWEEP_MODULES: Final = ("pyspark", "py4j", "tqdm", "pyarrow", "matplotlib")
+
+
+def _sweep_lacks(missing: list[str], submitted: bool) -> RunError:
+    """The error for a sweep whose driver cannot import ``missing``: the extra to install — or, under
+    spark-submit, which Python lacks them (spark-submit picks the driver's with
+    ``spark.pyspark.driver.python``, and the packages it needs are listed in spark/README.md)."""
+    names = ", ".join(missing)
+    if not submitted:
+        return RunError(f"the sweep needs {names}: pip install 'pulsar-nack[spark]'")
+    return RunError(
+        f"the sweep's driver Python ({sys.executable}) needs {names}: pip install {' '.join(missing)} "
+        "there, or set spark.pyspark.driver.python to a Python that has it (see spark/README.md)"
+    )
 
 
 def _first_line(error: Exception) -> str:

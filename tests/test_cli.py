@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -42,13 +43,16 @@ def test_profile_end_to_end(tmp_path: Path) -> None:
     assert data["breakdown_total"] == sum(data["breakdown"].values())
 
 
-
 @pytest.mark.parametrize(
     ("argv", "hidden", "named"),
     [
         (["profile", "--duration", "1s", "--no-progress"], "pympler", "profile needs pympler"),
         (["profile", "--duration", "1s"], "tqdm", "profile needs tqdm"),
         (["sweep", "--grid", "small", "--out", "out"], "pyspark", "the sweep needs pyspark"),
+        (["sweep", "--grid", "small", "--out", "out"], "pyarrow", "the sweep needs pyarrow"),
+        (["sweep", "--grid", "small", "--out", "out"], "matplotlib", "the sweep needs matplotlib"),
+        # a submodule the check before Spark does not list: the import of the job itself names it
+        (["sweep", "--grid", "small", "--out", "out"], "matplotlib.figure", "the sweep needs matplotlib"),
     ],
 )
 def test_a_tool_without_its_extra_names_the_extra(
@@ -64,6 +68,25 @@ def test_a_tool_without_its_extra_names_the_extra(
     assert out.returncode == 1, out.stderr[-2000:]
     assert "Traceback" not in out.stderr
     assert out.stderr.strip() == f"pulsar-nack {argv[0]}: {named}: pip install 'pulsar-nack[{extra}]'"
+    if argv[0] == "sweep":
+        assert not (tmp_path / "out" / "sweep.parquet").exists()
+
+
+def test_a_spark_submit_driver_without_a_module_names_its_python_and_the_module(tmp_path: Path) -> None:
+    """Under spark-submit (which sets PYSPARK_GATEWAY_PORT for the driver's Python) a driver lacking
+    pyarrow — spark.pyspark.python taken for the driver too, spark/README.md — is one line naming that
+    Python, the module and the setting, exit 1, before the job runs."""
+    code = "import sys; sys.modules['pyarrow'] = None; from pulsar_nack.cli import main; sys.exit(main())"
+    out = subprocess.run(
+        [sys.executable, "-c", code, "sweep", "--grid", "small", "--out", "out"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYSPARK_GATEWAY_PORT": "1"},
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    line = out.stderr.strip()
+    assert line.startswith(f"pulsar-nack sweep: the sweep's driver Python ({sys.executable}) needs pyarrow:")
+    assert "pip install pyarrow" in line and "spark.pyspark.driver.python" in line
 
 
 @pytest.mark.parametrize(
@@ -286,6 +309,43 @@ def test_sigint_to_profile_exits_130_quietly_and_ends_its_probe() -> None:
     while any(Path(f"/proc/{child}").exists() for child in children) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [child for child in children if Path(f"/proc/{child}").exists()], "the probe was killed"
+
+
+def test_ctrl_c_to_the_sweep_exits_130_quietly_and_stops_spark(tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the process group, as a terminal sends it) while the sweep's job runs: exit 130,
+    no traceback or Spark error on the way out, and nothing of the group left (the JVM, its Python
+    workers)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pulsar_nack.cli", "sweep", "--grid", "small", "--out", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        seen: list[str] = []
+        while not any(line.startswith("sweep:") for line in seen):  # the job's bar: Spark is up
+            line = process.stderr.readline()
+            assert line, "".join(seen)[-2000:]
+            seen.append(line)
+        os.killpg(process.pid, signal.SIGINT)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    err = "".join(seen) + err
+    assert process.returncode == 130, err[-3000:]
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err, err[-3000:]
+    assert " ERROR " not in err and "ERROR:" not in err, err[-3000:]
+    deadline = time.monotonic() + 30
+    while _group(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _group(process.pid), "the JVM and its workers stopped"
+
+
+def _group(pgid: int) -> list[int]:
+    """The live processes of a process group."""
+    found = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in found.split()]
 
 
 def test_a_spark_master_that_never_answers_is_one_run_error(tmp_path: Path) -> None:

@@ -322,6 +322,20 @@ def test_sweep_on_a_standalone_cluster_equals_a_local_run(tmp_path: Path) -> Non
         assert submitted.returncode == 0, (
             f"{submitted.stdout[-2000:]}\n{submitted.stderr[-4000:]}\n-- executor --\n{executor}"
         )
+        # Without spark.pyspark.driver.python the driver runs the workers' Python, which lacks pyarrow:
+        # one line naming that Python and the module, exit 1, before a job is submitted. (spark-submit
+        # passes the driver's stderr on through its own stdout.)
+        command = _submit_command(master_url, _package_archive(tmp_path), pythons, tmp_path / "no-driver")
+        at = command.index(f"spark.pyspark.driver.python={pythons['driver']}")
+        del command[at - 1 : at + 1]
+        lacking = _run(command, timeout_s=180, env=env, cwd=tmp_path)
+        output = lacking.stdout + lacking.stderr
+        assert lacking.returncode == 1, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+        said = [line for line in output.splitlines() if line.startswith("pulsar-nack sweep:")]
+        assert len(said) == 1 and f"driver Python ({worker_python}) needs " in said[0], output[-3000:]
+        assert "pyarrow" in said[0].partition(" needs ")[2].partition(":")[0], said[0]
+        assert not (tmp_path / "no-driver" / "sweep.parquet").exists()
     info = json.loads((tmp_path / "cluster" / "sweep.json").read_text())
     assert info["master"] == master_url and info["points"] == len(SMALL)
     assert executors, "the points ran in an executor the worker launched"

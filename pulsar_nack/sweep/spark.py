@@ -232,12 +232,47 @@ def run_tasks(
     order. ``name`` describes the job to Spark; ``progress`` as in :func:`sweep`."""
     context = spark.sparkContext
     group = f"pulsar-nack-{uuid.uuid4().hex[:8]}"
-    context.setJobGroup(group, f"{name}, {len(points)} points")
     rdd = points_rdd(spark, points).map(task)
+    description = f"{name}, {len(points)} points"
     if not progress:
-        return rdd.collect()
+        return _collect(context, group, description, rdd)
     with _Progress(context, group, len(points)):
-        return rdd.collect()
+        return _collect(context, group, description, rdd)
+
+
+def _collect(context: SparkContext, group: str, description: str, rdd: RDD[Row]) -> list[Row]:
+    """``rdd.collect()`` as job group ``group``, in a thread of its own (a job group is a property of the
+    thread that starts the job), the calling thread waiting for it.
+
+    Why: Ctrl-C. pyspark's SIGINT handler cancels the jobs over py4j and raises KeyboardInterrupt in the
+    main thread; when that thread is itself inside a py4j call (a ``collect`` waiting for its answer), the
+    handler's call re-enters the same socket and py4j logs a screen of tracebacks. Waiting here instead,
+    the interrupt arrives outside py4j: the job group is cancelled, Spark's logging silenced (its tasks
+    end with errors, as asked) and KeyboardInterrupt goes on up — the session's ``with`` stops Spark.
+    """
+    outcome: dict[str, Any] = {}
+
+    def collect() -> None:
+        try:
+            context.setJobGroup(group, description)
+            outcome["rows"] = rdd.collect()
+        except BaseException as error:  # the caller raises it (or ignores it after a Ctrl-C)
+            outcome["error"] = error
+
+    thread = threading.Thread(target=collect, name="sweep-collect", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.25)
+    except KeyboardInterrupt:
+        context.setLogLevel("OFF")
+        context.cancelJobGroup(group)
+        thread.join(60)
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    rows: list[Row] = outcome["rows"]
+    return rows
 
 
 class _Progress(threading.Thread):
