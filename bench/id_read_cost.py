@@ -15,13 +15,14 @@ client's objects, on real messages received from an embedded pulsar-lite broker:
   ``native ids, pybind11 call`` — the same through a pybind11-dispatched function; ``native ids, pybind11
   lookup`` — that, and pybind11's type lookup for every message instead of the exact-type fast path.
 
-Messages come from producer batches of B messages (B = 1: batching off), read in calls of B messages (a
-``batch_receive`` of one entry), for B = 1, 10, 100 and 1,000. Every route's result is checked against the
-getters' (and the batch size against ``serialize()``'s) before it is timed. Time: the reading thread's CPU
-time (the machine may be shared; wall time would count the waits for a core) with the garbage collector
-off, the median of ``--reps`` passes over all messages. For scale, the same run measures the official
-consumer's own CPU per message (process CPU, all threads, of the ``receive`` + ``acknowledge`` loop that
-fetched the messages).
+Messages come from producer batches of B messages (B = 1: batching off), for B = 1, 10, 100 and 1,000;
+``native ids_all`` reads them in calls of B messages (a ``batch_receive`` of one entry), the other routes one
+message at a time in one Python loop (the wrapper's per-message path). Every route's result is checked
+against the getters' (and the batch size against ``serialize()``'s) before it is timed. Time: the reading
+thread's CPU time (the machine may be shared; wall time would count the waits for a core) with the garbage
+collector off, the median of ``--reps`` passes over all messages. For scale, the same run measures the
+official consumer's own CPU per message (process CPU, all threads, of the ``receive`` + ``acknowledge``
+loop that fetched the messages).
 
     python bench/id_read_cost.py                  # 20,000 messages per batch size, 7 passes, ≈ 30 s
 
@@ -160,10 +161,19 @@ def receive_all(client: Any, size: int, count: int) -> tuple[list[Any], float]:
     return messages, cpu / count * 1e6
 
 
-def time_route(route: Route, messages: list[Any], size: int, reps: int) -> float:
-    """Median over ``reps`` passes of this thread's CPU µs per message to read all ``messages`` in calls of
-    ``size`` (thread CPU, not wall time: the machine is shared, and the reads run in this thread only)."""
-    chunks = [messages[i : i + size] for i in range(0, len(messages), size)]
+#: The routes that take a list in one call: timed in calls of B messages. The others read one message at a
+#: time, as the wrapper's per-message path does, so they are timed in one loop over all messages (a loop per
+#: B-message list would add the same Python scaffolding to each of them and nothing to ids_all).
+PER_LIST = {"native ids_all"}
+
+
+def time_route(name: str, route: Route, messages: list[Any], size: int, reps: int) -> float:
+    """Median over ``reps`` passes of this thread's CPU µs per message to read all ``messages`` (in calls of
+    ``size`` for a :data:`PER_LIST` route). Thread CPU, not wall time: the machine is shared, and the reads
+    run in this thread only."""
+    chunks = (
+        [messages[i : i + size] for i in range(0, len(messages), size)] if name in PER_LIST else [messages]
+    )
     samples = []
     gc.disable()
     try:
@@ -214,7 +224,7 @@ def measure(count: int, reps: int) -> dict[str, Any]:
                     "batch_sizes_seen": sorted(sizes),
                     "official_receive_ack_cpu_us": official_cpu_us,
                     "us_per_message": {
-                        name: time_route(r, messages, size, reps) for name, r in routes.items()
+                        name: time_route(name, r, messages, size, reps) for name, r in routes.items()
                     },
                 }
                 rows.append(row)
@@ -257,16 +267,26 @@ def render(results: dict[str, Any]) -> str:
     native = results["native"]
     lines = [
         f"`python bench/id_read_cost.py` — CPU µs per message to read a received message's ids, by route; "
-        f"{rows[0]['messages']:,}+ messages from producer batches of B (B = 1: batching off) read in calls "
-        f"of B, median of {results['reps']} passes. The last row is the official consumer's CPU per message "
+        f"{rows[0]['messages']:,}+ messages from producer batches of B (B = 1: batching off), read one at a "
+        f"time in one loop, except `native ids_all`: one call per B messages; median of {results['reps']} "
+        "passes. The last row is the official consumer's CPU per message "
         "for the `receive` + `acknowledge` loop that fetched them (process CPU, all threads), for scale.",
         report.machine_line(results["machine"])
         + " 1-minute load average before / after: {:.1f} / {:.1f} (other work on the machine inflates the "
         "figures).".format(*results["load_average_1min"]),
         table,
     ]
+    sizes = [r["batch_size"] for r in rows]
+
+    def times(name: str) -> str:
+        return ", ".join(f"{r['us_per_message'][name] / r['us_per_message']['getters']:.2f}×" for r in rows)
+
+    lines.append(
+        f"Pure Python, for B = {', '.join(f'{b:,}' for b in sizes)}: `str` costs {times('str')} the getters' "
+        f"(and has no batch size), `serialize` (all four fields) {times('serialize')}, and the getters with "
+        f"the batch size read from `serialize()` {times('getters + size')}."
+    )
     if native is not None:
-        sizes = [r["batch_size"] for r in rows]
 
         def per_b(values: dict[int, float], fmt: str) -> str:
             return ", ".join(fmt.format(values[b]) for b in sizes)
