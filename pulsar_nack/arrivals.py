@@ -383,7 +383,8 @@ class ArrivalFilter:
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
-        return not (self._entries or self._flights or self._sets.layout.bases or self._recent)
+        pending, quiet, watch = self._sets.layout.bitmaps
+        return not (self._entries or self._flights or pending or quiet or watch or self._recent)
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
@@ -445,8 +446,8 @@ class ArrivalFilter:
                 pass
             elif base is None:
                 sets.add(_PENDING, (topic, ledger_id), entry_id)
-            else:
-                sets.insert(_PENDING, base, code)
+            else:  # EntrySets.add inlined (the nack path)
+                pending_set.add(code)
             return fresh
         if entry is None:
             entry = self._entries[key] = _Entry(None, self._since())
@@ -786,7 +787,7 @@ class ArrivalFilter:
             return _DELIVER  # a first delivery (the common case: no lock, no call)
         pending_set, _, watch_set = layout.bitmaps
         code = base | entry_id << layout.low
-        if code not in pending_set and code not in watch_set:
+        if code not in pending_set and (not watch_set or code not in watch_set):
             return _DELIVER
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per message)
@@ -1122,7 +1123,7 @@ class ArrivalFilter:
             return False  # nothing to record: an ack of a message tracked in no way
         pending_set, _, watch_set = layout.bitmaps
         code = base | entry_id << layout.low
-        if code not in pending_set and code not in watch_set:
+        if code not in pending_set and (not watch_set or code not in watch_set):
             return False
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per ack)

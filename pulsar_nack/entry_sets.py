@@ -10,10 +10,12 @@ ordinal & (2**low - 1)`` — so that the entries of up to 2**low ledgers share a
 index's shared bitmaps do; ``low`` is the bits that number the ledgers, at most :data:`MAX_LOW_BITS`):
 ~2 B a value at 1,000 ledgers of 100 values, ~3.5 B at 10, plus ~150 B a ledger for its ordinal.
 
-A ledger's ordinal is freed when none of the sets holds an entry of it (a count per ordinal), and reused:
-ordinals stay below the most ledgers held at once, and nothing grows with run time. ``low`` grows with
-them (the bitmaps are then re-coded: O(values), at most :data:`MAX_LOW_BITS` times between two
-:meth:`EntrySets.clear`).
+Ordinals of ledgers none of the sets holds an entry of are collected and reused when a new ledger needs
+one and twice as many ledgers are numbered as held at the last collection (a pass over the values,
+O(values) numpy, amortized over the ledgers numbered since; no count per value, which cost the nack path
+~0.2 µs): ordinals stay below about twice the most ledgers held at once (+16), and nothing grows with run
+time. ``low`` grows with them (the bitmaps are then re-coded: O(values), at most :data:`MAX_LOW_BITS`
+times between two :meth:`EntrySets.clear`).
 
 Lookups without a lock: :attr:`EntrySets.layout` (the numbering, its ``low`` and the bitmaps) is replaced
 as a whole when re-coded, never changed in place but for the bitmaps' values: read it once, then look up
@@ -40,16 +42,20 @@ LedgerKey = tuple[str, int]  # (topic, ledger id)
 MAX_LOW_BITS = 12
 _ENTRY_BITS = 32
 _ENTRY_MASK = (1 << _ENTRY_BITS) - 1
+#: Ledgers numbered before the first collection of unheld ordinals (then twice those held after one).
+_COLLECT_MIN = 16
 
 
 class Layout:
     """One numbering of the ledgers: ``bases`` (ledger → its code with entry id 0), ``low``, and the
     sets' bitmaps. Replaced whole when re-coded (see the module)."""
 
-    __slots__ = ("bases", "bitmaps", "low")
+    __slots__ = ("bases", "bitmaps", "low", "mask", "shift")
 
     def __init__(self, low: int, count: int) -> None:
         self.low = low
+        self.shift = _ENTRY_BITS + low  # a code's bits above the entry id: the ordinal's high bits
+        self.mask = (1 << low) - 1  # a code's bits below the entry id: the ordinal's low bits
         self.bases: dict[LedgerKey, int] = {}
         self.bitmaps: tuple[BitMap64, ...] = tuple(BitMap64() for _ in range(count))
 
@@ -58,8 +64,7 @@ class Layout:
         return (ordinal >> low) << (_ENTRY_BITS + low) | ordinal & ((1 << low) - 1)
 
     def ordinal(self, base: int) -> int:
-        low = self.low
-        return (base >> (_ENTRY_BITS + low)) << low | base & ((1 << low) - 1)
+        return (base >> self.shift) << self.low | base & self.mask
 
     def code(self, ledger: LedgerKey, entry_id: int) -> int | None:
         """The code of an entry, or None if no set holds an entry of its ledger (or the id is out of
@@ -74,14 +79,14 @@ class EntrySets:
     """``count`` sets of ``(ledger, entry id)`` sharing one numbering of ledgers; see the module.
     Not thread-safe for changes (the caller's lock); lookups through :attr:`layout` need none."""
 
-    __slots__ = ("_count", "_free", "_keys", "_values", "layout")
+    __slots__ = ("_collect_at", "_count", "_free", "_keys", "layout")
 
     def __init__(self, count: int) -> None:
         self._count = count
         self.layout = Layout(0, count)
         self._keys: list[LedgerKey | None] = []  # ordinal → ledger (None: free)
         self._free: list[int] = []
-        self._values = array("Q")  # ordinal → values the sets hold of it
+        self._collect_at = _COLLECT_MIN  # numbered ledgers at which the next new one collects the unheld
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -132,9 +137,9 @@ class EntrySets:
 
     # -- changes (caller's lock held) -------------------------------------------------------------------
 
-    def add(self, which: int, ledger: LedgerKey, entry_id: int) -> bool:
-        """Add an entry; True if it was not in the set. Raises ValueError for an entry id out of
-        [0, 2**32) (nothing changed). O(1), O(values) when a new ledger needs another ordinal bit."""
+    def add(self, which: int, ledger: LedgerKey, entry_id: int) -> None:
+        """Add an entry. Raises ValueError for an entry id out of [0, 2**32) (nothing changed). O(1);
+        O(values) when a new ledger collects ordinals or needs another ordinal bit (amortized O(1))."""
         if entry_id >> _ENTRY_BITS or entry_id < 0:
             raise ValueError(f"entry_id must be in [0, 2**32), got {entry_id!r}")
         layout = self.layout
@@ -142,26 +147,10 @@ class EntrySets:
         if base is None:
             base = self._number(ledger)
             layout = self.layout
-        low = layout.low
-        code = base | entry_id << low
-        bitmap = layout.bitmaps[which]
-        if code in bitmap:
-            return False
-        bitmap.add(code)
-        self._values[(base >> (_ENTRY_BITS + low)) << low | base & ((1 << low) - 1)] += 1  # (its ordinal)
-        return True
-
-    def insert(self, which: int, base: int, code: int) -> None:
-        """:meth:`add` for the nack path: ``code`` (``base | entry_id << layout.low``, both read from the
-        current :attr:`layout`, no change since) is not in the set. O(1), no call but the bitmap's."""
-        layout = self.layout
-        layout.bitmaps[which].add(code)
-        low = layout.low
-        self._values[(base >> (_ENTRY_BITS + low)) << low | base & ((1 << low) - 1)] += 1
+        layout.bitmaps[which].add(base | entry_id << layout.low)
 
     def discard(self, which: int, ledger: LedgerKey, entry_id: int) -> bool:
-        """Remove an entry; True if it was in the set. Frees the ledger's ordinal once no set holds an
-        entry of it. O(1)."""
+        """Remove an entry; True if it was in the set. O(1)."""
         layout = self.layout
         base = layout.bases.get(ledger)
         if base is None or entry_id >> _ENTRY_BITS or entry_id < 0:
@@ -171,12 +160,6 @@ class EntrySets:
         if code not in bitmap:
             return False
         bitmap.discard(code)
-        ordinal = layout.ordinal(base)
-        self._values[ordinal] -= 1
-        if not self._values[ordinal]:
-            del layout.bases[ledger]
-            self._keys[ordinal] = None
-            self._free.append(ordinal)
         return True
 
     def update(self, which: int, ledger: LedgerKey, entry_ids: BitMap) -> None:
@@ -192,31 +175,50 @@ class EntrySets:
             layout = self.layout
         bitmap = layout.bitmaps[which]
         ids = np.frombuffer(entry_ids.to_array(), np.uint32).astype(np.uint64)
-        before = len(bitmap)
         bitmap.update(array("Q", (ids << np.uint64(layout.low) | np.uint64(base)).tobytes()))
-        self._values[layout.ordinal(base)] += len(bitmap) - before
 
     def clear(self) -> None:
         self.layout = Layout(0, self._count)
         self._keys = []
         self._free = []
-        self._values = array("Q")
+        self._collect_at = _COLLECT_MIN
 
     def _number(self, ledger: LedgerKey) -> int:
         """Give ``ledger`` an ordinal (a free one first; re-coding the bitmaps when ordinals need
-        another low bit) and return its base in the (new) layout. O(1), or O(values) when re-coded."""
+        another low bit) and return its base in the (new) layout. O(1), or O(values) when it collects
+        or re-codes."""
+        if not self._free and len(self.layout.bases) >= self._collect_at:
+            self._collect()
         if self._free:
             ordinal = self._free.pop()
             self._keys[ordinal] = ledger
         else:
             ordinal = len(self._keys)
             self._keys.append(ledger)
-            self._values.append(0)
             if ordinal >> self.layout.low and self.layout.low < MAX_LOW_BITS:
                 self._recode(min(MAX_LOW_BITS, ordinal.bit_length()))
         layout = self.layout
         base = layout.bases[ledger] = layout.base(ordinal)
         return base
+
+    def _collect(self) -> None:
+        """Free the ordinals of ledgers none of the sets holds an entry of (their numbering goes; a lookup
+        without the lock that read it finds nothing, as it would have). O(values) numpy."""
+        layout = self.layout
+        held: set[int] = set()
+        for bitmap in layout.bitmaps:
+            codes = np.frombuffer(bitmap.to_array(), np.uint64)
+            if len(codes):
+                ordinals = (codes >> np.uint64(layout.shift)) << np.uint64(layout.low) | codes & np.uint64(
+                    layout.mask
+                )
+                held.update(np.unique(ordinals).tolist())
+        for ordinal, key in enumerate(self._keys):
+            if key is not None and ordinal not in held:
+                del layout.bases[key]
+                self._keys[ordinal] = None
+                self._free.append(ordinal)
+        self._collect_at = max(_COLLECT_MIN, 2 * len(layout.bases))
 
     def _recode(self, low: int) -> None:
         """A new layout with ``low`` low ordinal bits: the bitmaps coded anew, swapped in whole (readers
@@ -247,7 +249,6 @@ class EntrySets:
         layout = self.layout
         total = python_bytes(self) + python_bytes(layout) + python_bytes(layout.bases)
         total += python_bytes(layout.bitmaps) + python_bytes(self._keys) + python_bytes(self._free)
-        total += python_bytes(self._values)
         for bitmap in layout.bitmaps:
             total += python_bytes(bitmap) + shared_bitmap64_heap_bytes(bitmap, shrunk=False)
         # The key tuple is this numbering's own; its ledger id (and topic) are the caller's objects — the

@@ -8,7 +8,7 @@ from pyroaring import BitMap
 
 from pulsar_nack.entry_sets import MAX_LOW_BITS, EntrySets
 
-_LEDGERS = [("t", ledger) for ledger in range(40)] + [("u", 3)]
+_LEDGERS = [("t", ledger) for ledger in range(60)] + [("u", 3)]
 _op = st.tuples(
     st.sampled_from(["add", "discard", "update"]),
     st.integers(0, 2),
@@ -22,13 +22,13 @@ _op = st.tuples(
 def test_entry_sets_hold_what_a_set_per_ledger_holds(
     ops: list[tuple[str, int, tuple[str, int], int]],
 ) -> None:
-    """Adds and removals across three sets and 41 ledgers (ordinals freed, reused, and re-coded as they
-    need more low bits) answer every lookup as plain Python sets do."""
+    """Adds and removals across three sets and 61 ledgers (ordinals collected, reused, and re-coded as
+    they need more low bits) answer every lookup as plain Python sets do."""
     sets = EntrySets(3)
     model: list[set[tuple[tuple[str, int], int]]] = [set(), set(), set()]
     for kind, which, ledger, entry_id in ops:
         if kind == "add":
-            assert sets.add(which, ledger, entry_id) == ((ledger, entry_id) not in model[which])
+            sets.add(which, ledger, entry_id)
             model[which].add((ledger, entry_id))
         elif kind == "discard":
             assert sets.discard(which, ledger, entry_id) == ((ledger, entry_id) in model[which])
@@ -45,13 +45,13 @@ def test_entry_sets_hold_what_a_set_per_ledger_holds(
         for ledger, entry_id in model[w]:
             assert sets.contains(w, ledger, entry_id)
     live = {k for m in model for k, _ in m}
-    assert set(sets.layout.bases) == live, "a ledger is numbered while a set holds an entry of it"
+    assert live <= set(sets.layout.bases), "a ledger is numbered while a set holds an entry of it"
     assert sets.layout.low <= MAX_LOW_BITS
 
 
 def test_ordinals_are_reused_so_nothing_grows_with_ledgers_come_and_gone() -> None:
-    """Ledgers that come and go (a topic rolling its ledgers over) reuse freed ordinals: the numbering
-    stays at the most ledgers held at once."""
+    """Ledgers that come and go (a topic rolling its ledgers over) reuse collected ordinals: the
+    numbering stays within twice the most ledgers held at once (and 16)."""
     sets = EntrySets(2)
     for ledger in range(10_000):
         sets.add(0, ("t", ledger), 5)
@@ -59,7 +59,7 @@ def test_ordinals_are_reused_so_nothing_grows_with_ledgers_come_and_gone() -> No
         if ledger:
             sets.discard(0, ("t", ledger - 1), 5)
             sets.discard(1, ("t", ledger - 1), 6)
-    assert len(sets.layout.bases) == 1 and sets.layout.low <= 1 and len(sets._keys) <= 2
+    assert len(sets.layout.bases) <= 16 and len(sets._keys) <= 17 and sets.layout.low <= 5
     assert sets.contains(0, ("t", 9_999), 5) and not sets.contains(0, ("t", 9_998), 5)
 
 
