@@ -24,8 +24,9 @@ subscription, paced at the workload's rate; the consumer process's heap growth (
 divided by its pending nacks, for both in the same run. ``--no-broker`` skips it.
 
 The whole grid runs for hours (a 1 % point is 10 million messages), so by default a fixed sample of it
-runs — the fleet shape of issue 23 (100 topics, batches of 10, 10 % nacked, 1 h, k = 8) and points drawn
-with a fixed seed — and ``--all`` runs all of it. Goals (issue 23): ≤ 16 B per pending nack at every point,
+runs — the fleet shape of issue 23 (100 topics, batches of 10, 10 % nacked, 1 h, k = 8), points drawn
+with a fixed seed, and the sparsest shapes (:data:`SPARSE`: 1,000 topics, 1 % nacked, 10 s, k = 0, each
+batching) — and ``--all`` runs all of it. Goals (issue 23): ≤ 16 B per pending nack at every point,
 ``nack_stats`` within ±10 %.
 
     python bench/nack_memory.py [--all | --sample N] [--pending N] [--points SUBSTRING]
@@ -58,6 +59,13 @@ SPREADS = ("fixed", "uniform")
 PRECISION_BITS = (0, 8, 12)
 SPREAD_S = 60  # a uniform delay runs from the delay to this much more
 FLEET = (100, 10, 0.10, 3_600, "fixed", 8)  # issue 23's fleet-shaped workload
+# The sparsest shapes — 1,000 topics, 1 % nacked, short delays, k = 0 — always run: there the per-ledger
+# and per-forward state is spread over the fewest nacks, and a random sample of the grid may miss them.
+SPARSE = (
+    (1_000, 1, 0.01, 10, "fixed", 0),
+    (1_000, 10, 0.01, 10, "fixed", 0),
+    (1_000, 100, 0.01, 10, "fixed", 0),
+)
 # The broker sample: delays short enough to consume in minutes (the consumer is paced at the rate).
 BROKER_POINTS = (
     (100, 10, 0.10, 60, "fixed", 8),
@@ -156,14 +164,16 @@ def grid() -> list[Point]:
 
 
 def choose(points: list[Point], sample: int | None, pattern: str | None) -> list[Point]:
-    """The fleet shape first, then ``sample`` more drawn with a fixed seed (all of them for None)."""
+    """The fleet shape first, then ``sample`` more drawn with a fixed seed, then the sparse shapes not
+    drawn (all of the grid for None)."""
     fleet = Point(*FLEET)
     if pattern:
         return [p for p in points if pattern in p.name]
     if sample is None:
         return points
     rest = [p for p in points if p != fleet]
-    return [fleet, *random.Random(23).sample(rest, min(sample, len(rest)))]
+    drawn = [fleet, *random.Random(23).sample(rest, min(sample, len(rest)))]
+    return drawn + [p for p in (Point(*shape) for shape in SPARSE) if p not in drawn]
 
 
 def native_bytes_per_nack() -> tuple[float | None, str]:
@@ -260,7 +270,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="every point of the grid (hours)")
-    which.add_argument("--sample", type=int, default=12, help="points besides the fleet shape (default 12)")
+    which.add_argument(
+        "--sample", type=int, default=12, help="points drawn besides the fleet and sparse shapes (default 12)"
+    )
     which.add_argument("--points", help="only points whose name contains this, e.g. t100-b10")
     parser.add_argument(
         "--pending", type=int, default=100_000, help="pending nacks per point (default 100,000)"

@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.index import batch_mask
 from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
@@ -99,6 +100,8 @@ _DUPLICATE = Verdict.DUPLICATE
 _NONE: tuple[Any, ...] = ()  # no copies to ack (shared: the ack path allocates nothing)
 _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
+# The filter's sets of entries (one EntrySets, see __init__)
+_PENDING, _QUIET, _WATCH = 0, 1, 2
 
 
 class _Flight:
@@ -329,17 +332,20 @@ class ArrivalFilter:
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}  # batched entries
-        # (topic, ledger) → entries whose every message is acked or pending in the index: no record
-        self._quiet: dict[tuple[str, int], BitMap] = {}
         self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
-        self._pending: dict[tuple[str, int], BitMap] = {}  # non-batched pending entry ids per ledger
-        # Non-batched entries in flight or recently handed out for a forward (in `_flights` or `_recent`),
-        # per ledger: an arrival or an ack of an entry in neither this nor `_pending` is a plain one,
-        # decided with two lookups (the per-message path while anything else is tracked).
-        self._watch: dict[tuple[str, int], BitMap] = {}
+        # Three sets of entries in shared 64-bit bitmaps (no bitmap per ledger: a few bytes a value at
+        # 1,000 sparse ledgers, where a bitmap per ledger cost ~15): _PENDING, non-batched entries whose
+        # nack is pending (and whole-entry nacks of batched ones); _QUIET, batched entries whose every
+        # message is acked or pending in the index (no record); _WATCH, non-batched entries in flight
+        # or recently handed out for a forward (in `_flights` or `_recent`) — an arrival or an ack of an
+        # entry in neither _PENDING nor _WATCH is a plain one, decided with one dict and two bitmap
+        # lookups (the per-message path while anything else is tracked).
+        self._sets = EntrySets(3)
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
-        self._forwards: deque[tuple[float, str, int, EntryIds]] = deque()
+        # (one entry id: an int — 1 id per ledger and forward is the sparse case: the record ~120 B, where
+        # a numpy array of one id made it ~290 B)
+        self._forwards: deque[tuple[float, str, int, EntryIds | int]] = deque()
         # lateness (arrival − the due time asked for) of a bounded sample of redeliveries
         self.lateness = LatenessHistogram(lateness_window)
         self.dues = DueSample()
@@ -377,7 +383,8 @@ class ArrivalFilter:
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
-        return not (self._entries or self._flights or self._pending or self._quiet or self._recent)
+        pending, quiet, watch = self._sets.layout.bitmaps
+        return not (self._entries or self._flights or pending or quiet or watch or self._recent)
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
@@ -421,16 +428,26 @@ class ArrivalFilter:
     def _record(self, key: Key, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool | None:
         """:meth:`pending`'s work (lock held)."""
         entry = self._entries.get(key)
-        if entry is None and self._quiet and self._is_quiet(topic, ledger_id, entry_id):
-            entry = self._expand(key, 0)
-        # whole (non-batched) entries pending in this ledger: none at all on a batched topic
-        bitmap = self._pending.get((topic, ledger_id)) if self._pending else None
-        whole_pending = bitmap is not None and entry_id in bitmap
+        sets = self._sets
+        layout = sets.layout
+        base = layout.bases.get((topic, ledger_id)) if layout.bases else None
+        whole_pending = False  # the whole (non-batched) entry pending: never on a batched topic
+        code = 0
+        if base is not None:
+            code = base | entry_id << layout.low
+            pending_set, quiet_set, _ = layout.bitmaps
+            if entry is None and quiet_set and code in quiet_set:  # (an empty set answers faster)
+                entry = self._expand(key, 0)
+                base = None  # (its ledger's number may have gone with the bit)
+            whole_pending = code in pending_set
         if batch_index < 0:  # fresh: no part of the entry pending (else the index merges)
             fresh = not whole_pending and (entry is None or not entry.pending)
-            if bitmap is None:
-                bitmap = self._pending[(topic, ledger_id)] = BitMap()
-            bitmap.add(entry_id)
+            if whole_pending:
+                pass
+            elif base is None:
+                sets.add(_PENDING, (topic, ledger_id), entry_id)
+            else:  # EntrySets.add inlined (the nack path)
+                pending_set.add(code)
             return fresh
         if entry is None:
             entry = self._entries[key] = _Entry(None, self._since())
@@ -456,20 +473,12 @@ class ArrivalFilter:
         """:meth:`pending` for many whole (non-batched) entries of one ledger at once — a restored
         snapshot's, taught to a filter that follows none of them yet. O(1) Python work (one bitmap OR)."""
         with self._lock:
-            bitmap = self._pending.get((topic, ledger_id))
-            if bitmap is None:
-                self._pending[(topic, ledger_id)] = BitMap(entry_ids)
-            else:
-                bitmap |= entry_ids
+            self._sets.update(_PENDING, (topic, ledger_id), entry_ids)
 
     def _unrecord(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """Undo :meth:`_record` (lock held; the index rejected the id). O(1)."""
         if batch_index < 0:
-            bitmap = self._pending.get((topic, ledger_id))
-            if bitmap is not None:
-                bitmap.discard(entry_id)
-                if not bitmap:
-                    del self._pending[(topic, ledger_id)]
+            self._sets.discard(_PENDING, (topic, ledger_id), entry_id)
         else:
             entry = self._entries.get((topic, ledger_id, entry_id))
             if entry is not None:
@@ -494,11 +503,16 @@ class ArrivalFilter:
         copy comes, the consumer keeps theirs until due (:meth:`take_pending_message`); if it does not,
         a later flush forwards them."""
         deferred: set[int] | None = None
+        ledger = (topic, ledger_id)
+        sets = self._sets
         with self._lock:
-            bitmap = self._pending.get((topic, ledger_id))
+            any_pending = sets.any(_PENDING)  # (whole entries: none at all on a batched topic)
             if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
                 entry_ids = entry_ids.copy()  # not a view: it would keep its buffer and 3 objects alive
-            self._forwards.append((now, topic, ledger_id, entry_ids))  # batch indexes: in the entries
+            # batch indexes: in the entries
+            self._forwards.append(
+                (now, topic, ledger_id, int(entry_ids[0]) if len(entry_ids) == 1 else entry_ids)
+            )
             dues = self.dues
             take = dues.take
             for entry_id in _ints(entry_ids):
@@ -511,14 +525,11 @@ class ArrivalFilter:
                     due = take(hash(key) ^ -1, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
-                    watch = self._watch.get((topic, ledger_id))
-                    if watch is None:
-                        watch = self._watch[(topic, ledger_id)] = BitMap()
-                    watch.add(entry_id)
+                    sets.add(_WATCH, ledger, entry_id)
                     # no longer pending only now that it is watched: the lock-free first look of
                     # admit_entry and acked_entry (pending, then watched) sees it in one or the other
-                    if bitmap is not None:
-                        bitmap.discard(entry_id)
+                    if any_pending:
+                        sets.discard(_PENDING, ledger, entry_id)
                     continue
                 indexes = batch_indexes.get(entry_id)
                 # messages the consumer kept meanwhile (take_popped_message): not to forward
@@ -529,15 +540,15 @@ class ArrivalFilter:
                     indexes is not None
                     and entry.flights
                     and self.coalesce
-                    and not (bitmap is not None and entry_id in bitmap)
+                    and not (any_pending and sets.contains(_PENDING, ledger, entry_id))
                     and self._wait_for_copy(entry, key, indexes, now, target)
                 ):
                     if deferred is None:
                         deferred = set()
                     deferred.add(entry_id)
                     continue
-                if bitmap is not None:
-                    bitmap.discard(entry_id)
+                if any_pending:
+                    sets.discard(_PENDING, ledger, entry_id)
                 if indexes is not None:
                     mask = batch_mask(indexes)
                 elif entry.size is not None:
@@ -557,8 +568,6 @@ class ArrivalFilter:
                     if flight.due is None:
                         flight.due = due
                 entry.last_forward = now
-            if bitmap is not None and not bitmap:
-                del self._pending[(topic, ledger_id)]
         return deferred
 
     def _wait_for_copy(
@@ -772,11 +781,14 @@ class ArrivalFilter:
         watched, cannot miss an entry moving from one to the other; an entry that has just left both was
         neither when it was read (a nack filed meanwhile is filed after this arrival, as with the lock)."""
         ledger = (topic, ledger_id)
-        bitmap = self._pending.get(ledger)
-        if bitmap is None or entry_id not in bitmap:
-            watch = self._watch.get(ledger)
-            if watch is None or entry_id not in watch:
-                return _DELIVER  # a first delivery (the common case: no lock, no call)
+        layout = self._sets.layout
+        base = layout.bases.get(ledger)
+        if base is None:
+            return _DELIVER  # a first delivery (the common case: no lock, no call)
+        pending_set, _, watch_set = layout.bitmaps
+        code = base | entry_id << layout.low
+        if code not in pending_set and (not watch_set or code not in watch_set):
+            return _DELIVER
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per message)
         try:
@@ -792,8 +804,7 @@ class ArrivalFilter:
                     self._recent.deliver(ledger, entry_id, None if held_ms is None else now)
                     del self._flights[key]
             else:
-                bitmap = self._pending.get(ledger)
-                if bitmap is not None and entry_id in bitmap:
+                if self._sets.contains(_PENDING, ledger, entry_id):
                     verdict = _HOLD
                 else:
                     verdict = self._recent.verdict(ledger, entry_id) or _DELIVER
@@ -816,7 +827,7 @@ class ArrivalFilter:
         """A copy of a batched entry that has no record (lock held): HOLD or ACKED if the entry is known
         as one bit (all acked or pending; acked after a recent redelivery), else None (a new entry)."""
         topic, ledger_id, entry_id = key
-        if self._quiet and self._is_quiet(topic, ledger_id, entry_id):
+        if self._is_quiet(topic, ledger_id, entry_id):
             # a copy of an entry all acked or pending (after a reconnect, say): nothing to hand out
             mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
             verdict = _HOLD if mask >> batch_index & 1 else _ACKED
@@ -938,14 +949,9 @@ class ArrivalFilter:
         the caller keeps it to hand out at the nack's due time itself: the nack leaves the filter and the
         index, so nothing is forwarded for it. False (nothing changed) if it is not pending any more — its
         forward has begun: that forward's copy decides. O(1) plus the index's removal."""
-        ledger = (topic, ledger_id)
         with self._lock:
-            bitmap = self._pending.get(ledger)
-            if bitmap is None or entry_id not in bitmap:
+            if not self._sets.discard(_PENDING, (topic, ledger_id), entry_id):
                 return False
-            bitmap.discard(entry_id)
-            if not bitmap:
-                del self._pending[ledger]
             if self._remove is not None:
                 self._remove(ledger_id, entry_id, -1, topic)
             return True
@@ -962,12 +968,11 @@ class ArrivalFilter:
         bit = 1 << batch_index
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None and self._quiet and self._is_quiet(topic, ledger_id, entry_id):
+            if entry is None and self._is_quiet(topic, ledger_id, entry_id):
                 entry = self._expand(key, 0)
             if entry is None or not entry.pending & bit or self._remove is None or self._held_ms is not None:
                 return False  # (with an ack timeout the native client would redeliver a kept copy)
-            whole = self._pending.get((topic, ledger_id)) if self._pending else None
-            if whole is not None and entry_id in whole:
+            if self._sets.contains(_PENDING, (topic, ledger_id), entry_id):
                 return False  # a whole-entry nack covers it: that forward fetches the entry anyway
             if not self._remove(ledger_id, entry_id, batch_index, topic):
                 return False  # popped by a flush under way: its forward's copy decides
@@ -1006,8 +1011,7 @@ class ArrivalFilter:
             entry = self._entries.get(key)
             if entry is None or not entry.pending & bit or not self.coalesce or self._held_ms is not None:
                 return False
-            whole = self._pending.get((topic, ledger_id)) if self._pending else None
-            if whole is not None and entry_id in whole:
+            if self._sets.contains(_PENDING, (topic, ledger_id), entry_id):
                 return False
             if self._remove is None:
                 return False
@@ -1047,10 +1051,7 @@ class ArrivalFilter:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)
                 self._recent.deliver(ledger, entry_id, None if self._held_ms is None else now)
-                watch = self._watch.get(ledger)
-                if watch is None:
-                    watch = self._watch[ledger] = BitMap()
-                watch.add(entry_id)
+                self._sets.add(_WATCH, ledger, entry_id)
 
     def acked_cumulative(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int:
         """The application acked every message of ``topic`` up to this one, inclusive (a cumulative ack):
@@ -1069,22 +1070,19 @@ class ArrivalFilter:
         remove = self._remove
         dropped = 0
         with self._lock:
-            for (t, ledger), bitmap in list(self._pending.items()):  # whole (non-batched) entries
+            for (t, ledger), bitmap in list(self._sets.ledgers(_PENDING)):  # whole (non-batched) entries
                 if t != topic or ledger > ledger_id:
                     continue
                 gone = bitmap if ledger < ledger_id else bitmap & BitMap(range(entry_id + 1))
                 dropped += len(gone)
-                if remove is not None:
-                    for whole in gone:
+                for whole in gone:
+                    self._sets.discard(_PENDING, (t, ledger), whole)
+                    if remove is not None:
                         remove(ledger, whole, -1, topic)
-                if ledger < ledger_id or len(gone) == len(bitmap):
-                    del self._pending[(t, ledger)]
-                else:
-                    bitmap -= gone
             for key, flight in self._flights.items():
                 if key[0] == topic and key[1:] <= position:
                     flight.acked = True
-            for (t, ledger), quiet in list(self._quiet.items()):  # records again, settled below
+            for (t, ledger), quiet in list(self._sets.ledgers(_QUIET)):  # records again, settled below
                 if t == topic and ledger <= ledger_id:
                     below = quiet if ledger < ledger_id else quiet & BitMap(range(entry_id + 1))
                     for quiet_id in list(below):
@@ -1119,26 +1117,24 @@ class ArrivalFilter:
         from the index here, as :meth:`acked` does). O(1): two lookups without the lock, as in
         :meth:`admit_entry`, unless the message is pending, in flight or was recently redelivered."""
         ledger = (topic, ledger_id)
-        bitmap = self._pending.get(ledger)
-        if bitmap is None or entry_id not in bitmap:
-            watch = self._watch.get(ledger)
-            if watch is None or entry_id not in watch:
-                return False  # nothing to record: an ack of a message tracked in no way
+        layout = self._sets.layout
+        base = layout.bases.get(ledger)
+        if base is None:
+            return False  # nothing to record: an ack of a message tracked in no way
+        pending_set, _, watch_set = layout.bitmaps
+        code = base | entry_id << layout.low
+        if code not in pending_set and (not watch_set or code not in watch_set):
+            return False
         lock = self._lock
         lock.acquire()  # (not `with`: its __exit__ costs ~90 ns more, once per ack)
         try:
-            watch = self._watch.get(ledger)
-            if watch is not None and entry_id in watch:
+            if self._sets.contains(_WATCH, ledger, entry_id):
                 flight = self._flights.get((topic, ledger_id, entry_id))
                 if flight is not None:
                     flight.acked = True  # a copy may still come: ack it, don't hand it out
                 self._recent.ack(ledger, entry_id)
-            bitmap = self._pending.get(ledger)
-            if bitmap is None or entry_id not in bitmap:
+            if not self._sets.discard(_PENDING, ledger, entry_id):
                 return False
-            bitmap.discard(entry_id)
-            if not bitmap:
-                del self._pending[ledger]
             if self._remove is not None:  # under the lock: no nack of it is filed in between
                 self._remove(ledger_id, entry_id, -1, topic)
             return True
@@ -1177,25 +1173,24 @@ class ArrivalFilter:
             lock.release()
 
     def _is_quiet(self, topic: str, ledger_id: int, entry_id: int) -> bool:
-        quiet = self._quiet.get((topic, ledger_id))
-        return quiet is not None and entry_id in quiet
+        """Whether a batched entry is kept as one bit. O(1): one attribute read when nothing is kept."""
+        layout = self._sets.layout
+        bases = layout.bases
+        if not bases:
+            return False
+        base = bases.get((topic, ledger_id))
+        return base is not None and base | entry_id << layout.low in layout.bitmaps[_QUIET]
 
     def _make_quiet(self, key: Key) -> None:
         """Keep an entry whose messages are all acked or pending as one bit (lock held)."""
         del self._entries[key]
-        quiet = self._quiet.get(key[:2])
-        if quiet is None:
-            quiet = self._quiet[key[:2]] = BitMap()
-        quiet.add(key[2])
+        self._sets.add(_QUIET, key[:2], key[2])
 
     def _expand(self, key: Key, forwarded: int) -> _Entry:
         """A quiet entry back as a record (lock held): every message it does not have pending or
         ``forwarded`` (a mask of batch indexes just popped from the index) is acked. O(B_l) once."""
         topic, ledger_id, entry_id = key
-        quiet = self._quiet[(topic, ledger_id)]
-        quiet.discard(entry_id)
-        if not quiet:
-            del self._quiet[(topic, ledger_id)]
+        self._sets.discard(_QUIET, (topic, ledger_id), entry_id)
         entry = self._entries[key] = _Entry(None, self._since())
         assert self._pending_mask is not None  # nothing is quiet without it
         pending = self._pending_mask(ledger_id, entry_id, topic)
@@ -1227,7 +1222,7 @@ class ArrivalFilter:
                     if flight is not None and flight.at == at and self._retire(flight, key, -1, again):
                         del self._flights[key]
                         if not self._recent.verdict((topic, ledger_id), entry_id):
-                            self._unwatch({(topic, ledger_id): BitMap([entry_id])})
+                            self._sets.discard(_WATCH, (topic, ledger_id), entry_id)
                     entry = self._entries.get(key)
                     if entry is None or not entry.flights:
                         continue
@@ -1249,21 +1244,17 @@ class ArrivalFilter:
         """Stop watching these non-batched entries, but those still in flight or recently redelivered
         (lock held). O(entries)."""
         delivered = self._recent.delivered
+        sets = self._sets
         for ledger, bitmap in entries.items():
-            watch = self._watch.get(ledger)
-            if watch is None:
-                continue
-            gone = bitmap & watch
+            gone = bitmap
             for generation in delivered:
                 kept = generation.get(ledger)
                 if kept is not None:
-                    gone -= kept
+                    gone = gone - kept
             topic, ledger_id = ledger
             for entry_id in gone:
                 if (topic, ledger_id, entry_id) not in self._flights:
-                    watch.discard(entry_id)
-            if not watch:
-                del self._watch[ledger]
+                    sets.discard(_WATCH, ledger, entry_id)
 
     def _forget(self, key: Key) -> None:
         """A settled entry (lock held): gone, or one bit for ``linger_ms`` if it was forwarded lately
@@ -1309,10 +1300,8 @@ class ArrivalFilter:
         with self._lock:
             self._entries.clear()
             self._flights.clear()
-            self._pending.clear()
             self._forwards.clear()
-            self._quiet.clear()
-            self._watch.clear()
+            self._sets.clear()
             self.dues.clear()
             self._recent = _Recent(self._clock())
             self.has_parked = False
@@ -1325,7 +1314,7 @@ class ArrivalFilter:
             dropped=self._dropped,
             reforwarded=self._reforwarded,
             abandoned=self._abandoned,
-            open_entries=len(self._entries) + sum(len(q) for q in list(self._quiet.values())),
+            open_entries=len(self._entries) + self._sets.size(_QUIET),
             in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
             kept=self._kept,
         )
@@ -1334,15 +1323,16 @@ class ArrivalFilter:
         """Bytes the filter holds: its containers and bitmaps measured, its per-entry and per-flight
         objects from a sample of up to ``sample`` of each. O(ledgers with pending non-batched nacks)."""
         with self._lock:
-            tables = (self._entries, self._flights, self._pending, self._forwards, self._quiet, self._watch)
-            total = sum(python_bytes(t) for t in tables)
-            bitmaps = itertools.chain(
-                self._pending.values(), self._quiet.values(), self._watch.values(), self._recent.bitmaps()
-            )
-            for bitmap in bitmaps:
+            tables = (self._entries, self._flights, self._forwards)
+            total = sum(python_bytes(t) for t in tables) + self._sets.memory_bytes()
+            for bitmap in self._recent.bitmaps():
                 total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
+            at: object = None
             for record in self._forwards:  # (at, topic, ledger, ids): the ids dominate
-                total += _TUPLE4 + python_bytes(record[0]) + _ids_bytes(record[3])
+                total += _TUPLE4 + _int_bytes(record[2]) + _ids_bytes(record[3])
+                if record[0] is not at:  # one forward's records share its time
+                    at = record[0]
+                    total += python_bytes(at)
             total += _scaled(self._entries, sample, _entry_bytes)
             total += _scaled(self._flights, sample, _flight_bytes)
             total += self.lateness.nbytes + self.dues.nbytes
@@ -1354,14 +1344,18 @@ _TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
 _TUPLE4 = python_bytes(("t", 1 << 40, 1 << 40, 1))
 
 
-def _ids_bytes(ids: EntryIds) -> int:
+def _ids_bytes(ids: EntryIds | int) -> int:
+    if isinstance(ids, int):
+        return _int_bytes(ids)
     if isinstance(ids, np.ndarray):  # getsizeof counts an array's data only when the array owns it
         return python_bytes(ids) + (ids.nbytes if ids.base is not None else 0)
     return python_bytes(ids) + sum(_int_bytes(i) for i in ids)
 
 
-def _ints(ids: EntryIds) -> Iterable[int]:
-    """Plain ints of a sequence or numpy array (numpy ints would make other dict keys)."""
+def _ints(ids: EntryIds | int) -> Iterable[int]:
+    """Plain ints of a sequence or numpy array, or one int (numpy ints would make other dict keys)."""
+    if isinstance(ids, int):
+        return (ids,)
     return ids.tolist() if isinstance(ids, np.ndarray) else ids
 
 

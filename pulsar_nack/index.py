@@ -1522,7 +1522,9 @@ class _HotIndex:
 
         def key_bytes(key: object) -> int:
             if isinstance(key, tuple):
-                return once(key) + once(key[0]) + once(key[1])
+                # (the topic string is the caller's — the consumer's name of the topic, one per topic and
+                # held by the client anyway — not the index's)
+                return once(key) + once(key[1])
             return once(key)
 
         schedule = self._schedule

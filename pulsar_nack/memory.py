@@ -265,6 +265,10 @@ def _estimate_bitmap(bitmap: BitMap) -> int:
 # -- Python objects ---------------------------------------------------------------------------------
 
 _SMALL_REQUEST = 512  # pymalloc serves requests up to this size from its pools
+#: Whether pymalloc serves small objects: unless ``PYTHONMALLOC`` names another allocator (read at
+#: startup). A process measuring with ``PYTHONMALLOC=malloc`` has every object in a glibc chunk (an int:
+#: 48 bytes there, 32 from pymalloc), and what it reports must be what it holds.
+_PYMALLOC = os.environ.get("PYTHONMALLOC", "") in ("", "default", "debug", "pymalloc", "pymalloc_debug")
 
 
 def python_bytes(obj: object) -> int:
@@ -277,9 +281,9 @@ def python_bytes(obj: object) -> int:
 
 
 def _allocated(size: int) -> int:
-    if size <= _SMALL_REQUEST:
+    if size <= _SMALL_REQUEST and _PYMALLOC:
         return (size + 15) & ~15
-    return (size + _CHUNK_HEADER + 15) & ~15
+    return _malloc_chunk(size)
 
 
 def release_free_heap() -> bool:

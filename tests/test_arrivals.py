@@ -14,9 +14,9 @@ import numpy as np
 from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyroaring import BitMap
 
-from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.arrivals import _PENDING, _QUIET, _WATCH, NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import TimeBucketIndex
 
 
@@ -458,7 +458,7 @@ def test_admit_batched_and_acked_plain_decide_as_admit_and_acked(
         assert model.arrivals.counts() == one.arrivals.counts()
         assert model.refiled == one.refiled
         assert len(model.index) == len(one.index)
-        assert model.arrivals._quiet == one.arrivals._quiet
+        assert list(model.arrivals._sets.ledgers(_QUIET)) == list(one.arrivals._sets.ledgers(_QUIET))
         for key, entry in one.arrivals._entries.items():
             other = model.arrivals._entries[key]
             assert (other.acked, other.pending, other.out) == (entry.acked, entry.pending, entry.out), key
@@ -490,16 +490,17 @@ def test_admit_batched_reads_each_new_entrys_size_once_outside_the_lock() -> Non
     assert asked == [0, 4]
 
 
-class _WatchingBitMap(BitMap):
-    """A pending bitmap that records, at each removal, whether the entry was watched by then."""
+class _WatchingSets(EntrySets):
+    """The filter's sets, recording at each removal from the pending ones whether the entry was watched
+    by then."""
 
-    arrivals: ArrivalFilter
+    __slots__ = ("seen",)
     seen: list[bool]
 
-    def discard(self, value: int) -> None:
-        watch = self.arrivals._watch.get(("t", 7))
-        self.seen.append(watch is not None and value in watch)
-        super().discard(value)
+    def discard(self, which: int, ledger: tuple[str, int], entry_id: int) -> bool:
+        if which == _PENDING:
+            self.seen.append(self.contains(_WATCH, ledger, entry_id))
+        return super().discard(which, ledger, entry_id)
 
 
 def test_a_forwarded_entry_is_watched_before_it_stops_being_pending() -> None:
@@ -507,11 +508,10 @@ def test_a_forwarded_entry_is_watched_before_it_stops_being_pending() -> None:
     must watch a non-batched entry before it leaves pending, or a copy arriving in between (another
     thread) would be handed out as new, and an ack in between would not mark the flight acked."""
     arrivals, clock, _ = make()
+    spy = arrivals._sets = _WatchingSets(3)
+    spy.seen = []
     for entry in range(3):
         assert arrivals.pending(7, entry, -1, "t") is True
-    spy = _WatchingBitMap(arrivals._pending[("t", 7)])
-    spy.arrivals, spy.seen = arrivals, []
-    arrivals._pending[("t", 7)] = spy
     forward(arrivals, clock, 0, None, target=clock.now)
     arrivals.forwarded("t", 7, [1, 2], {}, clock.now, int(clock.now))
     assert spy.seen == [True, True, True], "watched when it stopped being pending"
@@ -531,17 +531,17 @@ def test_watched_entries_are_forgotten_once_neither_in_flight_nor_recent() -> No
     arrivals.acked(7, 0, -1, "t")
     assert admit(arrivals, 0) is Verdict.ACKED and admit(arrivals, 1) is Verdict.DUPLICATE, "late copies"
     assert admit(arrivals, 99) is Verdict.DELIVER, "never nacked: a first delivery"
-    assert len(arrivals._watch[("t", 7)]) == 50
+    assert len(arrivals._sets.ids(_WATCH, ("t", 7))) == 50
     clock.now += 600  # over half of linger_ms: the recent generation rotates
     assert arrivals.sweep() == []
     assert admit(arrivals, 1) is Verdict.DUPLICATE, "still within linger_ms"
     clock.now += 600  # the forward retires (its 25 uncollected copies go again), the deliveries age out
     again = arrivals.sweep()
     assert sorted(e for _, _, e, _, _ in again) == list(range(25, 50)), "copies that never came"
-    assert sorted(arrivals._watch[("t", 7)]) == list(range(25, 50)), "only those still in flight"
+    assert sorted(arrivals._sets.ids(_WATCH, ("t", 7))) == list(range(25, 50)), "only those still in flight"
     assert admit(arrivals, 1) is Verdict.DELIVER, "beyond linger_ms: not known any more"
     arrivals.clear()
-    assert not arrivals._watch and arrivals.idle
+    assert not arrivals._sets.any(_WATCH) and arrivals.idle
 
 
 def test_acked_plain_records_acks_beside_pending_nacks() -> None:

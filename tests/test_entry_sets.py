@@ -1,0 +1,76 @@
+"""EntrySets against a model: sets of (ledger, entry id) sharing one numbering of ledgers."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyroaring import BitMap
+
+from pulsar_nack.entry_sets import MAX_LOW_BITS, EntrySets
+
+_LEDGERS = [("t", ledger) for ledger in range(60)] + [("u", 3)]
+_op = st.tuples(
+    st.sampled_from(["add", "discard", "update"]),
+    st.integers(0, 2),
+    st.sampled_from(_LEDGERS),
+    st.integers(0, (1 << 32) - 1) | st.integers(0, 70),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_op, max_size=300))
+def test_entry_sets_hold_what_a_set_per_ledger_holds(
+    ops: list[tuple[str, int, tuple[str, int], int]],
+) -> None:
+    """Adds and removals across three sets and 61 ledgers (ordinals collected, reused, and re-coded as
+    they need more low bits) answer every lookup as plain Python sets do."""
+    sets = EntrySets(3)
+    model: list[set[tuple[tuple[str, int], int]]] = [set(), set(), set()]
+    for kind, which, ledger, entry_id in ops:
+        if kind == "add":
+            sets.add(which, ledger, entry_id)
+            model[which].add((ledger, entry_id))
+        elif kind == "discard":
+            assert sets.discard(which, ledger, entry_id) == ((ledger, entry_id) in model[which])
+            model[which].discard((ledger, entry_id))
+        else:
+            sets.update(which, ledger, BitMap([entry_id, entry_id // 2]))
+            model[which] |= {(ledger, entry_id), (ledger, entry_id // 2)}
+        for w in range(3):
+            assert sets.any(w) == bool(model[w]) and sets.size(w) == len(model[w])
+    for w in range(3):
+        for ledger in _LEDGERS:
+            assert sorted(sets.ids(w, ledger)) == sorted(e for k, e in model[w] if k == ledger)
+        assert {(k, e) for k, ids in sets.ledgers(w) for e in ids} == model[w]
+        for ledger, entry_id in model[w]:
+            assert sets.contains(w, ledger, entry_id)
+    live = {k for m in model for k, _ in m}
+    assert live <= set(sets.layout.bases), "a ledger is numbered while a set holds an entry of it"
+    assert sets.layout.low <= MAX_LOW_BITS
+
+
+def test_ordinals_are_reused_so_nothing_grows_with_ledgers_come_and_gone() -> None:
+    """Ledgers that come and go (a topic rolling its ledgers over) reuse collected ordinals: the
+    numbering stays within twice the most ledgers held at once (and 16)."""
+    sets = EntrySets(2)
+    for ledger in range(10_000):
+        sets.add(0, ("t", ledger), 5)
+        sets.add(1, ("t", ledger), 6)
+        if ledger:
+            sets.discard(0, ("t", ledger - 1), 5)
+            sets.discard(1, ("t", ledger - 1), 6)
+    assert len(sets.layout.bases) <= 16 and len(sets._keys) <= 17 and sets.layout.low <= 5
+    assert sets.contains(0, ("t", 9_999), 5) and not sets.contains(0, ("t", 9_998), 5)
+
+
+def test_an_entry_id_out_of_range_is_refused_unchanged() -> None:
+    sets = EntrySets(1)
+    for bad in (-1, 1 << 32):
+        try:
+            sets.add(0, ("t", 1), bad)
+        except ValueError as error:
+            assert "entry_id" in str(error)
+        else:
+            raise AssertionError("accepted")
+    assert not sets.any(0) and not sets.layout.bases
+    assert not sets.contains(0, ("t", 1), 1 << 32)
