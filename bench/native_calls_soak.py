@@ -29,6 +29,9 @@ Patterns (what the wrapper does, taken apart):
     python bench/native_calls_soak.py [--minutes 8] [--rate 1000] [--round-s 20] [--share 0.5]
         [--patterns ack,...]
 
+``--trace N`` runs each probe under ``tracemalloc`` (N frames) and saves, with each run, the 15 call sites
+whose Python allocations grew most between the second drained sample and the last.
+
 Writes ``bench/results/native_calls_soak.json`` and the ``native-calls-soak`` section of
 docs/performance.md; ``--from-results`` re-renders from the saved samples.
 """
@@ -270,6 +273,7 @@ def measure(args: argparse.Namespace, patterns: list[str]) -> dict[str, Any]:
         "share": args.share,
         "round_s": args.round_s,
         "patterns": patterns,
+        "trace": args.trace,
     }
     facts = report.machine()
     with PulsarLite() as broker, concurrent.futures.ThreadPoolExecutor(len(patterns)) as pool:
@@ -307,6 +311,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--share", type=float, default=0.5, help="share of first deliveries nacked (0.5)")
     parser.add_argument("--round-s", type=float, default=20.0, help="seconds of traffic per round (20)")
     parser.add_argument("--patterns", default=",".join(PATTERNS), help="from: " + ", ".join(PATTERNS))
+    parser.add_argument(
+        "--trace",
+        type=int,
+        default=0,
+        help="tracemalloc with this many frames in each probe; the 15 sites that grew most from the 2nd "
+        "sample to the last are saved with the run (slows the consumer: rounds take longer)",
+    )
     parser.add_argument("--from-results", action="store_true", help="no run: re-render the saved results")
     args = parser.parse_args(argv)
     if args.probe:
