@@ -202,6 +202,27 @@ def measure(args: argparse.Namespace, kinds: list[str], warmup_s: float) -> Resu
     return facts, settings, runs
 
 
+def bisection() -> str:
+    """A paragraph on where the growth is, from bench/native_calls_soak.py's saved results (empty if it
+    has not run): its second-half slopes, the bare official consumer's calls beside pulsar-nack's."""
+    path = report.RESULTS / "native_calls_soak.json"
+    if not path.exists():
+        return ""
+    runs = json.loads(path.read_text())["runs"]
+    if "wrapper" not in runs or not all("heap" in run for run in runs.values()):
+        return ""
+    bare = {kind: run["heap"]["late_slope_per_min"] for kind, run in runs.items() if kind != "wrapper"}
+    wrapper = runs["wrapper"]["heap"]
+    return (
+        "\n\nWhere the heap grows is bisected by `bench/native_calls_soak.py` (its section below; heap read "
+        "only after each round has drained): the bare official consumer doing each of pulsar-nack's native "
+        "calls — nacks of received ids, nacks and acks of rebuilt whole-entry ids — grows at most "
+        f"{max(bare.values()):+,.0f} B/min over the second half ({min(bare.values()):+,.0f} at least), "
+        f"pulsar-nack {wrapper['late_slope_per_min']:+,.0f} ± {2 * wrapper['late_slope_se_per_min']:,.0f} "
+        "B/min in the same run: the native calls themselves do not grow the heap."
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--probe", help=argparse.SUPPRESS)
@@ -291,6 +312,7 @@ def main(argv: list[str]) -> int:
             "\n".join(lines),
         ]
     )
+    text += bisection()
     report.write_section("nack-soak", text)
     print(text)
     return 0

@@ -20,6 +20,8 @@ Patterns (what the wrapper does, taken apart):
   native delay 100 ms; redeliveries acked by their received message.
 * ``nack-rebuilt`` — as pulsar-nack forwards a due entry: one native nack per entry of a *rebuilt*
   whole-entry id ``_pulsar.MessageId(partition, ledger, entry, -1)`` with its topic set.
+* ``nack-rebuilt-thread`` — ``nack-rebuilt``, the nacks called from a second thread every 50 ms while the
+  main thread receives (pulsar-nack forwards from its timer thread).
 * ``nack-rebuilt-ack-entry`` — ``nack-rebuilt``, and once every message of a redelivered batch is acked by
   its received message, an ack of the rebuilt whole-entry id too (pulsar-nack's ack of a completed entry).
 * ``ack-entry`` — no nack; every message acked by its received message and then the rebuilt whole-entry id
@@ -32,7 +34,8 @@ Patterns (what the wrapper does, taken apart):
 ``--trace N`` runs each probe under ``tracemalloc`` (N frames) and saves, with each run, the 15 call sites
 whose Python allocations grew most between the second drained sample and the last.
 
-Writes ``bench/results/native_calls_soak.json`` and the ``native-calls-soak`` section of
+Writes ``bench/results/native_calls_soak.json`` (``native_calls_soak_trace.json`` with ``--trace``: its
+rounds are slower, so its slopes are not comparable) and the ``native-calls-soak`` (``-trace``) section of
 docs/performance.md; ``--from-results`` re-renders from the saved samples.
 """
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -55,6 +59,7 @@ PATTERNS = {
     "ack": "ack of the received message only (control)",
     "nack-received": "native nack of the received message",
     "nack-rebuilt": "native nack of a rebuilt whole-entry id",
+    "nack-rebuilt-thread": "native nack of a rebuilt whole-entry id, from another thread",
     "nack-rebuilt-ack-entry": "native nack and ack of rebuilt whole-entry ids",
     "ack-entry": "ack of a rebuilt whole-entry id (no nacks)",
     "wrapper": "pulsar-nack (its forwards and whole-entry acks)",
@@ -83,6 +88,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     wrapped = pattern == "wrapper"
     nacking = pattern.startswith("nack") or wrapped
     rebuilt = pattern.startswith("nack-rebuilt")
+    threaded = pattern == "nack-rebuilt-thread"
+    lock = threading.Lock()
     ack_entry = pattern in ("nack-rebuilt-ack-entry", "ack-entry")
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     client = pulsar_nack.Client(url, logger=logger) if wrapped else pulsar.Client(url, logger=logger)
@@ -120,7 +127,16 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
         rebuilt_id.topic_name(topic)
         return rebuilt_id
 
+    def forwarder() -> None:  # the threaded pattern's: nack what the main thread collected
+        while not stop.wait(FORWARD_S):
+            with lock:
+                targets = list(to_nack.values())
+                to_nack.clear()
+            for target in targets:
+                native.negative_acknowledge(target)
+
     thread = threading.Thread(target=produce, daemon=True)
+    forwarding = threading.Thread(target=forwarder, daemon=True)
     trace = payload.get("trace", 0)
     snapshots: list[Any] = []
     if trace:
@@ -139,6 +155,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     last_arrival = started
     producing.set()
     thread.start()
+    if threaded:
+        forwarding.start()
     try:
         while True:
             now = time.monotonic()
@@ -164,7 +182,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
                     break
                 round_end = time.monotonic() + round_s
                 producing.set()
-            if to_nack and now >= next_forward:
+            if to_nack and now >= next_forward and not threaded:
                 for target in to_nack.values():
                     native.negative_acknowledge(target)
                 to_nack.clear()
@@ -185,7 +203,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
                 if rebuilt:
                     key = (mid.ledger_id(), mid.entry_id())
                     if key not in to_nack:
-                        to_nack[key] = entry_id(message)
+                        with lock:
+                            to_nack[key] = entry_id(message)
                 else:
                     to_nack[(mid.ledger_id(), mid.entry_id(), mid.batch_index())] = message._message
                 continue
@@ -203,6 +222,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     finally:
         stop.set()
         thread.join(5)
+        if threaded:
+            forwarding.join(5)
         closed = True
         try:
             consumer.close()
@@ -299,8 +320,21 @@ def measure(args: argparse.Namespace, patterns: list[str]) -> dict[str, Any]:
             except RuntimeError as error:  # one failed pattern loses no other's samples
                 print(f"{pattern}: {error}", file=sys.stderr)
     saved = {"machine": facts, "settings": settings, "runs": runs}
-    report.save_json("native_calls_soak", saved)
+    report.save_json(result_name(args.trace), saved)
     return saved
+
+
+def site_text(where: list[str]) -> str:
+    """``path:line `code``` of a tracemalloc traceback's innermost frame (its formatted lines), the path
+    from the repository (or the library) down."""
+    match = re.search(r'File ".*?/((?:pulsar_nack|bench|site-packages)/[^"]+)", line (\d+)', where[-2])
+    place = f"{match.group(1)}:{match.group(2)}" if match else where[-2].strip()
+    return f"{place} `{where[-1].strip()}`"
+
+
+def result_name(trace: int) -> str:
+    """The results file's (and the section's) name: traced runs are kept apart."""
+    return "native_calls_soak_trace" if trace else "native_calls_soak"
 
 
 def main(argv: list[str]) -> int:
@@ -329,7 +363,7 @@ def main(argv: list[str]) -> int:
     if args.minutes * 60 < WARMUP_S + 6 * args.round_s:
         parser.error(f"--minutes: at least {(WARMUP_S + 6 * args.round_s) / 60:.1f}")
     if args.from_results:
-        saved = json.loads((report.RESULTS / "native_calls_soak.json").read_text())
+        saved = json.loads((report.RESULTS / f"{result_name(args.trace)}.json").read_text())
     else:
         saved = measure(args, patterns)
     settings, runs = saved["settings"], saved["runs"]
@@ -392,8 +426,16 @@ def main(argv: list[str]) -> int:
         if "wrapper" in runs:
             lines.append(f"pulsar-nack's is {trend(runs['wrapper']['heap'], 'late_')} B/min")
         text += "\n\n" + "; ".join(lines) + "."
-    report.save_json("native_calls_soak", saved)
-    report.write_section("native-calls-soak", text)
+    traced = [p for p in settings["patterns"] if runs.get(p, {}).get("traced")]
+    for pattern in traced:
+        sites = runs[pattern]["traced"][:3]
+        where = "; ".join(
+            f"{site['bytes']:+,} B in {site['count']:+,} blocks at {site_text(site['where'])}"
+            for site in sites
+        )
+        text += f"\n\n`{pattern}`, the Python allocations that grew most (tracemalloc): {where}."
+    report.save_json(result_name(settings.get("trace", 0)), saved)
+    report.write_section(result_name(settings.get("trace", 0)).replace("_", "-"), text)
     print(text)
     return 0
 
