@@ -389,7 +389,8 @@ def main(argv: list[str]) -> int:
         )
     text = "\n\n".join(
         [
-            "## Which native call grows the heap? (soak bisection)",
+            "## Which native call grows the heap? (soak bisection"
+            + (", under tracemalloc)" if settings.get("trace") else ")"),
             "`python bench/native_calls_soak.py` — a bare official consumer (no pulsar-nack, except the "
             "`wrapper` row) per call pattern, all patterns at once on one pulsar-lite, each in a fresh "
             f"process (`PYTHONMALLOC=malloc`, tcache off) for {settings['minutes']:g} min: "
