@@ -211,7 +211,11 @@ def bisection() -> str:
     runs = json.loads(path.read_text())["runs"]
     if "wrapper" not in runs or not all("heap" in run for run in runs.values()):
         return ""
-    bare = {kind: run["heap"]["late_slope_per_min"] for kind, run in runs.items() if kind != "wrapper"}
+    bare = {
+        kind: run["heap"]["late_slope_per_min"]
+        for kind, run in runs.items()
+        if not kind.startswith("wrapper")
+    }
     wrapper = runs["wrapper"]["heap"]
     return (
         "\n\nWhere the heap grows is bisected by `bench/native_calls_soak.py` (its section below; heap read "

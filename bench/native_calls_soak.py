@@ -27,6 +27,7 @@ Patterns (what the wrapper does, taken apart):
 * ``ack-entry`` — no nack; every message acked by its received message and then the rebuilt whole-entry id
   acked too, once per entry (the whole-entry ack alone).
 * ``wrapper`` — pulsar-nack itself (nack delay 1 s, its forwards and whole-entry acks), the soak's kind.
+* ``wrapper-ack`` — pulsar-nack acking every message: its per-message path without a nack.
 
     python bench/native_calls_soak.py [--minutes 8] [--rate 1000] [--round-s 20] [--share 0.5]
         [--patterns ack,...]
@@ -63,6 +64,7 @@ PATTERNS = {
     "nack-rebuilt-ack-entry": "native nack and ack of rebuilt whole-entry ids",
     "ack-entry": "ack of a rebuilt whole-entry id (no nacks)",
     "wrapper": "pulsar-nack (its forwards and whole-entry acks)",
+    "wrapper-ack": "pulsar-nack, acking everything (no nacks)",
 }
 WARMUP_S = 90.0
 FORWARD_S = 0.05  # nack in groups no more often than this (the native timer restarts at every nack)
@@ -85,8 +87,8 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
     url, minutes, rate, share = payload["url"], payload["minutes"], payload["rate"], payload["share"]
     pattern, round_s, topic = payload["pattern"], payload["round_s"], payload["topic"]
-    wrapped = pattern == "wrapper"
-    nacking = pattern.startswith("nack") or wrapped
+    wrapped = pattern.startswith("wrapper")
+    nacking = pattern.startswith("nack") or pattern == "wrapper"
     rebuilt = pattern.startswith("nack-rebuilt")
     threaded = pattern == "nack-rebuilt-thread"
     lock = threading.Lock()
@@ -417,7 +419,7 @@ def main(argv: list[str]) -> int:
             ),
         ]
     )
-    bare = [p for p in settings["patterns"] if p in runs and p != "wrapper"]
+    bare = [p for p in settings["patterns"] if p in runs and not p.startswith("wrapper")]
     if bare:
         worst = max(bare, key=lambda p: runs[p]["heap"]["late_slope_per_min"])
         lines = [
