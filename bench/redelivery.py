@@ -201,6 +201,14 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             consumer.negative_acknowledge(message)
     elapsed = time.monotonic() - started
     stats = None if official else consumer.nack_stats()
+    # Messages the application still waited for: (index, hand-outs so far, ms past their due time or None
+    # when never nacked) — what a lost message looked like, for the report.
+    end_ms = time.monotonic() * 1000.0
+    missing_ids = [
+        [i, nacks[i], round(end_ms - due[i], 1) if i in due else None]
+        for i in range(messages)
+        if not acked[i]
+    ][:20]
     time.sleep(1.0)  # the broker's counters settle
     out_messages, out_bytes = _dispatched(broker, topic, subscription)
     consumer.close()
@@ -215,6 +223,8 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
         "messages": messages,
         "completed": needed <= 0,
         "missing": max(needed, 0),
+        "missing_ids": missing_ids,
+        "timeout_s": timeout_s,
         "elapsed_s": round(elapsed, 2),
         "handed_out": handed,
         "duplicates_handed_out": duplicates,
@@ -234,6 +244,10 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             reported_early_share=stats.lateness_early_share,
             reported_samples=stats.lateness_samples,
             held_redelivered=stats.chunked_redelivered,
+            pending_at_end=stats.pending,
+            reforwarded=stats.reforwarded,
+            abandoned=stats.abandoned,
+            held_at_end=stats.chunked_held,
             held_peak=peak[0],
             held_peak_payload_bytes=peak[1],
             held_peak_memory_bytes=peak[2],
