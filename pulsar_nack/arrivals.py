@@ -48,8 +48,8 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap
 
+from pulsar_nack.index import DueIds, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
-from pulsar_nack.index import batch_mask
 from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
@@ -355,6 +355,10 @@ class ArrivalFilter:
         # Batch messages the consumer kept while a flush had popped them and not yet called forwarded()
         # (:meth:`take_popped_message`): that forwarded() leaves them out. Empty but in that race.
         self._taken: dict[Key, int] = {}
+        # What a flush has popped from the index (:meth:`pop`) and not yet told :meth:`forwarded`, per
+        # (topic, ledger): still pending as far as a quiet entry's rebuilt record and a copy of a quiet
+        # entry are concerned (:meth:`_popped_mask`). Empty but during a flush.
+        self._popped: dict[tuple[str, int], DueIds] = {}
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -475,6 +479,29 @@ class ArrivalFilter:
             if entry is not None:
                 entry.pending &= ~(1 << batch_index)
 
+    def pop(self, pop_due: Callable[[int], list[DueIds]], until: int) -> list[DueIds]:
+        """A flush's pop of the index (``pop_due(until)``), under this filter's lock, remembered until
+        :meth:`forwarded` learns each ledger's ids: a quiet entry whose record is rebuilt meanwhile (a copy
+        of it comes, the application acks or nacks one of its messages) would otherwise take the messages
+        popped for that forward for acked — the forward would make no flight for them, and the copy it
+        brings would be acked, not handed out. O(the pop)."""
+        with self._lock:
+            popped = pop_due(until)
+            for ids in popped:  # (an entry may turn quiet, and be rebuilt, before forwarded() comes)
+                ledger = (ids.topic, ids.ledger_id)
+                earlier = self._popped.get(ledger)
+                self._popped[ledger] = ids if earlier is None else merge_due(earlier, ids)
+            return popped
+
+    def _popped_mask(self, topic: str, ledger_id: int, entry_id: int) -> int:
+        """The batch indexes of an entry popped by a flush and not yet forwarded (-1: the whole entry, 0:
+        none; lock held). O(1) without a flush under way, else O(popped entries of the ledger)."""
+        popped = self._popped.get((topic, ledger_id)) if self._popped else None
+        if popped is None or not (popped.entry_ids == entry_id).any():
+            return 0
+        indexes = popped.batch_indexes.get(entry_id)
+        return -1 if indexes is None else batch_mask(indexes)
+
     def forwarded(
         self,
         topic: str,
@@ -495,6 +522,8 @@ class ArrivalFilter:
         a later flush forwards them."""
         deferred: set[int] | None = None
         with self._lock:
+            if self._popped:
+                self._popped.pop((topic, ledger_id), None)
             bitmap = self._pending.get((topic, ledger_id))
             if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
                 entry_ids = entry_ids.copy()  # not a view: it would keep its buffer and 3 objects alive
@@ -819,6 +848,7 @@ class ArrivalFilter:
         if self._quiet and self._is_quiet(topic, ledger_id, entry_id):
             # a copy of an entry all acked or pending (after a reconnect, say): nothing to hand out
             mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
+            mask |= self._popped_mask(topic, ledger_id, entry_id)  # its forward is under way
             verdict = _HOLD if mask >> batch_index & 1 else _ACKED
         elif self._recent and self._recent.is_settled((topic, ledger_id), entry_id):
             # a late copy of an entry acked after its redelivery: ack it (the broker may have lost the
@@ -1201,6 +1231,8 @@ class ArrivalFilter:
         pending = self._pending_mask(ledger_id, entry_id, topic)
         entry.pending = max(pending, 0)
         entry.out = -1
+        # a message a flush under way popped is not acked: pending still, until forwarded() learns it
+        entry.pending |= max(self._popped_mask(topic, ledger_id, entry_id), 0)
         entry.acked = ~(forwarded | entry.pending)
         return entry
 
@@ -1317,6 +1349,7 @@ class ArrivalFilter:
             self._recent = _Recent(self._clock())
             self.has_parked = False
             self._taken.clear()
+            self._popped.clear()
 
     def counts(self) -> FilterCounts:
         return FilterCounts(

@@ -479,8 +479,9 @@ class NackTracker:
         due: list[DueIds] = []
         forwarded = 0
         popped_any = False
+        pop = self.arrivals.pop
         for until, label in steps:
-            popped = self.index.pop_due(until)
+            popped = pop(self.index.pop_due, until)  # (under the filter's lock: see ArrivalFilter.pop)
             popped_any = popped_any or bool(popped)
             # The filter learns each pop before the next one: it reads what an entry still has pending
             # in the index (a quiet entry's other messages), which must not include a later pop's ids.

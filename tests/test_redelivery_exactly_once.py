@@ -124,3 +124,43 @@ def test_every_message_is_handed_out_once_per_nack_with_per_message_delays(
     assert not theirs["missing"], theirs["missing"][:10]
     wrapper.close()
     official.close()
+
+
+def test_a_quiet_entry_expanded_while_a_flush_has_popped_one_of_its_messages_keeps_that_message() -> None:
+    """The filter keeps an entry whose messages are all acked or pending as one bit, and rebuilds its
+    record from the index: what the index no longer has pending counts as acked, but what the flush just
+    popped. A flush pops m0 (the index no longer has it) and, before it tells forwarded(), a copy of the
+    entry comes for m1 (a re-dispatch, a copy the client hands out twice): the record rebuilt then must not
+    take m0 for acked — its forward would make no flight, and the copy it brings would be acked at the
+    broker and never handed out."""
+    from pulsar_nack.arrivals import ArrivalFilter, Verdict
+    from pulsar_nack.index import TimeBucketIndex
+
+    now = [1_000.0]
+    index = TimeBucketIndex(0, "ceil")
+    arrivals = ArrivalFilter(
+        lambda *ids: None,
+        clock=lambda: now[0],
+        batch_size=lambda _: 10,
+        pending_mask=index.pending_mask,
+        add=index.add,
+        remove=index.remove,
+    )
+    arrivals.coalesce = True
+    for i in range(10):
+        assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(3_000, 7, 1, 1, "t")
+    for i in range(2, 10):
+        arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
+    now[0] = 1_900.0
+    popped = arrivals.pop(
+        index.pop_due, 2_000
+    )  # a flush under way (as the tracker pops): m0 leaves the index
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD, "m1's copy comes: m1 is pending"
+    assert arrivals.take_pending_message(7, 1, 1, "t") is True, "kept until due"
+    for ids in popped:  # the flush tells the filter
+        arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now[0], 2_000)
+    now[0] = 2_100.0  # m0's forward brings its copy
+    assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER, "m0 handed out, not taken for acked"
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "m1: the kept copy is the application's"
