@@ -113,9 +113,8 @@ class _Flight:
         # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
         again = previous is not None and previous.at == _NEVER
         self.reforwards = previous.reforwards + 1 if again else 0  # type: ignore[union-attr]
-        # the due time the application asked for and its weight, if sampled (DueSample); a repeat keeps
-        # the first's
-        self.due: Sampled | None = previous.due if again else None  # type: ignore[union-attr]
+        # the due time the application asked for, if sampled (DueSample); a repeat keeps the first's
+        self.due: float | None = previous.due if again else None  # type: ignore[union-attr]
         self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
 
 
@@ -414,6 +413,7 @@ class ArrivalFilter:
             except BaseException:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
+            self.lateness.offset(bucket, bucket - due_ms)  # where its due time lies in its bucket
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
             every = dues.every
             if not every or offered(due_ms, every):  # (thinned only when the sample is full)
@@ -874,8 +874,9 @@ class ArrivalFilter:
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
             if flight.due is not None:
-                due, weight = flight.due
-                self.lateness.add(now - due, weight)
+                self.lateness.add(now - flight.due)
+            else:  # target: the bucket time (the flush labels each pop with its bucket)
+                self.lateness.add_after_bucket(flight.target, now - flight.target)
             return _DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
@@ -1052,18 +1053,21 @@ class ArrivalFilter:
             return True
 
     def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> Sampled | None:
-        """The exact due time and weight sampled for a nack just taken (:meth:`take_pending`,
-        :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
-        :meth:`held_out` when the kept copy is handed out. O(1)."""
+        """The exact due time sampled for a nack just taken (:meth:`take_pending`,
+        :meth:`take_pending_message`), as ``(due, True)``, if it was (:attr:`dues`), freeing its slot; pass
+        it (else the kept copy's bucket time, ``(bucket, False)``) to :meth:`held_out` when the kept copy is
+        handed out. O(1)."""
         with self._lock:
             if not self.dues.used:
                 return None
-            return self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+            due = self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+            return None if due is None else (due, True)
 
     def held_out(self, due_ms: Sampled | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
-        when due: it counts as redelivered, and with its sampled exact due time and weight ``due_ms``
-        (None: not sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. ``key``: the
+        when due: it counts as redelivered, and its lateness counts in :attr:`lateness`, with the forwarded
+        ones', from ``due_ms`` (:data:`~pulsar_nack.lateness.Sampled`: its exact due time, or its bucket
+        time; None: neither known). ``key``: the
         hold's, ``(topic, ledger id, entry id)`` for a non-batched message — it counts as recently
         redelivered, as the copy of a forward does, so that a later broker copy of it (a second re-dispatch,
         a request still on its way) is a duplicate, or acked once the application has acked it, not a first
@@ -1072,7 +1076,10 @@ class ArrivalFilter:
             self._redelivered += 1
             now = self._clock()
             if due_ms is not None:
-                self.lateness.add(now - due_ms[0], due_ms[1])
+                if due_ms[1]:
+                    self.lateness.add(now - due_ms[0])
+                else:
+                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0])
             if len(key) == 3:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)
