@@ -484,9 +484,9 @@ class NackTracker:
                 following = index.next_due_ms()
                 if following is not None and following <= until:
                     # ids the filter filed again for the bucket just popped (to wait for a copy on its
-                    # way) come first: the next bucket is the next on the grid (they come along, and wait
-                    # for that one)
-                    following = until + self._width
+                    # way), or a segment store's lower bound, come first: what is due up to the limit, in
+                    # one pop labelled with it (a walk over the grid from an old bucket could be long)
+                    following = limit
                 if following is None or following > limit:
                     break
                 until = label = following
