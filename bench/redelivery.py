@@ -118,6 +118,21 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
     client_type = pulsar.Client if official else pulsar_nack.Client
     client = client_type(broker.service_url, operation_timeout_seconds=30, logger=logger)
     forwards: list[tuple[float, int]] = []  # (time, entries) of each forward to the native client
+    # per entry, when it was last forwarded, and the closest two forwards of one entry came (ms)
+    entry_forwarded: dict[tuple[int, int], float] = {}
+    entry_gap = [float("inf")]
+
+    def on_redelivery(due: Any) -> None:
+        now = time.monotonic()
+        forwards.append((now, sum(len(d.entry_ids) for d in due)))
+        for ids in due:
+            for entry_id in ids.entry_ids.tolist():
+                key = (ids.ledger_id, entry_id)
+                last = entry_forwarded.get(key)
+                if last is not None:
+                    entry_gap[0] = min(entry_gap[0], (now - last) * 1000.0)
+                entry_forwarded[key] = now
+
     fixed_ms = _fixed_delay_ms(workload)
     options: dict[str, Any] = {"negative_ack_redelivery_delay_ms": fixed_ms}
     if mode == "wrapper-per-message" and workload == "demo":
@@ -125,9 +140,7 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             DEMO_BACKOFF_MS, DEMO_MAX_DELAY_MS
         )
     if not official:
-        options["on_redelivery"] = lambda due: forwards.append(
-            (time.monotonic(), sum(len(d.entry_ids) for d in due))
-        )
+        options["on_redelivery"] = on_redelivery
     consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared, **options)
     producer = client.create_producer(
         topic,
@@ -201,6 +214,14 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             consumer.negative_acknowledge(message)
     elapsed = time.monotonic() - started
     stats = None if official else consumer.nack_stats()
+    # Messages the application still waited for: (index, hand-outs so far, ms past their due time or None
+    # when never nacked) — what a lost message looked like, for the report.
+    end_ms = time.monotonic() * 1000.0
+    missing_ids = [
+        [i, nacks[i], round(end_ms - due[i], 1) if i in due else None]
+        for i in range(messages)
+        if not acked[i]
+    ][:20]
     time.sleep(1.0)  # the broker's counters settle
     out_messages, out_bytes = _dispatched(broker, topic, subscription)
     consumer.close()
@@ -215,6 +236,8 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
         "messages": messages,
         "completed": needed <= 0,
         "missing": max(needed, 0),
+        "missing_ids": missing_ids,
+        "timeout_s": timeout_s,
         "elapsed_s": round(elapsed, 2),
         "handed_out": handed,
         "duplicates_handed_out": duplicates,
@@ -234,6 +257,10 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             reported_early_share=stats.lateness_early_share,
             reported_samples=stats.lateness_samples,
             held_redelivered=stats.chunked_redelivered,
+            pending_at_end=stats.pending,
+            reforwarded=stats.reforwarded,
+            abandoned=stats.abandoned,
+            held_at_end=stats.chunked_held,
             held_peak=peak[0],
             held_peak_payload_bytes=peak[1],
             held_peak_memory_bytes=peak[2],
@@ -243,6 +270,12 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             min_forward_gap_ms=round(min((b[0] - a[0]) * 1000 for a, b in itertools.pairwise(forwards)), 1)
             if len(forwards) > 1
             else None,
+            # forwards that came less than 2^k ms after the previous one (a late timer's, then the next
+            # on its time), and the closest two forwards of one entry
+            forwards_closer_than_bucket=sum(
+                1 for a, b in itertools.pairwise(forwards) if (b[0] - a[0]) * 1000 < 1 << K
+            ),
+            min_entry_forward_gap_ms=round(entry_gap[0], 1) if entry_gap[0] != float("inf") else None,
         )
     return result
 
@@ -308,7 +341,10 @@ def render(saved: dict[str, Any]) -> str:
         "lateness (arrival − (nack time + delay)) are measured by the application on its own clock; "
         "reported = `nack_stats()`. Forwards per second: calls forwarding due entries to the native "
         "client, "
-        "against the distinct 2^k-ms buckets the nacks fell due in, per second of the run. Broker "
+        "against the distinct 2^k-ms buckets the nacks fell due in, per second of the run; a forward "
+        "less than 2^k ms after the previous one follows one the timer thread ran late (a loaded "
+        "machine): the next comes at its own bucket's time rather than adding that lateness to every "
+        "later bucket (tests/test_redelivery_flush.py). Broker "
         "messages/bytes: dispatched to the subscription, counted by the broker (pulsar-lite `/metrics` "
         "`pulsar_out_messages_total`/`pulsar_out_bytes_total`, Apache topic stats "
         "`msgOutCounter`/`bytesOutCounter`). Kept copies: batch "
@@ -336,14 +372,11 @@ def render(saved: dict[str, Any]) -> str:
             "broker sends the entry again instead."
         )
         parts.append(
-            "`nack_stats()` lateness comes from a sample of due times (`pulsar_nack.lateness.DueSample`, "
-            "512 slots), thinned while more nacks are pending than it holds — the busier, later parts of "
-            "a run. Each sampled redelivery is weighted by the nacks it stands for (1 in how many were "
-            "offered when it was, raised by a thinning it survived, plus offered nacks that found its slot "
-            "pair taken), so the percentiles no longer follow the quieter parts. Open (issue 24): the sample "
-            "(`reported_samples` in bench/results/redelivery.json: a part of the run's redeliveries) "
-            "still differs from the application's percentiles by its own sampling error, more than 5 ms "
-            "in some runs of this workload (tables below)."
+            "`nack_stats()` lateness (`pulsar_nack.lateness`) counts every redelivery once: its exact "
+            "lateness if its due time is in the sample of due times (`DueSample`, 512 slots), else the "
+            "time from its bucket time to its arrival (each forward labels its ids with their bucket "
+            "time) plus an offset drawn from where its own bucket's nacks' due times lie in it, earliest "
+            "due first (a bucket's copies come in about the order its nacks were filed). No weights."
         )
     for workload in WORKLOADS:
         if workload in saved:
@@ -370,6 +403,12 @@ def _forwards(w: dict[str, Any], _: dict[str, Any]) -> str:
     return (
         f"{w['forwards'] / span:.2f} forwards/s for {w['nack_buckets'] / span:.2f} buckets due/s; "
         f"closest two {_ms(w['min_forward_gap_ms'])} ms apart"
+        + (
+            f" ({w['forwards_closer_than_bucket']} of {w['forwards']:,} closer than {1 << K} ms); "
+            f"closest two of one entry {_ms(w.get('min_entry_forward_gap_ms'))} ms apart"
+            if "forwards_closer_than_bucket" in w
+            else ""
+        )
     )
 
 

@@ -49,8 +49,8 @@ import numpy.typing as npt
 from pyroaring import BitMap
 
 from pulsar_nack.entry_sets import EntrySets
+from pulsar_nack.index import DueIds, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
-from pulsar_nack.index import batch_mask
 from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
 
@@ -116,9 +116,8 @@ class _Flight:
         # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
         again = previous is not None and previous.at == _NEVER
         self.reforwards = previous.reforwards + 1 if again else 0  # type: ignore[union-attr]
-        # the due time the application asked for and its weight, if sampled (DueSample); a repeat keeps
-        # the first's
-        self.due: Sampled | None = previous.due if again else None  # type: ignore[union-attr]
+        # the due time the application asked for, if sampled (DueSample); a repeat keeps the first's
+        self.due: float | None = previous.due if again else None  # type: ignore[union-attr]
         self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
 
 
@@ -361,6 +360,10 @@ class ArrivalFilter:
         # Batch messages the consumer kept while a flush had popped them and not yet called forwarded()
         # (:meth:`take_popped_message`): that forwarded() leaves them out. Empty but in that race.
         self._taken: dict[Key, int] = {}
+        # What a flush has popped from the index (:meth:`pop`) and not yet told :meth:`forwarded`, per
+        # (topic, ledger): still pending as far as a quiet entry's rebuilt record and a copy of a quiet
+        # entry are concerned (:meth:`_popped_mask`). Empty but during a flush.
+        self._popped: dict[tuple[str, int], DueIds] = {}
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -417,6 +420,7 @@ class ArrivalFilter:
             except BaseException:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
+            self.lateness.offset(bucket, bucket - due_ms)  # where its due time lies in its bucket
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
             every = dues.every
             if not every or offered(due_ms, every):  # (thinned only when the sample is full)
@@ -484,6 +488,29 @@ class ArrivalFilter:
             if entry is not None:
                 entry.pending &= ~(1 << batch_index)
 
+    def pop(self, pop_due: Callable[[int], list[DueIds]], until: int) -> list[DueIds]:
+        """A flush's pop of the index (``pop_due(until)``), under this filter's lock, remembered until
+        :meth:`forwarded` learns each ledger's ids: a quiet entry whose record is rebuilt meanwhile (a copy
+        of it comes, the application acks or nacks one of its messages) would otherwise take the messages
+        popped for that forward for acked — the forward would make no flight for them, and the copy it
+        brings would be acked, not handed out. O(the pop)."""
+        with self._lock:
+            popped = pop_due(until)
+            for ids in popped:  # (an entry may turn quiet, and be rebuilt, before forwarded() comes)
+                ledger = (ids.topic, ids.ledger_id)
+                earlier = self._popped.get(ledger)
+                self._popped[ledger] = ids if earlier is None else merge_due(earlier, ids)
+            return popped
+
+    def _popped_mask(self, topic: str, ledger_id: int, entry_id: int) -> int:
+        """The batch indexes of an entry popped by a flush and not yet forwarded (-1: the whole entry, 0:
+        none; lock held). O(1) without a flush under way, else O(popped entries of the ledger)."""
+        popped = self._popped.get((topic, ledger_id)) if self._popped else None
+        if popped is None or not (popped.entry_ids == entry_id).any():
+            return 0
+        indexes = popped.batch_indexes.get(entry_id)
+        return -1 if indexes is None else batch_mask(indexes)
+
     def forwarded(
         self,
         topic: str,
@@ -506,6 +533,8 @@ class ArrivalFilter:
         ledger = (topic, ledger_id)
         sets = self._sets
         with self._lock:
+            if self._popped:
+                self._popped.pop((topic, ledger_id), None)
             any_pending = sets.any(_PENDING)  # (whole entries: none at all on a batched topic)
             if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
                 entry_ids = entry_ids.copy()  # not a view: it would keep its buffer and 3 objects alive
@@ -830,6 +859,7 @@ class ArrivalFilter:
         if self._is_quiet(topic, ledger_id, entry_id):
             # a copy of an entry all acked or pending (after a reconnect, say): nothing to hand out
             mask = self._pending_mask(ledger_id, entry_id, topic)  # type: ignore[misc]
+            mask |= self._popped_mask(topic, ledger_id, entry_id)  # its forward is under way
             verdict = _HOLD if mask >> batch_index & 1 else _ACKED
         elif self._recent and self._recent.is_settled((topic, ledger_id), entry_id):
             # a late copy of an entry acked after its redelivery: ack it (the broker may have lost the
@@ -855,8 +885,9 @@ class ArrivalFilter:
         if asked_by_us and now >= flight.target:
             self._redelivered += 1
             if flight.due is not None:
-                due, weight = flight.due
-                self.lateness.add(now - due, weight)
+                self.lateness.add(now - flight.due)
+            else:  # target: the bucket time (the flush labels each pop with its bucket)
+                self.lateness.add_after_bucket(flight.target, now - flight.target)
             return _DELIVER, None
         if asked_by_us:
             # The copy our forward asked for came before the bucket time (the native delay is shorter
@@ -1026,18 +1057,21 @@ class ArrivalFilter:
             return True
 
     def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> Sampled | None:
-        """The exact due time and weight sampled for a nack just taken (:meth:`take_pending`,
-        :meth:`take_pending_message`), if it was (:attr:`dues`), freeing its slot; pass it to
-        :meth:`held_out` when the kept copy is handed out. O(1)."""
+        """The exact due time sampled for a nack just taken (:meth:`take_pending`,
+        :meth:`take_pending_message`), as ``(due, True)``, if it was (:attr:`dues`), freeing its slot; pass
+        it (else the kept copy's bucket time, ``(bucket, False)``) to :meth:`held_out` when the kept copy is
+        handed out. O(1)."""
         with self._lock:
             if not self.dues.used:
                 return None
-            return self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+            due = self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+            return None if due is None else (due, True)
 
     def held_out(self, due_ms: Sampled | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
-        when due: it counts as redelivered, and with its sampled exact due time and weight ``due_ms``
-        (None: not sampled) its lateness counts in :attr:`lateness`, with the forwarded ones'. ``key``: the
+        when due: it counts as redelivered, and its lateness counts in :attr:`lateness`, with the forwarded
+        ones', from ``due_ms`` (:data:`~pulsar_nack.lateness.Sampled`: its exact due time, or its bucket
+        time; None: neither known). ``key``: the
         hold's, ``(topic, ledger id, entry id)`` for a non-batched message — it counts as recently
         redelivered, as the copy of a forward does, so that a later broker copy of it (a second re-dispatch,
         a request still on its way) is a duplicate, or acked once the application has acked it, not a first
@@ -1046,7 +1080,10 @@ class ArrivalFilter:
             self._redelivered += 1
             now = self._clock()
             if due_ms is not None:
-                self.lateness.add(now - due_ms[0], due_ms[1])
+                if due_ms[1]:
+                    self.lateness.add(now - due_ms[0])
+                else:
+                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0])
             if len(key) == 3:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)
@@ -1196,6 +1233,8 @@ class ArrivalFilter:
         pending = self._pending_mask(ledger_id, entry_id, topic)
         entry.pending = max(pending, 0)
         entry.out = -1
+        # a message a flush under way popped is not acked: pending still, until forwarded() learns it
+        entry.pending |= max(self._popped_mask(topic, ledger_id, entry_id), 0)
         entry.acked = ~(forwarded | entry.pending)
         return entry
 
@@ -1306,6 +1345,7 @@ class ArrivalFilter:
             self._recent = _Recent(self._clock())
             self.has_parked = False
             self._taken.clear()
+            self._popped.clear()
 
     def counts(self) -> FilterCounts:
         return FilterCounts(

@@ -102,8 +102,9 @@ class _Held:
     message: pulsar.Message
     redelivery_count: int
     size: int
-    # a broker copy kept for a pending nack (not a nacked chunked message): the nack's sampled exact due
-    # time and weight, for the lateness of its hand-out (None: not sampled), and whether it is such a copy
+    # a broker copy kept for a pending nack (not a nacked chunked message): the nack's exact due time or
+    # its bucket time, for the lateness of its hand-out (pulsar_nack.lateness.Sampled), and whether it is
+    # such a copy
     sampled_due: Sampled | None = None
     copy: bool = False
 
@@ -129,10 +130,10 @@ class ChunkHold:
         #: Called with the due time (ms) after each successful :meth:`hold`, outside the lock, on the
         #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
         self.on_hold: Callable[[float], object] | None = None
-        #: Called by :meth:`pop_due` for each kept copy it hands out, with the sampled exact due time and
-        #: weight of its nack (None if not sampled) and its key, outside the lock: it counts in
-        #: ``nack_stats()`` as redelivered, with its lateness, as the forwarded redeliveries do, and later
-        #: copies of it are not first deliveries.
+        #: Called by :meth:`pop_due` for each kept copy it hands out, with its nack's exact due time or
+        #: bucket time (:data:`~pulsar_nack.lateness.Sampled`; None: neither) and its key, outside the
+        #: lock: it counts in ``nack_stats()`` as redelivered, with its lateness, as the forwarded
+        #: redeliveries do, and later copies of it are not first deliveries.
         self.on_handout: Callable[[Sampled | None, Key], object] | None = None
 
     def __len__(self) -> int:

@@ -47,7 +47,6 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.lateness import offered
 from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.snapshot.takeover import Adoption
@@ -666,7 +665,7 @@ class NackBridge:
         inner = message._message
         key = (topic, ledger_id, entry_id)
         count, size = inner.redelivery_count(), inner.length() + KEPT_COPY_BYTES  # what it pins
-        if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled):
+        if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled or (due, False)):
             self.tracker.schedule(due, ledger_id, entry_id, -1, topic)  # over the bound: pending again
 
     def _keep_spare(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
@@ -691,12 +690,8 @@ class NackBridge:
         kept._schema = message._schema
         due = self.tracker.now() + delay
         key = (topic, ledger_id, entry_id, batch_index)
-        # Its exact due time is known; its lateness is sampled as often as a filed nack's (the nack path's
-        # offer test), and weighs as much: sampling every kept spare would outweigh the nacks that go
-        # through buckets.
-        every = self._arrivals.dues.every
-        sampled = (due, every + 1) if not every or offered(int(due), every) else None
-        return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=sampled)
+        # its exact due time is known: its lateness counts as it is
+        return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=(due, True))
 
     def _keep_sibling(
         self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str
@@ -736,7 +731,7 @@ class NackBridge:
             due = float(bucket)
         else:
             return  # forwarded meanwhile (its copy decides), or an ack timeout is set
-        sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic)
+        sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic) or (due, False)
         key = (topic, ledger_id, entry_id, batch_index)
         if not hold.hold(key, message, due, inner.redelivery_count(), size, copy=True, sampled_due=sampled):
             tracker.schedule(due, ledger_id, entry_id, batch_index, topic)  # over the bound: pending again

@@ -463,24 +463,40 @@ class NackTracker:
         """Forward due ids (all pending ids with ``everything``) now; returns how many entries went. Re-arms
         the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets).
 
-        The ids due within one native latency go now; each is labelled for the arrival filter with a
-        time no earlier than its bucket's, below which no copy is handed out (never early with ceil
-        rounding). A copy our forward asks for never comes sooner than :data:`NATIVE_MIN_DELAY_MS` after
-        it — the filter checks that — so the ids due by then share that label; the few due in the native
-        latency's last ms are popped apart and labelled with its end (labelling every id with
-        the armed bucket let ids of a later bucket out up to 2**k ms before it)."""
+        The ids due within one native latency go now, popped bucket by bucket and each labelled for the
+        arrival filter with its own bucket time, below which no copy is handed out (never early with ceil
+        rounding; labelling every id with the armed bucket let ids of a later bucket out up to 2**k ms
+        before it). The filter measures lateness from that time for the redeliveries whose exact due time
+        was not sampled (:class:`~pulsar_nack.lateness.LatenessHistogram`). With ``everything``, one pop
+        labelled now."""
         now = self._clock() if now is None else now
         limit = int(now + self.lead_ms)
-        if everything:
-            steps = [(2**62, int(now))]
-        else:
-            safe = min(int(now) + NATIVE_MIN_DELAY_MS, limit)
-            steps = [(safe, safe), (limit, limit)] if limit > safe else [(limit, limit)]
         due: list[DueIds] = []
         forwarded = 0
         popped_any = False
-        for until, label in steps:
-            popped = self.index.pop_due(until)
+        pop = self.arrivals.pop
+        index = self.index
+        until = -1
+        while True:
+            if everything:
+                until = label = 2**62
+            else:
+                following = index.next_due_ms()
+                if following is not None and following <= until:
+                    # ids the filter filed again for the bucket just popped (to wait for a copy on its
+                    # way), or a segment store's lower bound, come first: what is due up to the limit, in
+                    # one pop labelled with it (a walk over the grid from an old bucket could be long)
+                    following = limit
+                if following is None or following > limit:
+                    break
+                until = label = following
+            popped = pop(index.pop_due, until)  # (under the filter's lock: see ArrivalFilter.pop)
+            if not popped and not everything:
+                # a segment store's next_due_ms is a lower bound: what is due up to the limit, labelled so
+                until = label = limit
+                popped = pop(index.pop_due, until)
+            if everything:
+                label = int(now)
             popped_any = popped_any or bool(popped)
             # The filter learns each pop before the next one: it reads what an entry still has pending
             # in the index (a quiet entry's other messages), which must not include a later pop's ids.
@@ -493,6 +509,8 @@ class NackTracker:
                         continue
                 forwarded += len(ids.entry_ids)
                 due.append(ids)
+            if everything or until == limit:
+                break
         with self._lock:
             if due:
                 self._last_forward = now

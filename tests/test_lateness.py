@@ -48,7 +48,7 @@ def test_old_redeliveries_fade_and_the_size_stays_fixed() -> None:
     reported = histogram.percentiles([0.5])
     assert reported is not None and reported[0] == pytest.approx(500, rel=0.01)
     assert len(histogram) < 2_000
-    assert histogram.nbytes == size < 8_192
+    assert histogram.nbytes == size < 16_384
 
 
 def test_a_sampled_due_time_is_taken_once_and_the_earlier_of_two_kept() -> None:
@@ -57,7 +57,7 @@ def test_a_sampled_due_time_is_taken_once_and_the_earlier_of_two_kept() -> None:
     sample.note(12345, epoch_ms + 1_000)
     sample.note(12345, epoch_ms + 900)  # a re-nack due sooner: kept
     sample.note(12345, epoch_ms + 5_000)  # later: the earlier stays
-    assert sample.take(12345, epoch_ms + 1_024) == (epoch_ms + 900, 1)
+    assert sample.take(12345, epoch_ms + 1_024) == epoch_ms + 900
     assert sample.take(12345, epoch_ms) is None, "taken once"
     assert sample.take(999, epoch_ms) is None
 
@@ -104,39 +104,65 @@ def test_an_overdue_sampled_id_gives_way() -> None:
     assert sample.used > 0
     sample.note(1_000, 70_000)  # 69 s after them: one of its slots gives way, if taken
     taken = sample.take(1_000, 70_000)
-    assert taken is not None and taken[0] == 70_000
+    assert taken == 70_000
 
 
-def test_a_thinned_sample_weighs_each_redelivery_by_the_nacks_it_stands_for() -> None:
-    """Issue 24: the sample is thinned, and more offered nacks find no room, while many nacks are
-    pending: the busy part of a run, whose redeliveries are the late ones. A quiet phase (3,000 nacks,
-    one pending at a time, 0–50 ms late), a burst of 20,000 nacks pending at once (200–400 ms late: the
-    512 slots thin to 1 in 64) and a quiet phase again, filed and received as the nack path and the
-    arrival filter do, on a fake clock. The reported p50 and p99 are those of every redelivery, not the
-    quiet phases': unweighted the p50 read 25 ms where every redelivery's is 270 ms."""
+@pytest.mark.parametrize(("k", "rounding"), [(8, "ceil"), (8, "floor"), (12, "ceil")])
+def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_percentiles(
+    k: int, rounding: str
+) -> None:
+    """The sample is thinned while many nacks are pending: the busy part of a run, whose redeliveries are
+    the late ones. A quiet phase (3,000 nacks, one pending at a time, copies 0–50 ms after their bucket),
+    a burst of 20,000 nacks pending at once (200–400 ms after it: the 512 slots thin to 1 in 64) and a
+    quiet phase again, filed and received as the nack path and the arrival filter do, on a fake clock:
+    a sampled redelivery counts its exact lateness, the others their time since their bucket, and every
+    nack's offset in its bucket is counted, and drawn for those. The reported p50 and p99 are every
+    redelivery's (within 3 ms and 1 %) — unweighted, the sample alone read p50 25 ms where every
+    redelivery's is 270 ms; weighted, it missed by up to 20 ms in the demo. Buckets of 2^k ms, ceil or
+    floor (offsets negative: early). A bucket's copies come in the order its nacks were filed (earliest
+    due first), as a broker redelivers a forward's entries, and as an application nacks what it gets."""
     clock = FakeClock()
     rng = random.Random(24)
     sample = DueSample()
-    histogram = LatenessHistogram()
+    histogram = LatenessHistogram(window=100_000)
     measured: list[float] = []
     thinned = [0]
     next_key = iter(range(1, 1_000_000))
+    width = 1 << k
 
-    def run(nacks: int, late_from: float, late_to: float) -> None:
+    def bucket_of(due: int) -> int:
+        return -(-due // width) * width if rounding == "ceil" else due // width * width
+
+    def run(nacks: int, after_from: float, after_to: float) -> None:
         filed = []
         for _ in range(nacks):
             key = next(next_key)
             due = int(clock()) + rng.randint(100, 10_000)
+            bucket = bucket_of(due)
+            histogram.offset(bucket, bucket - due)  # every nack (the nack path)
             if not sample.every or offered(due, sample.every):  # the nack path's offer test
                 sample.note(key, due)
             thinned.append(sample.every)
-            filed.append((due + rng.uniform(late_from, late_to), due, key))
-        for arrival, due, key in sorted(filed):
+            filed.append((bucket + rng.uniform(after_from, after_to), due, bucket, key))
+        # each bucket's copies in the order of its due times
+        by_bucket: dict[int, list[tuple[float, int, int, int]]] = {}
+        for item in filed:
+            by_bucket.setdefault(item[2], []).append(item)
+        filed = [
+            (arrival, due, bucket, key)
+            for items in by_bucket.values()
+            for arrival, (_, due, bucket, key) in zip(
+                sorted(item[0] for item in items), sorted(items, key=lambda item: item[1]), strict=True
+            )
+        ]
+        for arrival, due, bucket, key in sorted(filed):
             clock.now = arrival
-            measured.append(clock() - due)
-            sampled = sample.take(key, clock())
+            measured.append(arrival - due)
+            sampled = sample.take(key, arrival)
             if sampled is not None:
-                histogram.add(clock() - sampled[0], sampled[1])
+                histogram.add(arrival - sampled)
+            else:
+                histogram.add_after_bucket(bucket, arrival - bucket)
 
     for _ in range(3_000):
         run(1, 0, 50)
@@ -145,42 +171,46 @@ def test_a_thinned_sample_weighs_each_redelivery_by_the_nacks_it_stands_for() ->
     for _ in range(3_000):
         run(1, 0, 50)
     assert sample.every == 0 and sample.used == 0
-    assert len(histogram) < 7_000, "a sample, not every redelivery"
+    assert len(histogram) == len(measured), "every redelivery counts once"
     reported = histogram.percentiles([0.5, 0.99])
     assert reported is not None
     wanted = np.percentile(measured, [50, 99])
-    assert reported[0] == pytest.approx(wanted[0], rel=0.05), (reported, wanted)
-    assert reported[1] == pytest.approx(wanted[1], rel=0.02), (reported, wanted)
+    assert reported[0] == pytest.approx(wanted[0], abs=3.0, rel=0.01), (reported, wanted)
+    assert reported[1] == pytest.approx(wanted[1], abs=3.0, rel=0.01), (reported, wanted)
+    early = float(np.mean(np.array(measured) < 0))
+    assert histogram.early_share == pytest.approx(early, abs=0.01)
 
 
-def test_a_thinning_reweighs_the_ids_it_keeps() -> None:
-    """An id noted while every nack was offered (weight 1) that survives a thinning to 1 in 4 weighs 4:
-    it passed that offer test too."""
-    sample = DueSample(capacity=8)
-    for key in range(100):
-        due = 1_000 + key
-        if not sample.every or offered(due, sample.every):
-            sample.note(key, due)
-    every = sample.every
-    assert every > 0
-    kept = [got for key in range(100) if (got := sample.take(key, 1_000)) is not None]
-    assert kept and all(weight == every + 1 for _, weight in kept), (every, kept)
+def test_redeliveries_not_sampled_count_at_their_bucket_time_when_no_nack_was_filed_here() -> None:
+    """Redeliveries of nacks this process did not file (a restored snapshot's) have no offsets to draw:
+    their time since their bucket is their lateness."""
+    histogram = LatenessHistogram()
+    for value in range(100):
+        histogram.add_after_bucket(1_024, float(value))
+    reported = histogram.percentiles([0.5])
+    assert reported is not None and reported[0] == pytest.approx(49.5, abs=1.0)
+    assert histogram.early_share == 0.0
 
 
-@pytest.mark.parametrize("nacks", [3_000, 20_000])
-def test_the_weights_of_a_burst_sum_to_its_nacks(nacks: int) -> None:
-    """Thinned, and with offered nacks that found both their slots taken (counted in an id that took
-    one), the sampled ids of a burst stand for all of its nacks: their weights sum to the burst's size
-    (within 15 %: a sample; without counting the nacks that found no room, 58–62 %)."""
-    rng = random.Random(nacks)
-    sample = DueSample()
-    filed = []
-    for _ in range(nacks):
-        key, due = rng.getrandbits(64), 1_000_000 + rng.randint(100, 10_000)
-        if not sample.every or offered(due, sample.every):
-            sample.note(key, due)
-        filed.append((due, key))
-    assert sample.every > 0
-    weights = [sampled[1] for due, key in sorted(filed) if (sampled := sample.take(key, due)) is not None]
-    assert len(weights) < nacks / 4
-    assert sum(weights) == pytest.approx(nacks, rel=0.15), (sum(weights), len(weights))
+def test_each_redelivery_draws_an_offset_of_its_own_bucket() -> None:
+    """Nacks come in bursts tied to the forwards, so where their due times lie in a bucket differs from
+    bucket to bucket, and with it how long their redeliveries wait: bucket 1,024's nacks 10 ms before it,
+    its copies 300 ms after it (310 ms late); bucket 1,280's 200 ms before it, its copies at once (200 ms
+    late). Drawn from their own bucket, the percentiles are those (within the 8-ms bins); drawn from all
+    the nacks', half would read 300-500 ms. At most 64 buckets are kept, a bucket's offsets leave once
+    drawn as often as it had nacks, and the bytes stay bounded."""
+    histogram = LatenessHistogram()
+    for _ in range(500):
+        histogram.offset(1_024, 10)
+        histogram.offset(1_280, 200)
+    for _ in range(500):
+        histogram.add_after_bucket(1_024, 300.0)
+        histogram.add_after_bucket(1_280, 0.0)
+    reported = histogram.percentiles([0.01, 0.49, 0.51, 0.99])
+    assert reported is not None
+    assert 200 <= reported[0] <= reported[1] <= 208, reported
+    assert 308 <= reported[2] <= reported[3] <= 316, reported
+    empty = histogram.nbytes
+    for bucket in range(0, 256_000, 256):
+        histogram.offset(bucket, 100)
+    assert histogram.nbytes == empty < 12_288 + 5_000, "a fixed table: 64 buckets at most"
