@@ -1,5 +1,5 @@
 """Restored nacks wait for the broker's re-dispatch: a :class:`~pulsar_nack.snapshot.segments.SegmentStore`
-that keeps a restored id due before its message came back out of the forwards for a while.
+that does not forward a restored id falling due before its message came back, for a while.
 
 After a restart the broker re-dispatches every message the dead consumer left unacked to the new one at
 once — the copies of every restored pending nack among them. The consumer keeps each such copy and hands it
@@ -9,7 +9,8 @@ already due at the restore at once. Forwarding them (a native nack: the broker d
 before their copy came hurt twice: the copy that came a moment later was taken for something other than
 the forward's answer and not handed out, so the message waited for the forward's copy; and the forwards
 doubled what the broker had to send (on pulsar-lite, 10,000 batched nacks restored with ids due at once:
-every entry forwarded, the re-dispatch slowed to a trickle, 1,638 messages more than 5 s late).
+every entry forwarded, the re-dispatch slowed to a trickle, 1,638 messages more than 5 s late in one
+run at load 4).
 
 So a restored id that falls due while the re-dispatch is under way and its entry's copy has not come is
 *deferred*: kept here, out of the index, pending all the same (:meth:`due_of`, :meth:`pending_mask` and
@@ -21,9 +22,9 @@ store is a plain :class:`SegmentStore` again. A deferred id whose entry's copy c
 hold was full) is forwarded :data:`SETTLE_MS` after that copy came.
 
 How the store learns that a copy came: the consumer asks :meth:`due_of` about every copy of a message whose
-nack is pending before it keeps it, and :meth:`remove`\\ s the id when it does. Nothing else calls them for
-an id whose message has not come (an ack or a nack needs the message — or a bare id, which at worst ends
-the wait for that entry early).
+nack is pending before it keeps it, and removes the id (:meth:`remove`) when it does. Nothing else calls
+them for an id whose message has not come (an ack or a nack needs the message — or a bare id, which at
+worst ends the wait for that entry early).
 
 A deferred id is popped in the store's terms (its bucket is under the pop watermark): a crash while it is
 deferred loses it from the snapshot — it is due, and the next restart's re-dispatch hands it out at once,
