@@ -216,10 +216,10 @@ class RedispatchStore(SegmentStore):
 
     def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
         """As :meth:`SegmentStore.pending_mask`, deferred ids included."""
-        mask = super().pending_mask(ledger_id, entry_id, topic)
         if not self._deferred:
-            return mask
-        with self._lock:
+            return super().pending_mask(ledger_id, entry_id, topic)
+        with self._lock:  # (both answers at one time: a pop may defer or release the id in between)
+            mask = super().pending_mask(ledger_id, entry_id, topic)
             deferred = self._deferred.get((topic, ledger_id, entry_id))
             if deferred is None:
                 return mask
