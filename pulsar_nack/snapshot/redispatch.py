@@ -120,8 +120,10 @@ class RedispatchStore(SegmentStore):
         report = super().restore(now_ms, note)
         with self._lock:
             if self._waiting:
-                self._last_copy = float(now_ms)
-                self._deadline = now_ms + REDISPATCH_MAX_MS
+                # from the end of the restore (reading the segments took 0.8 s at load 3, and more under
+                # load: timed from its start, the wait was over before the first pop)
+                self._last_copy = self._clock()
+                self._deadline = self._last_copy + REDISPATCH_MAX_MS
         return report
 
     # -- a copy came -----------------------------------------------------------------------------------
@@ -323,6 +325,11 @@ class RedispatchStore(SegmentStore):
             times = [following] if following is not None else []
             if self._waiting or self._deferred:
                 times.append(math.ceil(min(self._deadline, self._last_copy + REDISPATCH_QUIET_MS)))
-            if self._came:
-                times.append(math.ceil(min(self._came.values()) + SETTLE_MS))
+            came = self._came
+            settled = [came[key] for key in self._deferred if key in came]
+            if settled:  # deferred ids whose copy came and was not taken: forwarded once it settled
+                times.append(math.ceil(min(settled) + SETTLE_MS))
+            elif came:  # one pop once the last copy settled clears the state (not one per copy: a pop
+                # per entry that came kept the timer thread busy every ~20 ms during the re-dispatch)
+                times.append(math.ceil(self._last_copy + SETTLE_MS))
             return min(times) if times else None
