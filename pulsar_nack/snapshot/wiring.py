@@ -16,7 +16,7 @@ from typing import Any
 
 from pulsar_nack.index import Rounding
 from pulsar_nack.snapshot.namespace import SubscriptionStorage, legacy_snapshot_key, snapshot_key
-from pulsar_nack.snapshot.segments import SegmentStore
+from pulsar_nack.snapshot.redispatch import RedispatchStore
 from pulsar_nack.snapshot.storage import LocalDirectoryStorage, SnapshotStorage
 from pulsar_nack.snapshot.takeover import Adoption, Takeover
 from pulsar_nack.tracker import NackTracker, epoch_clock
@@ -114,9 +114,12 @@ def tracker_snapshot_arguments(
     snapshots: SnapshotStorage | None, precision_bits: int, rounding: Rounding
 ) -> dict[str, Any]:
     """The :class:`~pulsar_nack.tracker.NackTracker` keyword arguments that keep snapshots in
-    ``snapshots``: a :class:`SegmentStore` with the tracker's precision and an epoch clock (segments hold
-    epoch ms). Empty without snapshots (the tracker's defaults: a bare index, the monotonic clock)."""
+    ``snapshots``: a :class:`~pulsar_nack.snapshot.redispatch.RedispatchStore` (a
+    :class:`~pulsar_nack.snapshot.segments.SegmentStore` whose restored ids wait for the broker's
+    re-dispatch) with the tracker's precision and an epoch clock (segments hold epoch ms), shared with the
+    tracker. Empty without snapshots (the tracker's defaults: a bare index, the monotonic clock)."""
     if snapshots is None:
         return {}
-    store = SegmentStore(snapshots, precision_bits=precision_bits, rounding=rounding)
-    return {"snapshots": store, "clock": epoch_clock()}
+    clock = epoch_clock()
+    store = RedispatchStore(snapshots, precision_bits=precision_bits, rounding=rounding, clock=clock)
+    return {"snapshots": store, "clock": clock}
