@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 import report
+from nack_soak import steady
 
 SCRIPT = Path(__file__).resolve()
 COLUMNS = ("t_s", "heap", "rss", "received", "nacked", "entry_acks", "sent")
@@ -253,28 +254,6 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def slope(samples: list[dict[str, float]], key: str, warmup_s: float) -> dict[str, float]:
-    """Least-squares slope of ``key`` (bytes a minute) after the warm-up, its standard error, and over
-    the second half of that window."""
-    after = [s for s in samples if s["t_s"] >= warmup_s]
-    if len(after) < 6:
-        raise SystemExit(f"too few samples after the {warmup_s:.0f} s warm-up: run longer (--minutes)")
-    t = np.array([s["t_s"] for s in after]) / 60
-    values = np.array([s[key] for s in after], dtype=np.float64)
-    fit, cov = np.polyfit(t, values, 1, cov=True)
-    half = len(t) // 2
-    late, late_cov = np.polyfit(t[half:], values[half:], 1, cov=True)
-    return {
-        "slope_per_min": float(fit[0]),
-        "slope_se_per_min": float(np.sqrt(cov[0, 0])),
-        "late_slope_per_min": float(late[0]),
-        "late_slope_se_per_min": float(np.sqrt(late_cov[0, 0])),
-        "growth": float(values[-1] - values[0]),
-        "samples": len(after),
-        "minutes": float(t[-1] - t[0]),
-    }
-
-
 def trend(figure: dict[str, float], prefix: str = "") -> str:
     value, error = figure[prefix + "slope_per_min"], figure[prefix + "slope_se_per_min"]
     told = "flat" if abs(value) <= 2 * error else ("grows" if value > 0 else "falls")
@@ -372,7 +351,7 @@ def main(argv: list[str]) -> int:
     rows = []
     for pattern in [p for p in settings["patterns"] if p in runs]:
         run = runs[pattern]
-        heap = slope(run["samples"], "heap", WARMUP_S)
+        heap = steady(run["samples"], WARMUP_S, "heap")
         run["heap"] = heap
         after = [s for s in run["samples"] if s["t_s"] >= WARMUP_S]
         per_min = (after[-1]["received"] - after[0]["received"]) / heap["minutes"]

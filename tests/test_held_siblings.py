@@ -438,6 +438,32 @@ def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> Non
     assert arrivals.take_popped_message(7, 1, 1, "t") is False
 
 
+def test_a_quiet_entry_expanded_while_a_flush_has_popped_one_of_its_messages_keeps_that_message() -> None:
+    """The filter keeps an entry whose messages are all acked or pending as one bit, and rebuilds its
+    record from the index: what the index no longer has pending counts as acked, but what the flush just
+    popped. A flush pops m0 (the index no longer has it) and, before it tells forwarded(), a copy of the
+    entry comes for m1 (a re-dispatch, a copy the client hands out twice): the record rebuilt then must not
+    take m0 for acked — its forward would make no flight, and the copy it brings would be acked at the
+    broker and never handed out."""
+    now = [1_000.0]
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(3_000, 7, 1, 1, "t")
+    for i in range(2, 10):
+        arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
+    now[0] = 1_900.0
+    popped = arrivals.pop(
+        index.pop_due, 2_000
+    )  # a flush under way (as the tracker pops): m0 leaves the index
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD, "m1's copy comes: m1 is pending"
+    assert arrivals.take_pending_message(7, 1, 1, "t") is True, "kept until due"
+    for ids in popped:  # the flush tells the filter
+        arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now[0], 2_000)
+    now[0] = 2_100.0  # m0's forward brings its copy
+    assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER, "m0 handed out, not taken for acked"
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "m1: the kept copy is the application's"
+
+
 def test_kept_copies_count_in_the_memory_figures() -> None:
     """A kept copy counts in ``nack_stats(with_memory=True).memory_bytes`` (part 'held chunked') at what it
     pins — batch size × payload + KEPT_COPY_BYTES, the figure bounded by max_held_chunked_bytes — and
