@@ -38,21 +38,22 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
+from pyroaring import BitMap, BitMap64
 
 from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import DueIds, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
-from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
+from pulsar_nack.memory import python_bytes
 
 __all__ = [
     "ACK_TIMEOUT_SLACK_MS",
@@ -102,6 +103,13 @@ _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
 # The filter's sets of entries (one EntrySets, see __init__)
 _PENDING, _QUIET, _WATCH = 0, 1, 2
+# _Recent's: two generations (the current one at offset _Recent.current) of each of three sets
+_RECENT = 3
+_SENT, _SENT_ACKED, _SETTLED = _RECENT, _RECENT + 2, _RECENT + 4  # (sent: delivered)
+_SETS = _RECENT + 6
+# An emptied dict keeps its hash table (590 KB for `_flights` after one forward at 1,000 topics): a table
+# emptied above this size is released at once, not at the next sweep (smaller ones are kept: no churn)
+_KEPT_TABLE_BYTES = 4_096
 
 
 class _Flight:
@@ -161,58 +169,49 @@ class _Entry:
         return (self.acked | self.pending) & full == full
 
 
-Generation = dict[tuple[str, int], BitMap]  # (topic, ledger) → entry ids
-
-
 class _Recent:
     """Non-batched messages handed out for a forward in the last ``linger_ms`` (and which of them the
     application acked since): a later copy of one — the broker re-dispatching after a reconnect, or a
-    second redelivery request — is not handed out again. Two generations of per-ledger bitmaps, each
-    lasting half of ``linger_ms``: a few bytes per message, O(1) per lookup. Batched entries whose
-    messages were all acked after a recent forward are kept the same way (``settled``): a late copy of
-    one is acked, not handed out."""
+    second redelivery request — is not handed out again. Two generations, each lasting half of
+    ``linger_ms``, of three sets — delivered, acked, and batched entries whose messages were all acked
+    after a recent forward (``settled``: a late copy of one is acked, not handed out) — kept in the
+    filter's :class:`~pulsar_nack.entry_sets.EntrySets` (sets :data:`_RECENT` on): a few bytes a message,
+    no object per ledger (a bitmap per ledger and set cost ~300 B a ledger: 608 KB at 1,000 topics after
+    one forward). O(1) per lookup; the caller's lock held throughout."""
 
-    __slots__ = ("acked", "delivered", "settled", "started", "times")
+    __slots__ = ("current", "sets", "started", "times")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, sets: EntrySets, now: float) -> None:
+        self.sets = sets
         self.started = now
-        # [current, previous] generations: (topic, ledger) → entry ids
-        self.delivered: list[Generation] = [{}, {}]
-        self.acked: list[Generation] = [{}, {}]
-        self.settled: list[Generation] = [{}, {}]  # batched entries all acked after a recent forward
+        self.current = 0  # the current generation's offset; the previous one's is 1 - current
         # with an ack timeout: when each delivered one was handed out (clock ms), by generation
         self.times: list[dict[Key, float]] = [{}, {}]
 
     def __bool__(self) -> bool:
-        delivered, acked, settled = self.delivered, self.acked, self.settled
-        return bool(delivered[0] or delivered[1] or acked[0] or acked[1] or settled[0] or settled[1])
+        bitmaps = self.sets.layout.bitmaps
+        return any(bitmaps[which] for which in range(_RECENT, _RECENT + 6))
 
-    @staticmethod
-    def _add(generation: Generation, ledger: tuple[str, int], entry_id: int) -> None:
-        bitmap = generation.get(ledger)
-        if bitmap is None:
-            bitmap = generation[ledger] = BitMap()
-        bitmap.add(entry_id)
-
-    @staticmethod
-    def _holds(generations: list[Generation], ledger: tuple[str, int], entry_id: int) -> bool:
-        for generation in generations:
-            bitmap = generation.get(ledger)
-            if bitmap is not None and entry_id in bitmap:
-                return True
-        return False
+    def _holds(self, kind: int, ledger: tuple[str, int], entry_id: int) -> bool:
+        sets = self.sets
+        return sets.contains(kind, ledger, entry_id) or sets.contains(kind + 1, ledger, entry_id)
 
     def settle(self, ledger: tuple[str, int], entry_id: int) -> None:
-        self._add(self.settled[0], ledger, entry_id)
+        self.sets.add(_SETTLED + self.current, ledger, entry_id)
 
     def is_settled(self, ledger: tuple[str, int], entry_id: int) -> bool:
-        return self._holds(self.settled, ledger, entry_id)
+        return self._holds(_SETTLED, ledger, entry_id)
 
     def deliver(self, ledger: tuple[str, int], entry_id: int, now: float | None = None) -> None:
         """Handed out (``now``: when, kept with an ack timeout)."""
-        self._add(self.delivered[0], ledger, entry_id)
+        self.sets.add(_SENT + self.current, ledger, entry_id)
         if now is not None:
             self.times[0][(ledger[0], ledger[1], entry_id)] = now
+
+    def delivered(self) -> BitMap64:
+        """The codes of every delivered message (both generations; a new bitmap). O(values)."""
+        bitmaps = self.sets.layout.bitmaps
+        return bitmaps[_SENT] | bitmaps[_SENT + 1]
 
     def handed_at(self, key: Key) -> float | None:
         """When a delivered one was last handed out, if kept. O(1)."""
@@ -223,44 +222,47 @@ class _Recent:
         return None
 
     def ack(self, ledger: tuple[str, int], entry_id: int) -> None:
-        if self._holds(self.delivered, ledger, entry_id):
-            self._add(self.acked[0], ledger, entry_id)
+        if self._holds(_SENT, ledger, entry_id):
+            self.sets.add(_SENT_ACKED + self.current, ledger, entry_id)
 
     def verdict(self, ledger: tuple[str, int], entry_id: int) -> Verdict | None:
         """ACKED or DUPLICATE for a copy of a recently handed-out message, else None."""
-        if not self._holds(self.delivered, ledger, entry_id):
+        if not self._holds(_SENT, ledger, entry_id):
             return None
-        return _ACKED if self._holds(self.acked, ledger, entry_id) else _DUPLICATE
+        return _ACKED if self._holds(_SENT_ACKED, ledger, entry_id) else _DUPLICATE
 
-    def rotate(self, now: float, half_linger_ms: float) -> Generation | None:
-        """Start a new generation once the current one is ``half_linger_ms`` old; returns the delivered
-        generation dropped then (None if not rotated)."""
+    def rotate(self, now: float, half_linger_ms: float) -> BitMap64 | None:
+        """Start a new generation once the current one is ``half_linger_ms`` old; returns the codes of
+        the delivered generation dropped then (None if not rotated). O(values dropped)."""
         if now - self.started < half_linger_ms:
             return None
-        dropped = self.delivered[1]
-        self.delivered = [{}, self.delivered[0]]
-        self.acked = [{}, self.acked[0]]
-        self.settled = [{}, self.settled[0]]
+        previous = 1 - self.current
+        bitmaps = self.sets.layout.bitmaps
+        dropped = bitmaps[_SENT + previous].copy()
+        for kind in (_SENT, _SENT_ACKED, _SETTLED):
+            bitmaps[kind + previous].clear()  # (in place: the layout's bitmaps are never swapped alone)
+        self.current = previous
         self.times = [{}, self.times[0]]
         self.started = now
         return dropped
 
-    def forget_unacked(self) -> Generation:
-        """The application's copies are void: only acked ones stay known. Returns the delivered ids
-        forgotten (per ledger)."""
-        forgotten: Generation = {}
-        for generation, acked in zip(self.delivered, self.acked, strict=True):
-            for ledger, bitmap in generation.items():
-                gone = bitmap - acked[ledger] if ledger in acked else bitmap
-                if gone:
-                    have = forgotten.get(ledger)
-                    forgotten[ledger] = gone if have is None else have | gone
-        self.delivered = [dict(self.acked[0]), dict(self.acked[1])]
+    def forget_unacked(self) -> BitMap64:
+        """The application's copies are void: only acked ones stay known. Returns the codes of the
+        delivered messages forgotten. O(values)."""
+        bitmaps = self.sets.layout.bitmaps
+        forgotten = BitMap64()
+        for generation in (0, 1):
+            delivered, acked = bitmaps[_SENT + generation], bitmaps[_SENT_ACKED + generation]
+            forgotten |= delivered - acked
+            delivered.clear()  # (in place, as in rotate)
+            delivered.update(acked)
         return forgotten
 
-    def bitmaps(self) -> Iterator[BitMap]:
-        for generation in (*self.delivered, *self.acked, *self.settled):
-            yield from generation.values()
+    def reset(self, now: float) -> None:
+        """Forget everything (the sets are the caller's to clear)."""
+        self.started = now
+        self.current = 0
+        self.times = [{}, {}]
 
 
 def _dropped_copy(entry: _Entry, acked: int) -> Verdict:
@@ -331,7 +333,6 @@ class ArrivalFilter:
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}  # batched entries
-        self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         # Three sets of entries in shared 64-bit bitmaps (no bitmap per ledger: a few bytes a value at
         # 1,000 sparse ledgers, where a bitmap per ledger cost ~15): _PENDING, non-batched entries whose
@@ -340,7 +341,8 @@ class ArrivalFilter:
         # or recently handed out for a forward (in `_flights` or `_recent`) — an arrival or an ack of an
         # entry in neither _PENDING nor _WATCH is a plain one, decided with one dict and two bitmap
         # lookups (the per-message path while anything else is tracked).
-        self._sets = EntrySets(3)
+        self._sets = EntrySets(_SETS)
+        self._recent = _Recent(self._sets, clock())  # non-batched messages recently handed out for a forward
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
         # (one entry id: an int — 1 id per ledger and forward is the sparse case: the record ~120 B, where
         # a numpy array of one id made it ~290 B)
@@ -386,8 +388,8 @@ class ArrivalFilter:
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
-        pending, quiet, watch = self._sets.layout.bitmaps
-        return not (self._entries or self._flights or pending or quiet or watch or self._recent)
+        bitmaps = self._sets.layout.bitmaps
+        return not (self._entries or self._flights or any(bitmaps))
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
@@ -439,7 +441,8 @@ class ArrivalFilter:
         code = 0
         if base is not None:
             code = base | entry_id << layout.low
-            pending_set, quiet_set, _ = layout.bitmaps
+            bitmaps = layout.bitmaps
+            pending_set, quiet_set = bitmaps[_PENDING], bitmaps[_QUIET]
             if entry is None and quiet_set and code in quiet_set:  # (an empty set answers faster)
                 entry = self._expand(key, 0)
                 base = None  # (its ledger's number may have gone with the bit)
@@ -814,7 +817,8 @@ class ArrivalFilter:
         base = layout.bases.get(ledger)
         if base is None:
             return _DELIVER  # a first delivery (the common case: no lock, no call)
-        pending_set, _, watch_set = layout.bitmaps
+        bitmaps = layout.bitmaps
+        pending_set, watch_set = bitmaps[_PENDING], bitmaps[_WATCH]
         code = base | entry_id << layout.low
         if code not in pending_set and (not watch_set or code not in watch_set):
             return _DELIVER
@@ -831,7 +835,10 @@ class ArrivalFilter:
                 if verdict is _DELIVER:
                     # (stays watched; with an ack timeout, the time counts for the next copy)
                     self._recent.deliver(ledger, entry_id, None if held_ms is None else now)
-                    del self._flights[key]
+                    flights = self._flights
+                    del flights[key]
+                    if not flights and sys.getsizeof(flights) > _KEPT_TABLE_BYTES:
+                        flights.clear()
             else:
                 if self._sets.contains(_PENDING, ledger, entry_id):
                     verdict = _HOLD
@@ -1158,7 +1165,8 @@ class ArrivalFilter:
         base = layout.bases.get(ledger)
         if base is None:
             return False  # nothing to record: an ack of a message tracked in no way
-        pending_set, _, watch_set = layout.bitmaps
+        bitmaps = layout.bitmaps
+        pending_set, watch_set = bitmaps[_PENDING], bitmaps[_WATCH]
         code = base | entry_id << layout.low
         if code not in pending_set and (not watch_set or code not in watch_set):
             return False
@@ -1202,7 +1210,10 @@ class ArrivalFilter:
             full = (1 << entry.size) - 1
             if not pending:
                 if acked == full:
-                    del self._entries[key]  # settled, never forwarded: nothing more can come
+                    entries = self._entries
+                    del entries[key]  # settled, never forwarded: nothing more can come
+                    if not entries and sys.getsizeof(entries) > _KEPT_TABLE_BYTES:
+                        entries.clear()
             elif acked | pending == full and self._pending_mask is not None:
                 self._make_quiet(key)  # every message acked or pending: one bit
             return True
@@ -1220,7 +1231,10 @@ class ArrivalFilter:
 
     def _make_quiet(self, key: Key) -> None:
         """Keep an entry whose messages are all acked or pending as one bit (lock held)."""
-        del self._entries[key]
+        entries = self._entries
+        del entries[key]
+        if not entries and sys.getsizeof(entries) > _KEPT_TABLE_BYTES:
+            entries.clear()
         self._sets.add(_QUIET, key[:2], key[2])
 
     def _expand(self, key: Key, forwarded: int) -> _Entry:
@@ -1279,26 +1293,26 @@ class ArrivalFilter:
                     table.clear()  # an emptied dict keeps its hash table (2.6 MB after a big forward)
         return again
 
-    def _unwatch(self, entries: Generation) -> None:
-        """Stop watching these non-batched entries, but those still in flight or recently redelivered
-        (lock held). O(entries)."""
-        delivered = self._recent.delivered
+    def _unwatch(self, codes: BitMap64) -> None:
+        """Stop watching these non-batched entries (codes of the filter's sets), but those still in
+        flight or recently redelivered (lock held). O(entries)."""
+        gone = codes - self._recent.delivered()
+        if not gone:
+            return
         sets = self._sets
-        for ledger, bitmap in entries.items():
-            gone = bitmap
-            for generation in delivered:
-                kept = generation.get(ledger)
-                if kept is not None:
-                    gone = gone - kept
+        for ledger, bitmap in sets.decode(gone):
             topic, ledger_id = ledger
-            for entry_id in gone:
+            for entry_id in bitmap:
                 if (topic, ledger_id, entry_id) not in self._flights:
                     sets.discard(_WATCH, ledger, entry_id)
 
     def _forget(self, key: Key) -> None:
         """A settled entry (lock held): gone, or one bit for ``linger_ms`` if it was forwarded lately
         (a late copy of it is acked, not handed out)."""
-        entry = self._entries.pop(key)
+        entries = self._entries
+        entry = entries.pop(key)
+        if not entries and sys.getsizeof(entries) > _KEPT_TABLE_BYTES:
+            entries.clear()
         if entry.last_forward != _NEVER_FORWARDED and self._clock() - entry.last_forward < self.linger_ms:
             self._recent.settle(key[:2], key[2])
 
@@ -1342,7 +1356,7 @@ class ArrivalFilter:
             self._forwards.clear()
             self._sets.clear()
             self.dues.clear()
-            self._recent = _Recent(self._clock())
+            self._recent.reset(self._clock())
             self.has_parked = False
             self._taken.clear()
             self._popped.clear()
@@ -1365,8 +1379,7 @@ class ArrivalFilter:
         with self._lock:
             tables = (self._entries, self._flights, self._forwards)
             total = sum(python_bytes(t) for t in tables) + self._sets.memory_bytes()
-            for bitmap in self._recent.bitmaps():
-                total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
+            total += sum(python_bytes(times) for times in self._recent.times)
             at: object = None
             for record in self._forwards:  # (at, topic, ledger, ids): the ids dominate
                 total += _TUPLE4 + _int_bytes(record[2]) + _ids_bytes(record[3])
@@ -1379,7 +1392,6 @@ class ArrivalFilter:
         return total
 
 
-_TUPLE2 = python_bytes((1 << 40, "t"))
 _TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
 _TUPLE4 = python_bytes(("t", 1 << 40, 1 << 40, 1))
 
