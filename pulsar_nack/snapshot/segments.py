@@ -888,14 +888,14 @@ class SegmentStore:
         other.restore(now_ms, visit=groups.append)
         adopted = 0
         for group in groups:
+            if visit is not None:  # (before its ids are pending: a subclass may hold them back from pops)
+                visit(group)
             masks = group.batch_masks()
             for entry in group.entries:
                 mask = masks.get(entry)
                 for index in batch_indexes(mask) if mask is not None else (-1,):
                     self.add(group.bucket_ms, group.ledger_id, entry, index, group.topic)
                     adopted += 1
-            if visit is not None:
-                visit(group)
         self.checkpoint(now_ms)  # the adopted ids are in this store's files ...
         other.clear()  # ... before the other's go
         return adopted
