@@ -7,14 +7,16 @@ goes on. (The same through a real broker and a killed process: test_snapshot_res
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
+import pytest
 from fake_clock import FakeClock
 
 from pulsar_nack.lowlevel import DueIds, TimerWheel
-from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentStore
+from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.redispatch import REDISPATCH_QUIET_MS, SETTLE_MS, RedispatchStore
 from pulsar_nack.tracker import NackTracker, Verdict
 
@@ -299,3 +301,53 @@ def test_an_id_adopted_while_the_timer_pops_waits_for_its_copy(tmp_path: Path) -
     b.restore(int(clock.now))
     assert b.adopt(LocalDirectoryStorage(tmp_path / "a", fsync=False), int(clock.now)) == 50
     assert b.popped == [] and len(b) == 50 and b.waiting
+
+
+def _twins(tmp_path: Path, seed: int) -> tuple[RedispatchStore, RedispatchStore, list[tuple[int, int]]]:
+    """Two stores restored from copies of one snapshot (batch members and whole entries of 60 entries, due
+    at many times, a few in two buckets; some segments left unloaded), popped at once (ids due deferred),
+    and the (entry, batch index) ids to ask about."""
+    rng = random.Random(seed)
+    a = RedispatchStore(
+        LocalDirectoryStorage(tmp_path / "a", fsync=False),
+        SegmentConfig(min_ids_per_segment=40),
+        precision_bits=K,
+        clock=FakeClock(EPOCH),
+    )
+    ids = [(entry, index) for entry in range(60) for index in (-1, *range(8))]
+    for entry, index in rng.sample(ids, 200):
+        a.add(int(EPOCH) + rng.randrange(1_000, 20_000), 1, entry, index, TOPIC)
+        if a.unsealed >= 40:  # several segments
+            a.checkpoint(int(EPOCH))
+    a.checkpoint(int(EPOCH))
+    stores = []
+    for name in ("b", "c"):
+        shutil.copytree(tmp_path / "a", tmp_path / name)
+        clock = FakeClock(EPOCH + 4_000)
+        store = RedispatchStore(
+            LocalDirectoryStorage(tmp_path / name, fsync=False),
+            SegmentConfig(max_loaded_ids=50, load_ahead_ms=0),
+            precision_bits=K,
+            clock=clock,
+        )
+        store.restore(int(clock.now))
+        store.pop_due(int(clock.now))  # (the ids due by now are deferred: their copies have not come)
+        stores.append(store)
+    rng.shuffle(ids)
+    return stores[0], stores[1], ids
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_take_answers_as_due_of_then_remove(tmp_path: Path, seed: int) -> None:
+    """The one call a kept copy makes (take) answers what due_of then remove did, and leaves the store as
+    they do — ids in memory, on storage and deferred, whole entries and batch members."""
+    one, other, ids = _twins(tmp_path, seed)
+    assert len(one) == len(other) > 0 and one.deferred_total > 0
+    removed = 0
+    for entry, index in ids:
+        expected = (one.due_of(1, entry, index, TOPIC), one.remove(1, entry, index, TOPIC))
+        assert other.take(1, entry, index, TOPIC) == expected, (entry, index)
+        assert other.pending_mask(1, entry, TOPIC) == one.pending_mask(1, entry, TOPIC)
+        assert len(other) == len(one)
+        removed += expected[1]
+    assert removed >= 100

@@ -200,6 +200,22 @@ class RedispatchStore(SegmentStore):
             removed = self._take(ledger_id, entry_id, batch_index, topic)
             return super().remove(ledger_id, entry_id, batch_index, topic) or removed
 
+    def take(
+        self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
+    ) -> tuple[int | None, bool]:
+        """As :meth:`SegmentStore.take` (:meth:`due_of` then :meth:`remove` in one call), deferred ids
+        included: what a kept copy of a pending message asks."""
+        if not (self._waiting or self._deferred or self._came):
+            return super().take(ledger_id, entry_id, batch_index, topic)
+        with self._lock:
+            self._copy_came(ledger_id, entry_id, topic)
+            due, removed = super().take(ledger_id, entry_id, batch_index, topic)
+            deferred = self._deferred.get((topic, ledger_id, entry_id))
+            if deferred is not None and (batch_index < 0 or deferred.covers(batch_index)):
+                due = deferred.due if due is None else min(due, deferred.due)
+            removed = self._take(ledger_id, entry_id, batch_index, topic) or removed
+            return due, removed
+
     def _take(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
         """(Lock held.) Drop a deferred id; True if it was deferred. A batch message of an entry deferred
         whole is not (the whole entry's forward covers it, as in the index). O(1)."""
