@@ -1002,6 +1002,39 @@ class ArrivalFilter:
         (``out``): a later copy of it is a duplicate, acked along with it. False (nothing changed) if it is
         not pending on its own any more — forwarded meanwhile, or pending as part of a whole-entry nack.
         O(1) plus the index's removal."""
+        remove = self._remove
+        return remove is not None and self._take_message(ledger_id, entry_id, batch_index, topic, remove)
+
+    def take_pending_due(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int,
+        topic: str,
+        take: Callable[[int, int, int, str], tuple[int | None, bool]],
+    ) -> int | None:
+        """:meth:`take_pending_message` through ``take``, the index's ``due_of`` and ``remove`` in one call
+        (:meth:`SegmentStore.take <pulsar_nack.snapshot.segments.SegmentStore.take>`): the nack's due time
+        (bucket) if it was taken, else None. A restart's re-dispatch keeps a copy of every restored batch
+        message, and the two index calls walked the entry's buckets twice each time. O(1) plus ``take``."""
+        dues: list[int | None] = []
+
+        def taking(ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
+            due, removed = take(ledger_id, entry_id, batch_index, topic)
+            dues.append(due)
+            return removed
+
+        return dues[0] if self._take_message(ledger_id, entry_id, batch_index, topic, taking) else None
+
+    def _take_message(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int,
+        topic: str,
+        remove: Callable[[int, int, int, str], object],
+    ) -> bool:
+        """:meth:`take_pending_message`'s work with ``remove`` as the index's removal."""
         key = (topic, ledger_id, entry_id)
         bit = 1 << batch_index
         with self._lock:
@@ -1012,7 +1045,7 @@ class ArrivalFilter:
                 return False  # (with an ack timeout the native client would redeliver a kept copy)
             if self._sets.contains(_PENDING, (topic, ledger_id), entry_id):
                 return False  # a whole-entry nack covers it: that forward fetches the entry anyway
-            if not self._remove(ledger_id, entry_id, batch_index, topic):
+            if not remove(ledger_id, entry_id, batch_index, topic):
                 return False  # popped by a flush under way: its forward's copy decides
             entry.pending &= ~bit
             entry.out |= bit

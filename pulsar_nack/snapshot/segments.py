@@ -400,6 +400,30 @@ class SegmentStore:
                 self._dupes[key].discard(entry_id)
             return removed
 
+    def take(
+        self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
+    ) -> tuple[int | None, bool]:
+        """:meth:`due_of` then :meth:`remove`, both answers (the due time before the removal; whether the
+        id was pending somewhere), in one call: a kept copy of a pending message asks both, and each walked
+        the entry's buckets in the indexes — one walk here (:meth:`TimeBucketIndex.take
+        <pulsar_nack.index.TimeBucketIndex.take>`). Complexity as :meth:`remove`."""
+        with self._lock:
+            key = (topic, ledger_id)
+            due, removed = self._mutable.take(ledger_id, entry_id, batch_index, topic)
+            known = [] if due is None else [due]
+            due, removed_loaded = self._loaded.take(ledger_id, entry_id, batch_index, topic)
+            if due is not None:
+                known.append(due)
+            for rec in self._holding(key):  # (as due_of; before _mark_deleted changes the members)
+                if not rec.loaded and rec.holds(key, entry_id):
+                    mask = rec.member_mask(key, entry_id)
+                    if mask == -1 or (mask >> batch_index & 1 if batch_index >= 0 else mask):
+                        known.append(rec.min_due)
+            removed = self._mark_deleted(key, entry_id, batch_index, "all") or removed_loaded or removed
+            if batch_index < 0 and key in self._dupes:
+                self._dupes[key].discard(entry_id)
+            return (min(known) if known else None), removed
+
     def pop_due(self, now_ms: int) -> list[DueIds]:
         """Remove and return every id due by ``now_ms``: segments that are due are loaded first (whatever
         the memory budget), loaded segments fully popped are deleted from storage."""
@@ -888,14 +912,14 @@ class SegmentStore:
         other.restore(now_ms, visit=groups.append)
         adopted = 0
         for group in groups:
+            if visit is not None:  # (before its ids are pending: a subclass may hold them back from pops)
+                visit(group)
             masks = group.batch_masks()
             for entry in group.entries:
                 mask = masks.get(entry)
                 for index in batch_indexes(mask) if mask is not None else (-1,):
                     self.add(group.bucket_ms, group.ledger_id, entry, index, group.topic)
                     adopted += 1
-            if visit is not None:
-                visit(group)
         self.checkpoint(now_ms)  # the adopted ids are in this store's files ...
         other.clear()  # ... before the other's go
         return adopted
