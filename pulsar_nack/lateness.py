@@ -252,7 +252,7 @@ class _BucketOffsets:
     draws from the latest bucket kept at or before it. When every row is taken, a past bucket (one before
     a bucket already drawn from) gives way first, else the latest bucket if the new one is earlier, else
     the new bucket is not kept (its redeliveries draw from the bucket before it). Past: more than
-    :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from or taken from."""
+    :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from."""
 
     __slots__ = ("cells", "drawn_upto", "keys", "meta", "shift", "sign")
 
@@ -262,7 +262,7 @@ class _BucketOffsets:
         self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
         self.shift = 0
         self.sign = 1
-        self.drawn_upto = _NO_BUCKET  # the latest bucket drawn or taken from: much earlier ones are past
+        self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
 
     def add(self, bucket: int, offset_ms: int) -> None:
         """A nack filed in ``bucket``, ``offset_ms`` before it. O(1) (a C scan of the keys); O(table) when
@@ -402,8 +402,7 @@ class _BucketOffsets:
             if key == _NO_BUCKET:
                 continue
             offset = (key - due_ms) * self.sign
-            if 0 <= offset < span:
-                self.drawn_upto = max(self.drawn_upto, key)  # (its bucket is being redelivered)
+            if 0 <= offset < span:  # (not a sign of the bucket redelivered: a kept copy's is taken early)
                 index = min(int(offset) >> self.shift, OFFSET_BINS - 1)
                 start = row * _CELLS
                 for cell in range(start + index, start + _CELLS, OFFSET_BINS):

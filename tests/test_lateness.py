@@ -117,10 +117,11 @@ def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_
     quiet phase again, filed and received as the nack path and the arrival filter do, on a fake clock:
     a sampled redelivery counts its exact lateness, the others their time since their bucket, and every
     nack's offset in its bucket is counted, and drawn for those (a sampled one's taken out). The reported
-    p50 and p99 are every redelivery's (within 3 ms and 1 %, 1.5 % at k = 12) — unweighted, the sample alone read p50 25 ms
-    where every redelivery's is 270 ms; weighted, it missed by up to 20 ms in the demo. Buckets of 2^k ms,
-    ceil or floor (offsets negative: early). A bucket's copies come in the order its nacks were filed, as
-    a broker redelivers a forward's entries, and as an application nacks what it gets."""
+    p50 and p99 are every redelivery's (within 3 ms and 1 %, 1.5 % at k = 12) — unweighted, the sample
+    alone read p50 25 ms where every redelivery's is 270 ms; weighted, it missed by up to 20 ms in the demo.
+    Buckets of 2^k ms, ceil or floor (offsets negative: early). A bucket's copies come in the order its
+    nacks were filed, as a broker redelivers a forward's entries, and as an application nacks what it
+    gets."""
     clock = FakeClock()
     rng = random.Random(24)
     sample = DueSample()
