@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
+import os
 import random
 import sys
 import time
@@ -118,20 +120,18 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
     client_type = pulsar.Client if official else pulsar_nack.Client
     client = client_type(broker.service_url, operation_timeout_seconds=30, logger=logger)
     forwards: list[tuple[float, int]] = []  # (time, entries) of each forward to the native client
-    # per entry, when it was last forwarded, and the closest two forwards of one entry came (ms)
-    entry_forwarded: dict[tuple[int, int], float] = {}
-    entry_gap = [float("inf")]
+    forward_log: ForwardLog = []
+    nack_log: NackLog = {}
 
     def on_redelivery(due: Any) -> None:
         now = time.monotonic()
         forwards.append((now, sum(len(d.entry_ids) for d in due)))
-        for ids in due:
-            for entry_id in ids.entry_ids.tolist():
-                key = (ids.ledger_id, entry_id)
-                last = entry_forwarded.get(key)
-                if last is not None:
-                    entry_gap[0] = min(entry_gap[0], (now - last) * 1000.0)
-                entry_forwarded[key] = now
+        taken = [
+            (ids.ledger_id, entry_id, tuple(ids.batch_indexes.get(entry_id, ())))
+            for ids in due
+            for entry_id in ids.entry_ids.tolist()
+        ]
+        forward_log.append((now * 1000.0, taken))
 
     fixed_ms = _fixed_delay_ms(workload)
     options: dict[str, Any] = {"negative_ack_redelivery_delay_ms": fixed_ms}
@@ -155,6 +155,7 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             producer.flush()
     producer.flush()
     plan = _decisions(messages, workload)
+    load_before = os.getloadavg()[0]  # the machine's 1-minute load average (2 cores, shared)
     expected = sum(len(rounds) for rounds in plan)  # hand-outs the application needs
     nacks = [0] * messages
     acked = bytearray(messages)
@@ -200,13 +201,17 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             consumer.acknowledge(message)
             continue
         nacks[index] += 1
+        message_id = message.message_id()
+        message_key = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         per_call = delay != BACKOFF
         if mode != "wrapper-per-message":
             delay, per_call = float(fixed_ms), False
         elif not per_call:  # what the consumer's backoff gives this message (as the demo computes it)
             delay = consumer.nack_options.delay_for(None, message.redelivery_count())
-        due_ms = time.monotonic() * 1000.0 + delay
+        nacked_ms = time.monotonic() * 1000.0
+        due_ms = nacked_ms + delay
         due[index] = due_ms
+        nack_log.setdefault(message_key, []).append((nacked_ms, due_ms))
         buckets.add(-(-int(due_ms) >> K))
         if per_call:
             consumer.negative_acknowledge(message, delay_ms=delay)
@@ -249,6 +254,7 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
         "broker_messages": out_messages,
         "broker_bytes": out_bytes,
         "nack_buckets": len(buckets),
+        "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # at the start and the end
     }
     if stats is not None:
         result.update(
@@ -275,9 +281,97 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             forwards_closer_than_bucket=sum(
                 1 for a, b in itertools.pairwise(forwards) if (b[0] - a[0]) * 1000 < 1 << K
             ),
-            min_entry_forward_gap_ms=round(entry_gap[0], 1) if entry_gap[0] != float("inf") else None,
+            **_forward_gaps(forward_log, nack_log),
         )
     return result
+
+
+def _bucket(due_ms: float) -> int:
+    """The bucket (ceil rounding, k = :data:`K`) of a due time on the application's clock. O(1)."""
+    return -(-math.ceil(due_ms) >> K) << K
+
+
+#: What each forward took: (time ms, [(ledger, entry, the batch indexes due, or () for the whole entry)]).
+ForwardLog = list[tuple[float, list[tuple[int, int, tuple[int, ...]]]]]
+#: The application's nacks by message id: (ledger, entry, batch index) -> [(nack time ms, due ms)].
+NackLog = dict[tuple[int, int, int], list[tuple[float, float]]]
+
+
+def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
+    """Forwards closer than 2^k ms, told apart by the application's own due times (issue 24's "one
+    forward per due bucket per entry"). Each forward's buckets: those of the due times (the latest nack
+    before the forward) of the messages it took (a whole entry: its messages nacked before it). A forward's
+    timer lateness: its time minus its earliest bucket, less the median of that over all forwards (a
+    forward goes one native latency before its bucket). Per entry, two forwards less than 2^k ms apart
+    are either for a later bucket (the first ran late: the gap is the timer's) or for a bucket at or before
+    one the first took (a nack filed for a bucket already forwarded brought the entry again: the defect).
+    O(forwarded ids · log nacks per message)."""
+    by_entry: dict[tuple[int, int], list[int]] = {}  # the batch indexes nacked, per entry
+    for ledger_id, entry_id, batch_index in nack_log:
+        by_entry.setdefault((ledger_id, entry_id), []).append(batch_index)
+    timeline: list[tuple[float, int, int]] = []  # (time, earliest, latest bucket) of each forward
+    per_entry: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
+    for at, taken in forward_log:
+        low = high = None
+        for ledger_id, entry_id, indexes in taken:
+            chosen = indexes or tuple(by_entry.get((ledger_id, entry_id), ()))
+            buckets = []
+            for index in chosen:
+                nacks = nack_log.get((ledger_id, entry_id, index), ())
+                before = [due for nacked, due in nacks if nacked <= at]
+                if before:
+                    buckets.append(_bucket(before[-1]))
+            if not buckets:
+                continue
+            per_entry.setdefault((ledger_id, entry_id), []).append((at, min(buckets), max(buckets)))
+            low = min(buckets) if low is None else min(low, *buckets)
+            high = max(buckets) if high is None else max(high, *buckets)
+        if low is not None and high is not None:
+            timeline.append((at, low, high))
+    if not timeline:
+        return {}
+    typical = float(np.median([at - low for at, low, _ in timeline]))
+    late_of = {at: at - low - typical for at, low, _ in timeline}
+    later_bucket: list[float] = []  # the gap, for pairs whose second forward is for a later bucket
+    later_late: list[float] = []  # and how late the first of them ran
+    same_bucket: list[float] = []  # the gap, for pairs whose second is for a bucket the first took
+    for entries in per_entry.values():
+        for (t1, _, high1), (t2, low2, _) in itertools.pairwise(entries):
+            if t2 - t1 >= 1 << K:
+                continue
+            if low2 > high1:
+                later_bucket.append(t2 - t1)
+                later_late.append(late_of.get(t1, 0.0))
+            else:
+                same_bucket.append(t2 - t1)
+    width = 1 << K
+    # forwards less than 2^k ms after the previous one: (gap, how late the previous ran, whether it
+    # takes a bucket at or before the latest the previous took)
+    closer = [
+        (b[0] - a[0], late_of[a[0]], b[1] <= a[2])
+        for a, b in itertools.pairwise(timeline)
+        if b[0] - a[0] < 1 << K
+    ]
+    return {
+        "forward_timer_late_p50_ms": round(float(np.median(list(late_of.values()))), 1),
+        "forward_timer_late_max_ms": round(max(late_of.values()), 1),
+        "forwards_closer_counted": len(closer),
+        # of those: for a bucket the previous one took too (any entry), closer by less than 10 ms
+        # (timer jitter), and after a previous one that ran late by at least the shortfall less 10 ms
+        "forwards_closer_same_bucket": sum(1 for _, _, same in closer if same),
+        "forwards_closer_by_under_10ms": sum(1 for gap, _, same in closer if not same and gap > width - 10),
+        "forwards_closer_after_a_late_one": sum(
+            1 for gap, late, same in closer if not same and gap <= width - 10 and late >= width - gap - 10
+        ),
+        "min_entry_forward_gap_ms": round(min(later_bucket + same_bucket), 1)
+        if later_bucket or same_bucket
+        else None,
+        "entry_gaps_below_bucket": len(later_bucket) + len(same_bucket),
+        "entry_gaps_for_a_later_bucket": len(later_bucket),
+        "entry_gaps_later_first_late_min_ms": round(min(later_late), 1) if later_late else None,
+        "entry_gaps_for_a_bucket_forwarded": len(same_bucket),
+        "entry_gaps_for_a_bucket_forwarded_min_ms": round(min(same_bucket), 1) if same_bucket else None,
+    }
 
 
 MODES = ("wrapper-per-message", "wrapper-fixed", "official-fixed")
@@ -375,8 +469,16 @@ def render(saved: dict[str, Any]) -> str:
             "`nack_stats()` lateness (`pulsar_nack.lateness`) counts every redelivery once: its exact "
             "lateness if its due time is in the sample of due times (`DueSample`, 512 slots), else the "
             "time from its bucket time to its arrival (each forward labels its ids with their bucket "
-            "time) plus an offset drawn from where its own bucket's nacks' due times lie in it, earliest "
-            "due first (a bucket's copies come in about the order its nacks were filed). No weights."
+            "time) plus the offset of one of its own bucket's nacks, taken in the order they were filed "
+            "(a bucket's forwarded copies come in about that order; a copy the consumer kept takes any "
+            "of the bucket's), each nack's offset once (a sampled one's leaves the bucket's). No weights. "
+            "Forwards per due bucket: one forward per due bucket *per entry* is the goal — two forwards of "
+            f"one entry closer than {1 << K} ms for a bucket the first already took would be a nack filed "
+            "for a bucket already forwarded bringing the entry again; forwards of different buckets "
+            f"closer than {1 << K} ms follow a forward the timer thread ran late (timer lateness: a "
+            "forward's time minus its earliest due bucket, less the median of that over the run, from "
+            "the application's own due times); a forward for a bucket the one before took too, for "
+            "any entry, would be the re-armed timer the issue saw (every 60–150 ms)."
         )
     for workload in WORKLOADS:
         if workload in saved:
@@ -400,16 +502,37 @@ def _forwards(w: dict[str, Any], _: dict[str, Any]) -> str:
     span = w.get("forward_span_s")
     if not span:
         return "–"
-    return (
+    text = (
         f"{w['forwards'] / span:.2f} forwards/s for {w['nack_buckets'] / span:.2f} buckets due/s; "
         f"closest two {_ms(w['min_forward_gap_ms'])} ms apart"
-        + (
-            f" ({w['forwards_closer_than_bucket']} of {w['forwards']:,} closer than {1 << K} ms); "
-            f"closest two of one entry {_ms(w.get('min_entry_forward_gap_ms'))} ms apart"
-            if "forwards_closer_than_bucket" in w
-            else ""
-        )
     )
+    if "forwards_closer_than_bucket" in w:
+        text += f" ({w['forwards_closer_than_bucket']} of {w['forwards']:,} closer than {1 << K} ms"
+        if "forwards_closer_by_under_10ms" in w:
+            text += (
+                f": {w['forwards_closer_by_under_10ms']} by less than 10 ms, "
+                f"{w['forwards_closer_after_a_late_one']} after a forward the timer ran late, "
+                f"{w['forwards_closer_same_bucket']} for a bucket the one before took too; "
+                f"timer lateness p50 {_ms(w['forward_timer_late_p50_ms'])}, "
+                f"max {_ms(w['forward_timer_late_max_ms'])} ms"
+            )
+        text += ")"
+    if "entry_gaps_for_a_bucket_forwarded" in w:
+        late = w.get("entry_gaps_later_first_late_min_ms")
+        text += (
+            f"; per entry, two forwards closer than {1 << K} ms: "
+            f"{w['entry_gaps_for_a_bucket_forwarded']} for a bucket already forwarded, "
+            f"{w['entry_gaps_for_a_later_bucket']} for a later bucket"
+            + (f" (the first of each ran ≥ {late:.1f} ms late)" if late is not None else "")
+            + (
+                f"; closest {_ms(w.get('min_entry_forward_gap_ms'))} ms"
+                if w.get("min_entry_forward_gap_ms") is not None
+                else ""
+            )
+        )
+    elif "min_entry_forward_gap_ms" in w:
+        text += f"; closest two of one entry {_ms(w.get('min_entry_forward_gap_ms'))} ms apart"
+    return text
 
 
 def _traffic(w: dict[str, Any], o: dict[str, Any]) -> str:
@@ -471,6 +594,7 @@ def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, An
                     f"{r['redeliveries']:,}",
                     f"{r['early']:,}" + (f" (by ≤ {r['early_max_ms']:.0f} ms)" if r["early"] else ""),
                     f"{_ms(r['lateness_p50_ms'])} / {_ms(r['lateness_p99_ms'])}",
+                    "–" if "load_1min" not in r else f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f}",
                     f"{_ms(r.get('reported_p50_ms'))} / {_ms(r.get('reported_p99_ms'))}" if wrapper else "–",
                     (
                         f"{r['forwards'] / r['forward_span_s']:.2f} / "
@@ -529,6 +653,7 @@ def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, An
                     "redeliveries",
                     "early",
                     "app lateness p50 / p99 ms",
+                    "load (1 min, start–end)",
                     "nack_stats p50 / p99 ms",
                     "forwards/s / buckets due/s",
                 ],
