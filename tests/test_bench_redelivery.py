@@ -10,7 +10,7 @@ from pathlib import Path
 # bench/ is a directory of scripts that import each other by name, as `python bench/x.py` lets them.
 sys.path.append(str(Path(__file__).resolve().parent.parent / "bench"))
 
-from redelivery import ForwardLog, K, NackLog, _bucket, _forward_gaps
+from redelivery import ForwardLog, K, NackLog, _bucket, _forward_gaps, _rank
 
 WIDTH = 1 << K
 
@@ -58,3 +58,10 @@ def test_a_nack_made_after_a_forward_counts_with_its_own_due_time() -> None:
     assert gaps["entry_gaps_below_bucket"] == 1
     assert gaps["entry_gaps_for_a_later_bucket"] == 1
     assert gaps["entry_gaps_for_a_bucket_forwarded"] == 0
+
+
+def test_the_rank_of_a_reported_percentile_among_the_application_s_values() -> None:
+    """Where nack_stats' p50 falls among the application's values: the share at or below it."""
+    assert _rank([1.0, 2.0, 3.0, 4.0], 2.5) == 0.5
+    assert _rank([1.0, 2.0, 3.0, 4.0], 4.0) == 1.0
+    assert _rank([], 2.0) is None and _rank([1.0], None) is None
