@@ -311,78 +311,73 @@ NackLog = dict[tuple[int, int, int], list[tuple[float, float]]]
 
 def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
     """Forwards closer than 2^k ms, told apart by the application's own due times (issue 24's "one
-    forward per due bucket per entry"). Each forward's buckets: those of the due times (the latest nack
-    before the forward) of the messages it took (a whole entry: its messages nacked before it). A forward's
-    timer lateness: its time minus its earliest bucket, less the median of that over all forwards (a
-    forward goes one native latency before its bucket). Per entry, two forwards less than 2^k ms apart
-    are either for a later bucket (the first ran late: the gap is the timer's) or for a bucket at or before
-    one the first took (a nack filed for a bucket already forwarded brought the entry again: the defect).
-    O(forwarded ids · log nacks per message)."""
+    forward per due bucket per entry"). A forward's bucket: the latest due bucket (the latest nack before
+    the forward) among the messages it took (a whole entry: its messages nacked before it) — a forward
+    goes one native latency before its bucket, ``typical`` (the run's median of time − bucket) — and its
+    timer lateness: time − bucket − typical. A forward less than 2^k ms after another either came before
+    the regular time of the bucket after the other's (10 ms of jitter allowed): an extra forward, the
+    defect (a nack filed for a bucket already forwarded re-arming the timer); or else the other ran late
+    by the shortfall at least (less 10 ms): the gap is the timer's. Counted between consecutive forwards,
+    and per entry between consecutive forwards of one entry. O(forwarded ids · nacks per message)."""
+    width = 1 << K
     by_entry: dict[tuple[int, int], list[int]] = {}  # the batch indexes nacked, per entry
     for ledger_id, entry_id, batch_index in nack_log:
         by_entry.setdefault((ledger_id, entry_id), []).append(batch_index)
-    timeline: list[tuple[float, int, int]] = []  # (time, earliest, latest bucket) of each forward
-    per_entry: dict[tuple[int, int], list[tuple[float, int, int]]] = {}
+    timeline: list[tuple[float, int]] = []  # (time, bucket) of each forward
+    per_entry: dict[tuple[int, int], list[tuple[float, int]]] = {}  # the forwards of each entry
     for at, taken in forward_log:
-        low = high = None
+        found = []
         for ledger_id, entry_id, indexes in taken:
             chosen = indexes or tuple(by_entry.get((ledger_id, entry_id), ()))
-            buckets = []
             for index in chosen:
                 nacks = nack_log.get((ledger_id, entry_id, index), ())
                 before = [due for nacked, due in nacks if nacked <= at]
                 if before:
-                    buckets.append(_bucket(before[-1]))
-            if not buckets:
-                continue
-            per_entry.setdefault((ledger_id, entry_id), []).append((at, min(buckets), max(buckets)))
-            low = min(buckets) if low is None else min(low, *buckets)
-            high = max(buckets) if high is None else max(high, *buckets)
-        if low is not None and high is not None:
-            timeline.append((at, low, high))
+                    found.append(((ledger_id, entry_id), _bucket(before[-1])))
+        if found:
+            bucket = max(bucket for _, bucket in found)
+            timeline.append((at, bucket))
+            for entry in {entry for entry, _ in found}:
+                per_entry.setdefault(entry, []).append((at, bucket))
     if not timeline:
         return {}
-    typical = float(np.median([at - low for at, low, _ in timeline]))
-    late_of = {at: at - low - typical for at, low, _ in timeline}
-    later_bucket: list[float] = []  # the gap, for pairs whose second forward is for a later bucket
-    later_late: list[float] = []  # and how late the first of them ran
-    same_bucket: list[float] = []  # the gap, for pairs whose second is for a bucket the first took
-    for entries in per_entry.values():
-        for (t1, _, high1), (t2, low2, _) in itertools.pairwise(entries):
-            if t2 - t1 >= 1 << K:
+    typical = float(np.median([at - bucket for at, bucket in timeline]))
+
+    def classify(pairs: list[tuple[tuple[float, int], tuple[float, int]]]) -> dict[str, Any]:
+        extra: list[float] = []  # gaps of extra forwards
+        jitter = 0
+        late: list[float] = []  # how late the first ran, for gaps the timer's lateness explains
+        for (t1, b1), (t2, _) in pairs:
+            gap = t2 - t1
+            if gap >= width:
                 continue
-            if low2 > high1:
-                later_bucket.append(t2 - t1)
-                later_late.append(late_of.get(t1, 0.0))
+            if t2 < b1 + width + typical - 10:
+                extra.append(gap)
+            elif gap > width - 10:
+                jitter += 1
             else:
-                same_bucket.append(t2 - t1)
-    width = 1 << K
-    # forwards less than 2^k ms after the previous one: (gap, how late the previous ran, whether it
-    # takes a bucket at or before the latest the previous took)
-    closer = [
-        (b[0] - a[0], late_of[a[0]], b[1] <= a[2])
-        for a, b in itertools.pairwise(timeline)
-        if b[0] - a[0] < 1 << K
-    ]
+                late.append(t1 - b1 - typical)
+        return {"extra": extra, "jitter": jitter, "late": late}
+
+    closer = classify(list(itertools.pairwise(timeline)))
+    entry_pairs = [pair for forwards in per_entry.values() for pair in itertools.pairwise(forwards)]
+    entries = classify(entry_pairs)
+    entry_gaps = [b[0] - a[0] for a, b in entry_pairs if b[0] - a[0] < width]
+    lateness = [at - bucket - typical for at, bucket in timeline]
     return {
-        "forward_timer_late_p50_ms": round(float(np.median(list(late_of.values()))), 1),
-        "forward_timer_late_max_ms": round(max(late_of.values()), 1),
-        "forwards_closer_counted": len(closer),
-        # of those: for a bucket the previous one took too (any entry), closer by less than 10 ms
-        # (timer jitter), and after a previous one that ran late by at least the shortfall less 10 ms
-        "forwards_closer_same_bucket": sum(1 for _, _, same in closer if same),
-        "forwards_closer_by_under_10ms": sum(1 for gap, _, same in closer if not same and gap > width - 10),
-        "forwards_closer_after_a_late_one": sum(
-            1 for gap, late, same in closer if not same and gap <= width - 10 and late >= width - gap - 10
-        ),
-        "min_entry_forward_gap_ms": round(min(later_bucket + same_bucket), 1)
-        if later_bucket or same_bucket
-        else None,
-        "entry_gaps_below_bucket": len(later_bucket) + len(same_bucket),
-        "entry_gaps_for_a_later_bucket": len(later_bucket),
-        "entry_gaps_later_first_late_min_ms": round(min(later_late), 1) if later_late else None,
-        "entry_gaps_for_a_bucket_forwarded": len(same_bucket),
-        "entry_gaps_for_a_bucket_forwarded_min_ms": round(min(same_bucket), 1) if same_bucket else None,
+        "forward_timer_late_p50_ms": round(float(np.median(lateness)), 1),
+        "forward_timer_late_max_ms": round(max(lateness), 1),
+        "forwards_closer_counted": len(closer["extra"]) + closer["jitter"] + len(closer["late"]),
+        "forwards_closer_extra": len(closer["extra"]),
+        "forwards_closer_by_under_10ms": closer["jitter"],
+        "forwards_closer_after_a_late_one": len(closer["late"]),
+        "entry_gaps_below_bucket": len(entry_gaps),
+        "min_entry_forward_gap_ms": round(min(entry_gaps), 1) if entry_gaps else None,
+        "entry_gaps_extra": len(entries["extra"]),
+        "entry_gaps_extra_min_ms": round(min(entries["extra"]), 1) if entries["extra"] else None,
+        "entry_gaps_by_under_10ms": entries["jitter"],
+        "entry_gaps_after_a_late_one": len(entries["late"]),
+        "entry_gaps_first_late_min_ms": round(min(entries["late"]), 1) if entries["late"] else None,
     }
 
 
@@ -484,13 +479,15 @@ def render(saved: dict[str, Any]) -> str:
             "time) plus the offset of one of its own bucket's nacks, taken in the order they were filed "
             "(a bucket's forwarded copies come in about that order; a copy the consumer kept takes any "
             "of the bucket's), each nack's offset once (a sampled one's leaves the bucket's). No weights. "
-            "Forwards per due bucket: one forward per due bucket *per entry* is the goal — two forwards of "
-            f"one entry closer than {1 << K} ms for a bucket the first already took would be a nack filed "
-            "for a bucket already forwarded bringing the entry again; forwards of different buckets "
-            f"closer than {1 << K} ms follow a forward the timer thread ran late (timer lateness: a "
-            "forward's time minus its earliest due bucket, less the median of that over the run, from "
-            "the application's own due times); a forward for a bucket the one before took too, for "
-            "any entry, would be the re-armed timer the issue saw (every 60–150 ms)."
+            "Forwards per due bucket: one forward per due bucket *per entry* is the goal. A forward's "
+            "bucket is the latest due bucket among the messages it took (the application's own due "
+            "times), its timer lateness its time minus that bucket, less the run's median of that (a "
+            f"forward goes one native latency early). A forward less than {1 << K} ms after another is "
+            "*extra* if it came before the regular time of the bucket after the other's — a nack filed "
+            "for a bucket already forwarded re-arming the timer, the defect (the issue saw forwards every "
+            "60–150 ms) — or else follows a forward the timer thread ran late (by the shortfall at "
+            "least; less than 10 ms: jitter). Counted between consecutive forwards, and between "
+            "consecutive forwards of one entry."
         )
     for workload in WORKLOADS:
         if workload in saved:
@@ -526,22 +523,20 @@ def _forwards(w: dict[str, Any], _: dict[str, Any]) -> str:
     )
     if "forwards_closer_than_bucket" in w:
         text += f" ({w['forwards_closer_than_bucket']} of {w['forwards']:,} closer than {1 << K} ms"
-        if "forwards_closer_by_under_10ms" in w:
+        if "forwards_closer_extra" in w:
             text += (
-                f": {w['forwards_closer_by_under_10ms']} by less than 10 ms, "
-                f"{w['forwards_closer_after_a_late_one']} after a forward the timer ran late, "
-                f"{w['forwards_closer_same_bucket']} for a bucket the one before took too; "
+                f": {w['forwards_closer_extra']} extra (before their bucket's time), "
+                f"{w['forwards_closer_by_under_10ms']} by less than 10 ms, "
+                f"{w['forwards_closer_after_a_late_one']} after a forward the timer ran late; "
                 f"timer lateness p50 {_ms(w['forward_timer_late_p50_ms'])}, "
                 f"max {_ms(w['forward_timer_late_max_ms'])} ms"
             )
         text += ")"
-    if "entry_gaps_for_a_bucket_forwarded" in w:
-        late = w.get("entry_gaps_later_first_late_min_ms")
+    if "entry_gaps_extra" in w:
         text += (
-            f"; per entry, two forwards closer than {1 << K} ms: "
-            f"{w['entry_gaps_for_a_bucket_forwarded']} for a bucket already forwarded, "
-            f"{w['entry_gaps_for_a_later_bucket']} for a later bucket"
-            + (f" (the first of each ran ≥ {late:.1f} ms late)" if late is not None else "")
+            f"; per entry, {w['entry_gaps_below_bucket']} two forwards closer than {1 << K} ms: "
+            f"{w['entry_gaps_extra']} extra, {w['entry_gaps_by_under_10ms']} by less than 10 ms, "
+            f"{w['entry_gaps_after_a_late_one']} after a forward the timer ran late"
             + (
                 f"; closest {_ms(w.get('min_entry_forward_gap_ms'))} ms"
                 if w.get("min_entry_forward_gap_ms") is not None

@@ -1,6 +1,6 @@
 """bench/redelivery.py's forward-gap figures (issue 24's "one forward per due bucket per entry"): two
-forwards of one entry closer than 2^k ms are told apart by the application's own due times — for a bucket
-the first already took (the defect) or for a later one (after a forward the timer ran late)."""
+forwards closer than 2^k ms are told apart by the application's own due times — an extra forward, before
+its bucket's regular time (the defect), or one after a forward the timer ran late."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ WIDTH = 1 << K
 
 def test_a_second_forward_for_a_bucket_already_forwarded_is_the_defect() -> None:
     """Entry (1, 5): message 0 due in bucket B, forwarded at B - 100; message 1, nacked after that
-    forward with a due time in the same bucket, forwarded 60 ms later: counted as a forward for a bucket
-    already forwarded. Entry (1, 6): message 0 due in B, message 1 in B + 2^k, forwarded 180 ms apart
-    because the first forward ran 76 ms late: counted as a later bucket's, its first forward late."""
+    forward with a due time in the same bucket, forwarded 60 ms later: an extra forward. Entry (1, 6):
+    messages due in buckets a width apart, forwarded 180 ms apart because the first forward ran 76 ms
+    late: the timer's lateness."""
     bucket = 100 * WIDTH
     nack_log: NackLog = {
         (1, 5, 0): [(bucket - 2_000.0, bucket - 10.0)],
@@ -38,26 +38,31 @@ def test_a_second_forward_for_a_bucket_already_forwarded_is_the_defect() -> None
         nack_log[(3, entry, 0)] = [(bucket - 2_000.0, bucket + (6 + entry) * WIDTH - 50.0)]
         forward_log.append((bucket + (6 + entry) * WIDTH - 100.0, [(3, entry, (0,))]))
     gaps = _forward_gaps(forward_log, nack_log)
-    assert gaps["entry_gaps_for_a_bucket_forwarded"] == 1
-    assert gaps["entry_gaps_for_a_bucket_forwarded_min_ms"] == 60.0
-    assert gaps["entry_gaps_for_a_later_bucket"] == 1
+    assert gaps["entry_gaps_below_bucket"] == 2
+    assert gaps["entry_gaps_extra"] == 1
+    assert gaps["entry_gaps_extra_min_ms"] == 60.0
+    assert gaps["entry_gaps_after_a_late_one"] == 1
     assert gaps["min_entry_forward_gap_ms"] == 60.0
     # the median forward goes 100 ms before its bucket; the late one 24 ms before: 76 ms late
-    assert gaps["entry_gaps_later_first_late_min_ms"] == 76.0
+    assert gaps["entry_gaps_first_late_min_ms"] == 76.0
     assert gaps["forward_timer_late_max_ms"] == 76.0
+    assert gaps["forwards_closer_extra"] == 1 and gaps["forwards_closer_after_a_late_one"] == 1
 
 
 def test_a_nack_made_after_a_forward_counts_with_its_own_due_time() -> None:
     """A message nacked twice: a forward takes the due time of the nack before it, not a later one's. The
     first forward ran 50 ms late, the second (for the second nack, a bucket later) on time, 206 ms after
-    it: a later bucket's forward, not a repeat of the first's bucket."""
+    it: the timer's lateness, not an extra forward. Three other forwards on time set the median."""
     bucket = 50 * WIDTH
     nack_log: NackLog = {(2, 1, 3): [(bucket - 500.0, bucket - 30.0), (bucket + 10.0, bucket + WIDTH - 30.0)]}
     forward_log: ForwardLog = [(bucket - 50.0, [(2, 1, (3,))]), (bucket + WIDTH - 100.0, [(2, 1, (3,))])]
+    for entry in range(3):
+        nack_log[(4, entry, 0)] = [(bucket - 500.0, bucket + (3 + entry) * WIDTH - 50.0)]
+        forward_log.append((bucket + (3 + entry) * WIDTH - 100.0, [(4, entry, (0,))]))
     gaps = _forward_gaps(forward_log, nack_log)
     assert gaps["entry_gaps_below_bucket"] == 1
-    assert gaps["entry_gaps_for_a_later_bucket"] == 1
-    assert gaps["entry_gaps_for_a_bucket_forwarded"] == 0
+    assert gaps["entry_gaps_after_a_late_one"] == 1
+    assert gaps["entry_gaps_extra"] == 0
 
 
 def test_the_rank_of_a_reported_percentile_among_the_application_s_values() -> None:
