@@ -313,7 +313,8 @@ def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
     """Forwards closer than 2^k ms, told apart by the application's own due times (issue 24's "one
     forward per due bucket per entry"). A forward's bucket: the latest due bucket (the latest nack before
     the forward) among the messages it took (a whole entry: its messages nacked before it) — a forward
-    goes one native latency before its bucket, ``typical`` (the run's median of time − bucket) — and its
+    goes one native latency before its bucket, ``typical`` (the run's median of time − bucket; buckets more
+    than 2^k ms after the forward are not its: a whole entry's messages not due yet) — and its
     timer lateness: time − bucket − typical. A forward less than 2^k ms after another either came before
     the regular time of the bucket after the other's (10 ms of jitter allowed): an extra forward, the
     defect (a nack filed for a bucket already forwarded re-arming the timer); or else the other ran late
@@ -324,15 +325,19 @@ def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
     for ledger_id, entry_id, batch_index in nack_log:
         by_entry.setdefault((ledger_id, entry_id), []).append(batch_index)
     timeline: list[tuple[float, int]] = []  # (time, bucket) of each forward
+    whole: dict[float, int] = {}  # entries each forward took whole (no batch indexes)
     per_entry: dict[tuple[int, int], list[tuple[float, int]]] = {}  # the forwards of each entry
     for at, taken in forward_log:
         found = []
+        whole[at] = sum(1 for _, _, indexes in taken if not indexes)
         for ledger_id, entry_id, indexes in taken:
             chosen = indexes or tuple(by_entry.get((ledger_id, entry_id), ()))
             for index in chosen:
                 nacks = nack_log.get((ledger_id, entry_id, index), ())
                 before = [due for nacked, due in nacks if nacked <= at]
-                if before:
+                # (a forward takes buckets up to one native latency ahead: a later one is a message of an
+                # entry due as a whole that was not due yet)
+                if before and _bucket(before[-1]) <= at + width:
                     found.append(((ledger_id, entry_id), _bucket(before[-1])))
         if found:
             bucket = max(bucket for _, bucket in found)
@@ -345,19 +350,23 @@ def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
 
     def classify(pairs: list[tuple[tuple[float, int], tuple[float, int]]]) -> dict[str, Any]:
         extra: list[float] = []  # gaps of extra forwards
+        examples: list[list[float]] = []  # the first few: what to look at
         jitter = 0
         late: list[float] = []  # how late the first ran, for gaps the timer's lateness explains
-        for (t1, b1), (t2, _) in pairs:
+        for (t1, b1), (t2, b2) in pairs:
             gap = t2 - t1
             if gap >= width:
                 continue
             if t2 < b1 + width + typical - 10:
                 extra.append(gap)
+                if len(examples) < 5:  # gap, how early, its bucket after the other's, entries taken whole
+                    early = b1 + width + typical - t2
+                    examples.append([round(gap, 1), round(early, 1), b2 - b1, whole.get(t2, 0)])
             elif gap > width - 10:
                 jitter += 1
             else:
                 late.append(t1 - b1 - typical)
-        return {"extra": extra, "jitter": jitter, "late": late}
+        return {"extra": extra, "jitter": jitter, "late": late, "examples": examples}
 
     closer = classify(list(itertools.pairwise(timeline)))
     entry_pairs = [pair for forwards in per_entry.values() for pair in itertools.pairwise(forwards)]
@@ -369,6 +378,8 @@ def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
         "forward_timer_late_max_ms": round(max(lateness), 1),
         "forwards_closer_counted": len(closer["extra"]) + closer["jitter"] + len(closer["late"]),
         "forwards_closer_extra": len(closer["extra"]),
+        # [gap, ms before the regular time, its bucket - the other's, entries taken whole] of the first 5
+        "forwards_closer_extra_examples": closer["examples"],
         "forwards_closer_by_under_10ms": closer["jitter"],
         "forwards_closer_after_a_late_one": len(closer["late"]),
         "entry_gaps_below_bucket": len(entry_gaps),
