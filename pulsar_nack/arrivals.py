@@ -400,12 +400,17 @@ class ArrivalFilter:
         with self._lock:
             return self._record((topic, ledger_id, entry_id), ledger_id, entry_id, batch_index, topic)
 
-    def file(self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int | None:
+    def file(
+        self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int, topic: str, nacked: bool = True
+    ) -> int | None:
         """A nack: recorded (:meth:`pending`) and filed in the index (``add``, with its ``fresh``) under
         this filter's lock, so that an ack or an arrival of the message sees both or neither — an ack
         between the two left the index holding a nack of a message the application had acked, and its
         copy was handed out again. Returns the bucket time, or None (nothing filed) for a batch message
-        the application acked; if ``add`` raises, the record is undone. O(1) plus the index's add.
+        the application acked; if ``add`` raises, the record is undone. ``nacked`` False: an id filed
+        again (a forward repeated, a kept copy given back), not a nack — its due time is not the one the
+        application asked for, so it adds nothing to the lateness estimate (:mod:`pulsar_nack.lateness`).
+        O(1) plus the index's add.
 
         The nack path: one lock round-trip, one dict lookup and a few int operations besides the add
         (no lookup of whole pending entries when none are, no call to test whether the entry became
@@ -422,6 +427,8 @@ class ArrivalFilter:
             except BaseException:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
+            if not nacked:  # filed again (a forward repeated, a kept copy given back): no new due time
+                return bucket
             self.lateness.offset(bucket, bucket - due_ms)  # where its due time lies in its bucket
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
             every = dues.every
@@ -557,6 +564,8 @@ class ArrivalFilter:
                     due = take(hash(key) ^ -1, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
+                        if due is not None:  # counted exactly: its offset is not drawn for another
+                            self.lateness.taken(due)
                     sets.add(_WATCH, ledger, entry_id)
                     # no longer pending only now that it is watched: the lock-free first look of
                     # admit_entry and acked_entry (pending, then watched) sees it in one or the other
@@ -599,6 +608,8 @@ class ArrivalFilter:
                     due = take(code ^ index, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
+                        if due is not None:  # counted exactly: its offset is not drawn for another
+                            self.lateness.taken(due)
                 entry.last_forward = now
         return deferred
 
@@ -1105,7 +1116,10 @@ class ArrivalFilter:
             if not self.dues.used:
                 return None
             due = self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
-            return None if due is None else (due, True)
+            if due is None:
+                return None
+            self.lateness.taken(due)  # counted exactly: its offset is not drawn for another redelivery
+            return (due, True)
 
     def held_out(self, due_ms: Sampled | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
@@ -1123,7 +1137,7 @@ class ArrivalFilter:
                 if due_ms[1]:
                     self.lateness.add(now - due_ms[0])
                 else:
-                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0])
+                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0], kept=True)
             if len(key) == 3:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)

@@ -666,7 +666,8 @@ class NackBridge:
         key = (topic, ledger_id, entry_id)
         count, size = inner.redelivery_count(), inner.length() + KEPT_COPY_BYTES  # what it pins
         if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled or (due, False)):
-            self.tracker.schedule(due, ledger_id, entry_id, -1, topic)  # over the bound: pending again
+            # over the bound: pending again
+            self.tracker.schedule(due, ledger_id, entry_id, -1, topic, refiled=True)
 
     def _keep_spare(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
         """A nack of a batch message of which a later copy is parked (it came with a redelivery of its
@@ -731,7 +732,8 @@ class NackBridge:
         sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic) or (due, False)
         key = (topic, ledger_id, entry_id, batch_index)
         if not hold.hold(key, message, due, inner.redelivery_count(), size, copy=True, sampled_due=sampled):
-            tracker.schedule(due, ledger_id, entry_id, batch_index, topic)  # over the bound: pending again
+            # over the bound: pending again
+            tracker.schedule(due, ledger_id, entry_id, batch_index, topic, refiled=True)
 
     def _sibling_due(
         self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str, size: int
@@ -888,7 +890,7 @@ class NackBridge:
         copies = self.hold.drain_copies()
         self.hold.clear()
         for key, due in copies:  # kept copies of pending nacks: pending again, held when they come again
-            self.tracker.schedule(due, key[1], key[2], key[3] if len(key) > 3 else -1, key[0])
+            self.tracker.schedule(due, key[1], key[2], key[3] if len(key) > 3 else -1, key[0], refiled=True)
         self.tracker.arrivals.forget_holdings()
 
     def close(self) -> float:
