@@ -793,3 +793,29 @@ def test_a_load_compares_a_second_copy_with_the_whole_copy_not_the_earliest_mess
     assert [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in store.pop_due(2)] == [([0], {})]
     assert store.due_of(1, 0) is None
     assert [d.entry_ids.tolist() for d in store.pop_due(10)] == [[1]] and len(store) == 0
+
+
+def test_a_message_renack_inside_a_stored_segments_range_is_filed_by_its_whole_entrys_bucket(
+    storage: SnapshotStorage,
+) -> None:
+    """Entries 0 (due whole at 1), 2 (at 4) and 1 (at 5) in one segment on storage; message 1 of entries 0
+    and 2 nacked due at 3 — inside the segment's range, so only the file says whether the whole entry is
+    due earlier. The store reads it (a forced load): entry 0's message is covered (an ack of it removes
+    nothing; it was filed on its own beside the segment and remove() said True), entry 2's is pending on
+    its own before its whole entry."""
+    config = SegmentConfig(max_loaded_ids=0, load_ahead_ms=0)
+    store = SegmentStore(storage, config, precision_bits=0)
+    for due, entry in ((1, 0), (4, 2), (5, 1)):
+        store.add(due, 1, entry)
+    store.checkpoint(0)
+    assert store.stats().segments_loaded == 0
+    store.add(3, 1, 0, 1)
+    store.add(3, 1, 2, 1)
+    assert store.remove(1, 0, 1) is False and store.pending_mask(1, 0) == -1
+    assert store.stats().forced_loads == 1
+    assert store.due_of(1, 0, 1) == 1 and store.due_of(1, 2, 1) == 3 and store.due_of(1, 2) == 3
+    popped = {
+        t: [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in store.pop_due(t)] for t in range(1, 6)
+    }
+    assert popped == {1: [([0], {})], 2: [], 3: [([2], {2: (1,)})], 4: [([2], {})], 5: [([1], {})]}
+    assert store.remove(1, 2, 1) is False and len(store) == 0

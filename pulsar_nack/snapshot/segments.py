@@ -1117,7 +1117,8 @@ class SegmentStore:
         (``_dupes``) goes to the mutable index with its other parts in memory (:meth:`_move_to_mutable`).
         O(ids of the segment)."""
         # entries with a second copy (``_dupes``) → this segment's parts of them, as (bucket, mask or None)
-        meet: dict[tuple[str, int, int], list[tuple[int, int | None]]] = {}
+        # when parts of them are in memory too, else None
+        meet: dict[tuple[str, int, int], list[tuple[int, int | None]] | None] = {}
         # whole entries, filed with one add_many per topic at the end: the index's dedupe then gathers a
         # ledger's pending ids once per segment, not once per (bucket, ledger) group
         wholes: dict[str, list[tuple[int, int, npt.NDArray[np.uint32]]]] = {}
@@ -1147,12 +1148,18 @@ class SegmentStore:
                         del masks[entry]
                         entries.discard(entry)
             dup = self._dupes.get(key)
-            if dup:  # a second copy may be pending elsewhere: the entry's parts meet in the mutable index
+            if dup:  # a second copy may be pending in memory: the entry's parts meet in the mutable index
                 for entry in dup & entries:
-                    entries.discard(entry)
-                    meet.setdefault((g.topic, g.ledger_id, entry), []).append(
-                        (g.bucket_ms, masks.pop(entry, None))
-                    )
+                    entry_key = (g.topic, g.ledger_id, entry)
+                    if entry_key not in meet:  # first seen in this segment: none of its parts here filed yet
+                        in_memory = self._mutable.parts(g.ledger_id, entry, g.topic) or self._loaded.parts(
+                            g.ledger_id, entry, g.topic
+                        )
+                        meet[entry_key] = [] if in_memory else None  # None: not in memory, filed as any is
+                    found = meet[entry_key]
+                    if found is not None:
+                        entries.discard(entry)
+                        found.append((g.bucket_ms, masks.pop(entry, None)))
             whole = entries - BitMap(masks) if masks else entries
             if whole:
                 array = np.frombuffer(whole.to_array(), dtype=np.uint32)
@@ -1169,6 +1176,8 @@ class SegmentStore:
                 topic=topic,
             )
         for (topic, ledger_id, entry), found in meet.items():
+            if found is None:
+                continue
             # Every part of the entry in memory (this segment's, the loaded index's, the mutable
             # index's) in one index: its rule keeps the earliest copy of each, and drops the messages a
             # whole entry no later covers — exact where comparing copies one by one was not (the whole
