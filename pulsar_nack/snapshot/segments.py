@@ -1148,14 +1148,13 @@ class SegmentStore:
                         del masks[entry]
                         entries.discard(entry)
             dup = self._dupes.get(key)
-            if dup:  # a second copy may be pending in memory: the entry's parts meet in the mutable index
+            if dup:  # a second copy may be in the mutable index: the entry's parts meet there
                 for entry in dup & entries:
                     entry_key = (g.topic, g.ledger_id, entry)
                     if entry_key not in meet:  # first seen in this segment: none of its parts here filed yet
-                        in_memory = self._mutable.parts(g.ledger_id, entry, g.topic) or self._loaded.parts(
-                            g.ledger_id, entry, g.topic
-                        )
-                        meet[entry_key] = [] if in_memory else None  # None: not in memory, filed as any is
+                        # None: no part of it in the mutable index, filed as any id (the loaded index's
+                        # rule files it among the parts there: a restore's copies, never moved)
+                        meet[entry_key] = [] if self._mutable.parts(g.ledger_id, entry, g.topic) else None
                     found = meet[entry_key]
                     if found is not None:
                         entries.discard(entry)
