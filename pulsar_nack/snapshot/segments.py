@@ -1113,11 +1113,12 @@ class SegmentStore:
         return True
 
     def _fill(self, rec: _Record, segment: Segment) -> None:
-        """Put a segment's ids (deletions applied) into the loaded index; an entry with a second copy
-        (``_dupes``) goes to the mutable index with its other parts in memory (:meth:`_move_to_mutable`).
+        """Put a segment's ids (deletions applied) into the loaded index, where its rule files them among
+        the parts there (earliest wins); an entry with a second copy (``_dupes``) that the mutable index
+        holds parts of goes there instead, with its loaded parts (:meth:`_move_to_mutable`).
         O(ids of the segment)."""
         # entries with a second copy (``_dupes``) → this segment's parts of them, as (bucket, mask or None)
-        # when parts of them are in memory too, else None
+        # when the mutable index holds parts of them too, else None
         meet: dict[tuple[str, int, int], list[tuple[int, int | None]] | None] = {}
         # whole entries, filed with one add_many per topic at the end: the index's dedupe then gathers a
         # ledger's pending ids once per segment, not once per (bucket, ledger) group
