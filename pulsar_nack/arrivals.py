@@ -366,6 +366,12 @@ class ArrivalFilter:
         # (topic, ledger): still pending as far as a quiet entry's rebuilt record and a copy of a quiet
         # entry are concerned (:meth:`_popped_mask`). Empty but during a flush.
         self._popped: dict[tuple[str, int], DueIds] = {}
+        # Batch messages :meth:`forwarded` made wait for a copy of their entry on its way
+        # (:meth:`_wait_for_copy`), and still pending: the bucket each was due at when it first waited. Each
+        # later flush files it again there, not at that flush's limit: its kept copy is handed out at that
+        # bucket, and its lateness measured from it (filed at each limit, rounded up, it went one bucket
+        # later per flush). Emptied as each leaves pending (forwarded, taken, acked). Empty but then.
+        self._waiting: dict[tuple[Key, int], int] = {}
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -536,7 +542,8 @@ class ArrivalFilter:
 
         With :attr:`coalesce`, returns the entries not to forward (None: forward them all): those whose
         due messages (some of a batch) are waiting for the copy of a forward of their entry made less than
-        :data:`COALESCE_WITHIN_MS` ago. Those messages stay pending, filed again for ``target``: when the
+        :data:`COALESCE_WITHIN_MS` ago. Those messages stay pending, filed again for ``target`` (for the
+        bucket they first waited at, if earlier): when the
         copy comes, the consumer keeps theirs until due (:meth:`take_pending_message`); if it does not,
         a later flush forwards them."""
         deferred: set[int] | None = None
@@ -603,8 +610,11 @@ class ArrivalFilter:
                 flights = entry.flights if entry.flights is not None else {}
                 entry.flights = flights
                 code = hash(key)
+                waiting = self._waiting
                 for index in batch_index_bits(mask & ~entry.acked):
-                    flight = flights[index] = _Flight(now, target, flights.get(index))
+                    # one that waited for a copy that did not come: labelled with its own bucket
+                    due_at = waiting.pop((key, index), target) if waiting else target
+                    flight = flights[index] = _Flight(now, min(due_at, target), flights.get(index))
                     due = take(code ^ index, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
@@ -618,7 +628,8 @@ class ArrivalFilter:
     ) -> bool:
         """:meth:`forwarded`'s coalescing (lock held): if these due messages of ``entry`` are pending on
         their own, none in flight, while a forward of the entry made less than :data:`COALESCE_WITHIN_MS`
-        ago has not brought its copy, file them again for ``target`` (never earlier than their bucket) and
+        ago has not brought its copy, file them again for ``target`` — on later flushes, for the bucket each
+        first waited at (``_waiting``: never earlier than their bucket, not a bucket later per flush) — and
         return True; else False. O(flights + indexes)."""
         flights = entry.flights
         assert flights is not None  # (the caller checked)
@@ -630,8 +641,14 @@ class ArrivalFilter:
         if not any(0.0 <= now - flight.at < COALESCE_WITHIN_MS for flight in flights.values()):
             return False
         topic, ledger_id, entry_id = key
+        waiting = self._waiting
         for index in indexes:
-            self._add(target, ledger_id, entry_id, index, topic, False)
+            # at the bucket it first waited at (past: the flush's next-bucket floor keeps the timer from
+            # firing again before the next bucket, when the next flush checks it again)
+            held = (key, index)
+            due_at = waiting.get(held)
+            due_at = target if due_at is None else due_at
+            waiting[held] = self._add(due_at, ledger_id, entry_id, index, topic, False)
         return True
 
     # -- arrivals and acks ---------------------------------------------------------------------------
@@ -982,6 +999,8 @@ class ArrivalFilter:
             entry.pending &= ~bit
             if was_pending and self._remove is not None:
                 self._remove(ledger_id, entry_id, batch_index, topic)
+            if self._waiting:
+                self._waiting.pop((key, batch_index), None)
             flight = entry.flights.get(batch_index) if entry.flights else None
             if flight is not None:
                 flight.acked = True
@@ -1060,6 +1079,8 @@ class ArrivalFilter:
                 return False  # popped by a flush under way: its forward's copy decides
             entry.pending &= ~bit
             entry.out |= bit
+            if self._waiting:
+                self._waiting.pop((key, batch_index), None)
             if entry.last_forward == _NEVER_FORWARDED:
                 # The copy came with a redelivery of the entry that this record has not seen as a forward
                 # (a quiet entry's, expanded here, or a reconnect's): its other copies may not all be acked
@@ -1103,6 +1124,8 @@ class ArrivalFilter:
                 self._taken[key] = self._taken.get(key, 0) | bit
             entry.pending &= ~bit
             entry.out |= bit
+            if self._waiting:
+                self._waiting.pop((key, batch_index), None)
             if entry.last_forward == _NEVER_FORWARDED:
                 entry.last_forward = self._clock()
             return True
@@ -1407,6 +1430,7 @@ class ArrivalFilter:
             self.has_parked = False
             self._taken.clear()
             self._popped.clear()
+            self._waiting.clear()
 
     def counts(self) -> FilterCounts:
         return FilterCounts(
