@@ -1224,6 +1224,9 @@ class ArrivalFilter:
                         del entry.parked[index]
                 if mask == -1 or entry.all_acked:
                     self._forget(key)  # settled (a late copy of a recent forward: acked, not handed out)
+            for held in [h for h in self._waiting if h[0][0] == topic and h[0][1:] <= position]:
+                if held[0][1:] < position or boundary >> held[1] & 1:
+                    del self._waiting[held]  # acked: waits no more
         return dropped
 
     def acked_entry(self, ledger_id: int, entry_id: int, topic: str) -> bool:
