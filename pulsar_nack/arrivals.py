@@ -367,10 +367,11 @@ class ArrivalFilter:
         # entry are concerned (:meth:`_popped_mask`). Empty but during a flush.
         self._popped: dict[tuple[str, int], DueIds] = {}
         # Batch messages :meth:`forwarded` made wait for a copy of their entry on its way
-        # (:meth:`_wait_for_copy`), and still pending: the bucket each was due at when it first waited. Each
-        # later flush files it again there, not at that flush's limit: its kept copy is handed out at that
-        # bucket, and its lateness measured from it (filed at each limit, rounded up, it went one bucket
-        # later per flush). Emptied as each leaves pending (forwarded, taken, acked). Empty but then.
+        # (:meth:`_wait_for_copy`), and still pending: the time (bucket) each was filed for when it first
+        # waited. Each later flush files it again there, not at that flush's limit: its kept copy is handed
+        # out at that bucket, and its lateness measured from it (filed at each limit, rounded up, it went
+        # one bucket later per flush). Emptied as each leaves pending (forwarded, taken, acked). Empty but
+        # then.
         self._waiting: dict[tuple[Key, int], int] = {}
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
@@ -647,8 +648,9 @@ class ArrivalFilter:
             # firing again before the next bucket, when the next flush checks it again)
             held = (key, index)
             due_at = waiting.get(held)
-            due_at = target if due_at is None else due_at
-            waiting[held] = self._add(due_at, ledger_id, entry_id, index, topic, False)
+            due_at = waiting[held] = target if due_at is None else due_at
+            # (the time asked for is kept, not the bucket returned: a segment store may return a lower bound)
+            self._add(due_at, ledger_id, entry_id, index, topic, False)
         return True
 
     # -- arrivals and acks ---------------------------------------------------------------------------
