@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 import report
-from nack_soak import steady
+from nack_soak import steady, warm_numpy_cache
 
 SCRIPT = Path(__file__).resolve()
 COLUMNS = ("t_s", "heap", "rss", "received", "nacked", "entry_acks", "sent")
@@ -147,6 +147,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
         tracemalloc.start(trace)
     rng = random.Random(7)
+    numpy_cache = warm_numpy_cache()  # (see there: numpy's cache of small buffers, filled before the run)
     table = np.zeros((int(minutes * 60 / round_s) + 2, len(COLUMNS)))
     taken = received = nacked = entry_acks = 0
     to_nack: dict[tuple[int, ...], Any] = {}  # (ledger, entry[, batch index]) → what to nack, per group
@@ -251,6 +252,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
         "entry_acks": entry_acks,
         "sent": sent[0],
         "closed": closed,
+        "numpy_cache": numpy_cache,
     }
 
 
