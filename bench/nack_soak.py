@@ -262,7 +262,19 @@ def bisection() -> str:
         "calls — nacks of received ids, nacks and acks of rebuilt whole-entry ids — grows at most "
         f"{max(bare.values()):+,.0f} B/min over the second half ({min(bare.values()):+,.0f} at least), "
         f"pulsar-nack {wrapper['late_slope_per_min']:+,.0f} ± {2 * wrapper['late_slope_se_per_min']:,.0f} "
-        "B/min in the same run: the native calls made from the main thread do not grow the heap." + traced()
+        "B/min in the same run: the native calls made from the main thread do not grow the heap."
+        + (warmed(runs["wrapper"]) if "numpy_cache" in runs["wrapper"] else traced())
+    )
+
+
+def warmed(wrapper: dict[str, Any]) -> str:
+    """A sentence for a bisection whose probes filled numpy's cache first (see :func:`warm_numpy_cache`):
+    what pulsar-nack's growth was."""
+    return (
+        " There every probe first filled numpy's cache of small freed buffers "
+        f"({wrapper['numpy_cache']:,} B in pulsar-nack's process): pulsar-nack's growth in the runs before "
+        "was that cache filling with the flush's arrays of every size (bounded: at most 7 buffers per size "
+        "below 1 KiB), not a structure of pulsar-nack's; this section's run above did not fill it first."
     )
 
 
