@@ -241,6 +241,20 @@ def measure(args: argparse.Namespace, kinds: list[str], warmup_s: float) -> Resu
     return facts, settings, runs
 
 
+def cache_note(runs: dict[str, dict[str, Any]]) -> str:
+    """A sentence on numpy's cache, if the probes filled it first (:func:`warm_numpy_cache`); else one
+    saying they did not (results saved before)."""
+    held = {kind: run["numpy_cache"] for kind, run in runs.items() if "numpy_cache" in run}
+    if not held:
+        return " The probes did not fill numpy's cache of small freed buffers first (see below)."
+    return (
+        " Each probe first fills numpy's cache of small freed buffers (up to 7 per size below 1 KiB, "
+        "malloc-ed; filled by pulsar-nack's flushes over minutes otherwise): "
+        + ", ".join(f"{held[kind]:,} B ({kind})" for kind in held)
+        + "."
+    )
+
+
 def bisection() -> str:
     """A paragraph on where the growth is, from bench/native_calls_soak.py's saved results (empty if it
     has not run): its second-half slopes, the bare official consumer's calls beside pulsar-nack's."""
@@ -274,7 +288,7 @@ def warmed(wrapper: dict[str, Any]) -> str:
         " There every probe first filled numpy's cache of small freed buffers "
         f"({wrapper['numpy_cache']:,} B in pulsar-nack's process): pulsar-nack's growth in the runs before "
         "was that cache filling with the flush's arrays of every size (bounded: at most 7 buffers per size "
-        "below 1 KiB), not a structure of pulsar-nack's; this section's run above did not fill it first."
+        "below 1 KiB), not a structure of pulsar-nack's."
     )
 
 
@@ -382,7 +396,7 @@ def main(argv: list[str]) -> int:
             f"its heap from outside and `nack_stats(with_memory=True)` every {args.sample_s:g} s. After the "
             f"{warmup_s:.0f} s warm-up: {heap['minutes']:.1f} min ({heap['samples']} samples), pending "
             f"{min(pending):,}–{max(pending):,}; {result['received']:,} messages received, "
-            f"{result['nacked']:,} nacked.",
+            f"{result['nacked']:,} nacked." + cache_note(runs),
             report.machine_line(facts),
             report.table(
                 ["memory", "first steady sample, B", "last, B", "growth, B", "slope, B/min", "std. error"],
