@@ -1185,27 +1185,7 @@ class _HotIndex:
         ``batch_index`` -1 removes every pending part of the entry. A batch index removes that message
         where it is pending on its own (a message covered by a pending whole entry stays).
         """
-        with self._lock:
-            self._forget_slot()
-            record = self._ledgers.get(_key(ledger_id, topic))
-            if record is None:
-                return False
-            removed = False
-            for bucket in self._holding(record, entry_id):
-                mask = self._member_mask(bucket, record, entry_id)
-                if batch_index >= 0:
-                    if mask is None or not mask >> batch_index & 1:
-                        continue
-                    mask &= ~(1 << batch_index)
-                    if mask:
-                        self._set_mask(bucket, record, entry_id, mask)
-                        removed = True
-                        continue
-                self._discard(record, bucket, entry_id)
-                removed = True
-            if removed:
-                self._narrow_if_sparse()
-            return removed
+        return self.take(ledger_id, entry_id, batch_index, topic)[1]
 
     def take(
         self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
