@@ -112,6 +112,13 @@ _SETS = _RECENT + 6
 _KEPT_TABLE_BYTES = 4_096
 
 
+def _release(emptied: dict[Any, Any]) -> None:
+    """Free an emptied dict's hash table if it is larger than :data:`_KEPT_TABLE_BYTES` (the callers
+    check ``not table`` first: no call while it holds anything). O(1)."""
+    if sys.getsizeof(emptied) > _KEPT_TABLE_BYTES:
+        emptied.clear()
+
+
 class _Flight:
     """One forwarded message (or non-batched entry) until a copy of it has been handed out."""
 
@@ -190,7 +197,7 @@ class _Recent:
 
     def __bool__(self) -> bool:
         bitmaps = self.sets.layout.bitmaps
-        return any(bitmaps[which] for which in range(_RECENT, _RECENT + 6))
+        return any(bitmaps[which] for which in range(_RECENT, _SETS))
 
     def _holds(self, kind: int, ledger: tuple[str, int], entry_id: int) -> bool:
         sets = self.sets
@@ -867,8 +874,8 @@ class ArrivalFilter:
                     self._recent.deliver(ledger, entry_id, None if held_ms is None else now)
                     flights = self._flights
                     del flights[key]
-                    if not flights and sys.getsizeof(flights) > _KEPT_TABLE_BYTES:
-                        flights.clear()
+                    if not flights:
+                        _release(flights)
             else:
                 if self._sets.contains(_PENDING, ledger, entry_id):
                     verdict = _HOLD
@@ -1287,8 +1294,8 @@ class ArrivalFilter:
                 if acked == full:
                     entries = self._entries
                     del entries[key]  # settled, never forwarded: nothing more can come
-                    if not entries and sys.getsizeof(entries) > _KEPT_TABLE_BYTES:
-                        entries.clear()
+                    if not entries:
+                        _release(entries)
             elif acked | pending == full and self._pending_mask is not None:
                 self._make_quiet(key)  # every message acked or pending: one bit
             return True
@@ -1308,8 +1315,8 @@ class ArrivalFilter:
         """Keep an entry whose messages are all acked or pending as one bit (lock held)."""
         entries = self._entries
         del entries[key]
-        if not entries and sys.getsizeof(entries) > _KEPT_TABLE_BYTES:
-            entries.clear()
+        if not entries:
+            _release(entries)
         self._sets.add(_QUIET, key[:2], key[2])
 
     def _expand(self, key: Key, forwarded: int) -> _Entry:
@@ -1386,8 +1393,8 @@ class ArrivalFilter:
         (a late copy of it is acked, not handed out)."""
         entries = self._entries
         entry = entries.pop(key)
-        if not entries and sys.getsizeof(entries) > _KEPT_TABLE_BYTES:
-            entries.clear()
+        if not entries:
+            _release(entries)
         if entry.last_forward != _NEVER_FORWARDED and self._clock() - entry.last_forward < self.linger_ms:
             self._recent.settle(key[:2], key[2])
 
