@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
+from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import (
     MemoryUsage,
     bitmap_heap_bytes,
@@ -2244,11 +2245,13 @@ class TimeBucketIndex:
         *,
         promote_at: int = PROMOTE_AT,
         pack_below: int = PROMOTE_AT,
+        ledgers: LedgerRegistry | None = None,
     ) -> None:
         """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
         bitmap of its own; 1 gives every slot its own bitmap from its first id. ``pack_below`` (>= 0):
         :meth:`compact` moves a bucket to the packed tier when each of its slots holds fewer ids than
-        this; 0 keeps every bucket in the live tier. O(1)."""
+        this; 0 keeps every bucket in the live tier. ``ledgers``: the numbering of ledgers the packed
+        tier shares with others (a tracker's arrival filter); its own if None. O(1)."""
         if isinstance(pack_below, bool) or not isinstance(pack_below, int) or pack_below < 0:
             raise ValueError(f"pack_below must be an int >= 0, got {pack_below!r}")
         self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at)
@@ -2256,7 +2259,7 @@ class TimeBucketIndex:
         self._mask, self._round_up = self._hot._mask, self._hot._round_up
         self._lock = threading.RLock()
         self._hot._lock = self._lock  # type: ignore[assignment]  # one lock: the live tier re-enters it
-        self._packed = PackedStore(self._hot.precision_bits)
+        self._packed = PackedStore(self._hot.precision_bits, ledgers)
 
     @property
     def precision_bits(self) -> int:

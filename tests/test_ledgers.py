@@ -1,0 +1,86 @@
+"""The ledger registry: one numbering of a tracker's ledgers, shared by the index's packed tier and the
+arrival filter's entry sets, each ledger released when no structure holds it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pulsar_nack.entry_sets import EntrySets
+from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.ledgers import LedgerRegistry, ledger_key
+
+
+def test_holders_are_counted_and_a_ledger_goes_with_its_last() -> None:
+    registry = LedgerRegistry()
+    a = registry.acquire(("t", 7))
+    assert registry.acquire(("t", 7)) == a  # a second holder: the same ordinal
+    b = registry.acquire(("t", 8))
+    assert a != b and registry.holders(("t", 7)) == 2 and len(registry) == 2
+    registry.release(a)
+    assert registry.ordinal(("t", 7)) == a and registry.key(a) == ("t", 7)  # one holder left
+    registry.release(a)
+    assert registry.ordinal(("t", 7)) is None and registry.holders(("t", 7)) == 0
+    with pytest.raises(KeyError):
+        registry.key(a)
+    assert registry.acquire(("u", 1)) == a  # the smallest free ordinal is reused
+    assert registry.span == 2
+
+
+def test_releasing_an_ordinal_nobody_holds_is_refused_unchanged() -> None:
+    registry = LedgerRegistry()
+    ordinal = registry.acquire(5)
+    for bad in (ordinal + 1, -1):
+        with pytest.raises(ValueError, match="ordinal"):
+            registry.release(bad)
+    assert registry.holders(5) == 1 and registry.key(ordinal) == 5
+    registry.release(ordinal)
+    assert len(registry) == 0 and registry.span == 0  # emptied: numbering starts again from 0
+
+
+def test_ordinals_stay_below_the_most_ledgers_held_at_once() -> None:
+    """A long run of ledgers coming and going (rolled over) does not grow the numbering."""
+    registry = LedgerRegistry()
+    held: list[int] = []
+    for ledger in range(5_000):
+        held.append(registry.acquire(("t", ledger)))
+        if len(held) > 3:
+            registry.release(held.pop(0))
+    assert len(registry) == 3 and registry.span <= 4
+
+
+def test_the_packed_tier_and_the_entry_sets_number_a_ledger_once() -> None:
+    """Ledgers both structures keep something of have one ordinal, two holders; each structure's
+    release leaves the other's hold, and the last release empties the registry."""
+    registry = LedgerRegistry()
+    index = TimeBucketIndex(0, "floor", ledgers=registry)
+    sets = EntrySets(2, registry)
+    for ledger in range(40):
+        for entry_id in range(3):
+            index.add(10_000 + 5 * ledger + entry_id, ledger, entry_id, topic="t")
+            sets.add(0, ("t", ledger), entry_id)
+    index.add(99_999, 999, 0, topic="t")  # the add path moves on: the buckets before are left behind
+    index.compact()
+    assert index.structure()["tier_ledgers"] == 40, "the buckets went to the packed tier"
+    assert len(registry) == 40 + int(registry.ordinal(ledger_key("t", 999)) is not None)
+    for ledger in range(40):
+        assert registry.holders(("t", ledger)) == 2
+    # the packed tier drains: the filter still holds every ledger
+    assert sum(len(due.entry_ids) for due in index.pop_due(20_000)) == 120
+    assert all(registry.holders(("t", ledger)) == 1 for ledger in range(40))
+    for ledger in range(40):
+        for entry_id in range(3):
+            assert sets.discard(0, ("t", ledger), entry_id)
+    assert all(registry.ordinal(("t", ledger)) is None for ledger in range(40))
+    index.clear()
+    assert len(registry) == 0 and registry.span == 0
+
+
+def test_a_topic_less_ledger_is_one_key_for_both() -> None:
+    """The filter names a topic-less ledger ("", id); the index, by its id: one registry key."""
+    registry = LedgerRegistry()
+    sets = EntrySets(1, registry)
+    sets.add(0, ("", 12), 3)
+    assert registry.ordinal(12) is not None and registry.ordinal(("", 12)) is None
+    assert sets.contains(0, ("", 12), 3) and [key for key, _ in sets.ledgers(0)] == [("", 12)]
+    sets.clear()
+    assert len(registry) == 0
