@@ -84,3 +84,19 @@ def test_a_topic_less_ledger_is_one_key_for_both() -> None:
     assert sets.contains(0, ("", 12), 3) and [key for key, _ in sets.ledgers(0)] == [("", 12)]
     sets.clear()
     assert len(registry) == 0
+
+
+def test_ledgers_passing_through_the_packed_tier_are_released_as_they_go() -> None:
+    """A long run at constant pending: each ledger's ids go to the packed tier and come due later, while
+    newer ledgers keep it from emptying. Its sweeps release the drained ledgers: the numbering stays near
+    the ledgers pending at once (10), not the 600 that went through."""
+    registry = LedgerRegistry()
+    index = TimeBucketIndex(0, "floor", ledgers=registry)
+    for ledger in range(600):
+        for entry_id in range(3):
+            index.add(10_000 + 10 * ledger + entry_id, ledger, entry_id, topic="t")
+        index.compact()
+        index.pop_due(10_000 + 10 * (ledger - 10))
+        assert len(index) <= 11 * 3
+    assert index.structure()["tier_ledgers"] > 0, "the packed tier held ledgers"
+    assert registry.span <= 64 and len(registry) <= 64
