@@ -100,3 +100,26 @@ def test_ledgers_passing_through_the_packed_tier_are_released_as_they_go() -> No
         assert len(index) <= 11 * 3
     assert index.structure()["tier_ledgers"] > 0, "the packed tier held ledgers"
     assert registry.span <= 64 and len(registry) <= 64
+
+
+def test_the_live_tier_holds_its_ledgers_and_shares_their_keys() -> None:
+    """The index's live tier holds a ledger while it has ids pending there (its key object the
+    registry's: one per ledger, whoever named it first), and releases it when they are popped."""
+    registry = LedgerRegistry()
+    sets = EntrySets(1, registry)
+    named = ("t", 4)
+    sets.add(0, named, 9)  # the filter names the ledger first
+    index = TimeBucketIndex(8, "floor", ledgers=registry)
+    index.add(1_000, 4, 9, topic="t")
+    index.add(1_000, 5, 9, topic="t")
+    assert registry.holders(named) == 2 and registry.holders(("t", 5)) == 1
+    assert all(
+        record.key is registry.key(registry.ordinals[record.key]) for record in index._hot._ledgers.values()
+    )
+    assert registry.key(registry.ordinals[named]) is named
+    index.pop_due(2_000)
+    assert registry.holders(named) == 1 and registry.ordinal(("t", 5)) is None
+    sets.clear()
+    index.add(3_000, 6, 1, topic="t")
+    index.clear()
+    assert len(registry) == 0
