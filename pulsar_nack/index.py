@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
+from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import (
     MemoryUsage,
     bitmap_heap_bytes,
@@ -848,10 +849,18 @@ class _HotIndex:
     """
 
     def __init__(
-        self, precision_bits: int = 8, rounding: Rounding = "floor", *, promote_at: int = PROMOTE_AT
+        self,
+        precision_bits: int = 8,
+        rounding: Rounding = "floor",
+        *,
+        promote_at: int = PROMOTE_AT,
+        ledgers: LedgerRegistry | None = None,
     ) -> None:
         """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
-        bitmap of its own; 1 gives every slot its own bitmap from its first id. O(1)."""
+        bitmap of its own; 1 gives every slot its own bitmap from its first id. ``ledgers``: a registry
+        the index holds its ledgers in while they have ids pending, sharing their keys with the other
+        holders (None: no registry; the index's own numbering of the shared bitmaps stays its own).
+        O(1)."""
         if isinstance(promote_at, bool) or not isinstance(promote_at, int | np.integer):
             raise TypeError(f"promote_at must be an int, got {type(promote_at).__name__}")
         if not 1 <= promote_at < _OWN:
@@ -874,12 +883,15 @@ class _HotIndex:
         # deleting a sorted map's first keys one by one cost ~0.5 us of Python each.
         self._schedule: dict[int, _Bucket] = {}
         self._times = _Times(precision_bits)
-        # ledger key → its record; ordinal → record (None: free); free ordinals (a heap: smallest first).
+        # ledger key → its record; ordinal → record (None: free); free ordinals (the smallest reused first).
         self._ledgers: dict[LedgerKey, _Ledger] = {}
         self._ordinals: list[_Ledger | None] = []
-        self._free: list[int] = []
+        # (a bitmap, not a heap of ints: ~2 B a free ordinal, where a list slot and an int cost ~40 —
+        # 1,000 sparse ledgers moved to the packed tier left ~40 KB of free ordinals behind)
+        self._free = BitMap()
         self._layout = _Layout(0)  # codes of the shared bitmaps: see _relayout
         self._narrow_at = -1  # no low ordinal bits: nothing to narrow
+        self._registry = ledgers
         # Batch members: an entry pending in a slot for some messages of its batch only has the bitmask
         # of those batch indexes here, under _member_key(bucket, ledger serial, entry id); an entry of a
         # slot absent here is pending as a whole. One flat dict: ~100 bytes per such entry, where a
@@ -1222,9 +1234,13 @@ class _HotIndex:
         with self._lock:
             self._schedule.clear()
             self._times.clear()
+            if self._registry is not None:
+                release, ordinals = self._registry.release, self._registry.ordinals
+                for key in self._ledgers:
+                    release(ordinals[key])
             self._ledgers.clear()
             self._ordinals.clear()
-            self._free.clear()
+            self._free = BitMap()
             self._layout = _Layout(0)
             self._narrow_at = -1
             self._members.clear()
@@ -1565,7 +1581,7 @@ class _HotIndex:
                 shrunk = compacted and _worth_shrinking(slots.packed)
                 roaring += shared_bitmap64_heap_bytes(slots.packed, shrunk)
         parts["ledgers"] += python_bytes(self._ledgers) + python_bytes(self._ordinals)
-        parts["ledgers"] += python_bytes(self._free) + sum(once(o) for o in self._free)
+        parts["ledgers"] += python_bytes(self._free) + bitmap_heap_bytes(self._free)
         for key, record in self._ledgers.items():
             parts["ledgers"] += key_bytes(key) + once(record) + once(record.base)
             if type(record.buckets) is tuple:  # trimmed: maybe shared, ints mostly the schedule's keys
@@ -1595,7 +1611,8 @@ class _HotIndex:
         record = self._ledgers.get(key)
         if record is None:
             if self._free:
-                ordinal = heapq.heappop(self._free)
+                ordinal = self._free.min()
+                self._free.discard(ordinal)
             else:
                 ordinal = len(self._ordinals)
                 if ordinal >= MAX_LEDGERS:
@@ -1604,6 +1621,9 @@ class _HotIndex:
                     self._relayout(ordinal.bit_length())  # the low ordinal bits are all taken
                 self._ordinals.append(None)
             base = self._layout.base(ordinal)
+            registry = self._registry
+            if registry is not None:  # held there too; the key object is the registry's (one a ledger)
+                key = registry.key(registry.acquire(key))
             serial, self._serial = self._serial, (self._serial + 1) & _SERIAL_MASK
             record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, base, serial)
         return record
@@ -1658,7 +1678,7 @@ class _HotIndex:
         self._narrow_at = max(1, 1 << bits >> 2) if bits else -1  # ledgers at which to narrow again
         if renumbered is not None:
             self._ordinals = list(records)
-            self._free = []
+            self._free = BitMap()
             for ordinal, record in enumerate(records):
                 record.base = new.base(ordinal)
         else:
@@ -1668,9 +1688,11 @@ class _HotIndex:
     def _release(self, record: _Ledger) -> None:
         """The ledger has nothing pending: forget it and free its ordinal for reuse. O(log ledgers)."""
         del self._ledgers[record.key]
+        if self._registry is not None:
+            self._registry.release(self._registry.ordinals[record.key])
         ordinal = self._layout.ordinal(record.base)
         self._ordinals[ordinal] = None
-        heapq.heappush(self._free, ordinal)
+        self._free.add(ordinal)
 
     def _decode_union(self, packed: list[BitMap64]) -> dict[LedgerKey, npt.NDArray[np.uint32]]:
         """Ledger key → sorted unique entry ids in the union of shared bitmaps. One CRoaring union, then
@@ -2244,19 +2266,22 @@ class TimeBucketIndex:
         *,
         promote_at: int = PROMOTE_AT,
         pack_below: int = PROMOTE_AT,
+        ledgers: LedgerRegistry | None = None,
     ) -> None:
         """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
         bitmap of its own; 1 gives every slot its own bitmap from its first id. ``pack_below`` (>= 0):
         :meth:`compact` moves a bucket to the packed tier when each of its slots holds fewer ids than
-        this; 0 keeps every bucket in the live tier. O(1)."""
+        this; 0 keeps every bucket in the live tier. ``ledgers``: the numbering of ledgers shared with
+        others (a tracker's arrival filter): the packed tier's ordinals are its, and the live tier holds
+        its ledgers there (sharing their keys); the packed tier's own if None. O(1)."""
         if isinstance(pack_below, bool) or not isinstance(pack_below, int) or pack_below < 0:
             raise ValueError(f"pack_below must be an int >= 0, got {pack_below!r}")
-        self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at)
+        self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at, ledgers=ledgers)
         self._pack_below = pack_below
         self._mask, self._round_up = self._hot._mask, self._hot._round_up
         self._lock = threading.RLock()
         self._hot._lock = self._lock  # type: ignore[assignment]  # one lock: the live tier re-enters it
-        self._packed = PackedStore(self._hot.precision_bits)
+        self._packed = PackedStore(self._hot.precision_bits, ledgers)
 
     @property
     def precision_bits(self) -> int:

@@ -37,6 +37,7 @@ from pyroaring import BitMap
 
 from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, NackIndex, Rounding, TimeBucketIndex
+from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.snapshot.format import Group
 from pulsar_nack.snapshot.segments import RestoreReport, SegmentStore, SnapshotStats
 from pulsar_nack.snapshot.storage import SnapshotStorage
@@ -219,8 +220,13 @@ class NackTracker:
         so (:func:`epoch_clock`). Its life cycle (seal, load, merge, rewrite) runs on the timer thread
         every ``config.checkpoint_interval_ms``; :meth:`close` writes a final snapshot."""
         self.snapshots = snapshots
+        # One numbering of the ledgers for the index's packed store and the arrival filter's sets, so that
+        # each ledger is paid for once (a snapshot store keeps numberings of its own).
+        self.ledgers = LedgerRegistry()
         self.index: NackIndex = (
-            snapshots if snapshots is not None else TimeBucketIndex(precision_bits, rounding)
+            snapshots
+            if snapshots is not None
+            else TimeBucketIndex(precision_bits, rounding, ledgers=self.ledgers)
         )
         self.arrivals = ArrivalFilter(
             self._refile,
@@ -231,6 +237,7 @@ class NackTracker:
             remove=self.index.remove,
             linger_ms=linger_ms,
             lateness_window=lateness_window,
+            ledgers=self.ledgers,
         )
         # The nack path's call, bound once (an attribute lookup and a method binding, per nack).
         self._file = self.arrivals.file
@@ -617,6 +624,7 @@ class NackTracker:
         parts = [
             ("index", int(self.index.memory_usage().total_bytes)),
             ("arrivals", self.arrivals.memory_bytes()),
+            ("ledgers", self.ledgers.memory_bytes()),
         ]
         if self._owns_wheel:
             parts.append(("timer", self._wheel.memory_bytes()))

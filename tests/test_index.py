@@ -1104,3 +1104,16 @@ def test_take_answers_as_due_of_then_remove(compacted: bool) -> None:
         assert other.pending_mask(1, entry, "t") == one.pending_mask(1, entry, "t") and len(other) == len(one)
         removed += expected[1]
     assert removed >= 150 and len(one) == len(other) and drain(one, 10**6) == drain(other, 10**6)
+
+
+def test_free_ordinals_left_by_ledgers_moved_to_the_packed_tier_cost_little() -> None:
+    """1,000 sparse ledgers whose bucket moved to the packed tier leave 1,000 free ordinals in the live
+    tier: kept as a bitmap (a few bytes each), not as a list of ints (~40 B each)."""
+    index = TimeBucketIndex(0, "floor")
+    for ledger in range(1_000):
+        index.add(1_000, ledger, 1, topic="t")
+    index.add(2_000, 5_000, 1, topic="t")  # the add path moves on
+    index.compact()
+    assert index.structure()["tier_ledgers"] == 1_000 and index.structure()["ordinals"] >= 1_000
+    ledgers = index.memory_usage().breakdown["ledgers"]
+    assert ledgers < 16 * 1_000, ledgers  # the ordinal → record list (8 B a slot) and the free bitmap
