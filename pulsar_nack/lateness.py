@@ -10,12 +10,15 @@ nack is filed. Three fixed-size structures:
   8 bytes a slot, 4 KiB), read when the id's forward is recorded: those redeliveries count their exact
   lateness (in tests with few nacks, all of them);
 * :class:`_BucketOffsets` counts, per bucket (up to 40 at once), where its nacks' due times lie in it,
-  in the order they were filed (8 segments of consecutive nacks × 8 bins: 32 ms at k = 8; 5.8 KiB): a
-  redelivery not sampled counts its time since its bucket plus the next offset of its own bucket's nacks
-  in filing order (a bucket's copies come in about the order its nacks were filed), and a sampled one
-  takes its own offset out, so that each nack's offset is counted once; per bucket, because nack times
-  follow the forwards (an application nacks in bursts just after each forward), so where due times lie
-  in a bucket differs from bucket to bucket, and with it how long the redeliveries wait;
+  in the order they were filed (8 segments of consecutive nacks × 8 bins: 32 ms at k = 8, each bin with
+  the lowest and highest offset it holds, and per segment whether its offsets fell or rose as they were
+  filed; 30.7 KiB): a redelivery not sampled counts its time since its bucket plus the next offset of its
+  own bucket's nacks in filing order (a bucket's copies come in about the order its nacks were filed) —
+  in a segment filed in order (one fixed delay: a due time is the filing time plus the delay) the one
+  filed first of those left, else one drawn evenly over the segment — and a sampled one takes its own
+  offset out, so that each nack's offset is counted once; per bucket, because nack times follow the
+  forwards (an application nacks in bursts just after each forward), so where due times lie in a bucket
+  differs from bucket to bucket, and with it how long the redeliveries wait;
 * :class:`LatenessHistogram` counts those lateness values in log buckets (an HDR-histogram shape: 64
   sub-buckets per power of two, so ≤ 1.6 % of the value wide, interpolated within; ~6.2 KiB), early
   ones (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds
@@ -25,9 +28,11 @@ nack is filed. Three fixed-size structures:
 A weighted sample of due times alone (each sampled redelivery counted for the nacks it stood for, the
 sample thinned while many were pending) missed the application's p50 by up to 20 ms in the demo's
 20,000 messages (pulsar-lite, p50 242 vs 228 ms): its few heavy samples made it noisy; every nack's
-offsets paired with every redelivery missed by 7–12 ms (the bursts above).
+offsets paired with every redelivery missed by 7–12 ms (the bursts above); a segment's offsets drawn
+evenly over it at one fixed delay (the order within a segment lost) read p99 up to 29 ms high: the copies
+that wait longest since their bucket are those whose due times lie latest in it.
 
-None grows with pending nacks or run time (~18 KiB in all, each part allocated at its first use). Not
+None grows with pending nacks or run time (~42 KiB in all, each part allocated at its first use). Not
 thread-safe: the arrival filter calls them under its lock.
 """
 
@@ -222,6 +227,9 @@ _CELLS = OFFSET_BINS * OFFSET_SEGMENTS
 _META = 4
 _GOLDEN = 0.6180339887498949  # spreads the draws of one bin over it (a low-discrepancy sequence)
 _NO_BUCKET = -(1 << 63)
+#: A segment's offsets count as filed in order when all but 1 in this many of its moves (an offset filed
+#: below or above the one before it) go one way.
+_ORDERED = 8
 #: A bucket this many bucket widths before the latest one redelivered is past: its row may give way.
 _PAST_BUCKETS = 8
 
@@ -232,11 +240,15 @@ class _BucketOffsets:
     the order the nacks were filed: a bucket's nacks are counted in up to :data:`OFFSET_SEGMENTS`
     segments of consecutive filings (a segment holds ``2**c`` nacks; when all are used, neighbours merge
     and ``c`` grows), for at most :data:`MAX_OFFSET_BUCKETS` buckets. Offsets are ≥ 0 with ceil rounding,
-    ≤ 0 with floor (``sign``). One flat table of 16-bit counts: 128 bytes a bucket, 16 for its key and
-    state (5.8 KiB); it does not grow with the nacks.
+    ≤ 0 with floor (``sign``). Flat tables: per cell a 16-bit count and the lowest and highest offset left
+    (32-bit floats), per segment the offset filed last and how often one was filed below / above the one
+    before it: 720 bytes a bucket with its key and state (30.7 KiB with the arrays' headers); they do not
+    grow with the nacks.
 
     A redelivery not sampled draws an offset of its bucket's nacks in filing order — one of the first
-    segment with nacks left (evenly over it: the order within a segment is lost) — and that nack leaves the
+    segment with nacks left: if all but 1 in :data:`_ORDERED` of its offsets fell (or rose) as they were
+    filed, as at one fixed delay, the one filed first of those left (its cell's highest, or lowest; the
+    rest taken as evenly spread in the cell), else one drawn evenly over it — and that nack leaves the
     counts; a copy the consumer kept draws one of the whole bucket's (kept copies are handed out at the
     bucket time, before the forwarded ones arrive: no order ties them to the filing); a sampled one
     (:meth:`taken`) takes its own offset out, so that the offsets drawn are those of the nacks not
@@ -254,12 +266,19 @@ class _BucketOffsets:
     the new bucket is not kept (its redeliveries draw from the bucket before it). Past: more than
     :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from."""
 
-    __slots__ = ("cells", "drawn_upto", "keys", "meta", "shift", "sign")
+    __slots__ = ("cells", "drawn_upto", "high", "keys", "last", "low", "meta", "moves", "shift", "sign")
 
     def __init__(self) -> None:
         self.keys: array[int] = array("q", [_NO_BUCKET]) * MAX_OFFSET_BUCKETS  # a row's bucket time
         self.cells: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))  # nacks left
+        # the lowest and highest offset (ms) of each cell's nacks left (meaningful while it counts any)
+        self.low: array[float] = array("f", bytes(4 * _CELLS * MAX_OFFSET_BUCKETS))
+        self.high: array[float] = array("f", bytes(4 * _CELLS * MAX_OFFSET_BUCKETS))
         self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
+        # per segment: the offset filed last, and how often an offset filed was below / above the one
+        # before it (the segment's order: see draw)
+        self.last: array[float] = array("f", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
+        self.moves: array[int] = array("H", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
         self.shift = 0
         self.sign = 1
         self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
@@ -281,6 +300,7 @@ class _BucketOffsets:
             row = found
         meta, at = self.meta, row * _META
         filled, used, log = meta[at], meta[at + 1], meta[at + 2]
+        segment = row * OFFSET_SEGMENTS + used - 1
         if filled >= 1 << log or not used:
             if used == OFFSET_SEGMENTS:
                 self._merge(row)
@@ -288,10 +308,26 @@ class _BucketOffsets:
             used += 1
             filled = 0
             meta[at + 1] = used
+            segment = row * OFFSET_SEGMENTS + used - 1
+            self.moves[2 * segment] = self.moves[2 * segment + 1] = 0
+        else:  # the order of the segment's offsets: below or above the one filed before
+            before = self.last[segment]
+            if offset_ms != before:
+                move = 2 * segment + (offset_ms > before)
+                if self.moves[move] < 0xFFFF:
+                    self.moves[move] += 1
+        self.last[segment] = offset_ms
         meta[at] = filled + 1
         cell = row * _CELLS + (used - 1) * OFFSET_BINS + (offset_ms >> self.shift)
-        if self.cells[cell] < 0xFFFF:
-            self.cells[cell] += 1
+        count = self.cells[cell]
+        if not count:
+            self.low[cell] = self.high[cell] = offset_ms
+        elif offset_ms < self.low[cell]:
+            self.low[cell] = offset_ms
+        elif offset_ms > self.high[cell]:
+            self.high[cell] = offset_ms
+        if count < 0xFFFF:
+            self.cells[cell] = count + 1
 
     def _new_row(self, bucket: int) -> int | None:
         """A row for a bucket not kept: free, else one given way (see the class docstring), else None."""
@@ -316,15 +352,38 @@ class _BucketOffsets:
         self.cells[start : start + _CELLS] = array("H", bytes(2 * _CELLS))
         self.meta[row * _META : (row + 1) * _META] = array("H", bytes(2 * _META))
 
+    def _pour(self, into: int, cell: int) -> None:
+        """Cell ``cell``'s nacks join cell ``into``'s (their lowest and highest offsets too); ``cell`` is
+        emptied. O(1)."""
+        cells = self.cells
+        count = cells[cell]
+        if not count or into == cell:
+            return
+        cells[cell] = 0
+        if not cells[into]:
+            self.low[into], self.high[into] = self.low[cell], self.high[cell]
+        else:
+            self.low[into] = min(self.low[into], self.low[cell])
+            self.high[into] = max(self.high[into], self.high[cell])
+        cells[into] = min(cells[into] + count, 0xFFFF)
+
     def _merge(self, row: int) -> None:
-        """Neighbouring segments of a full row merge in pairs; a segment holds twice the nacks. O(row)."""
-        cells, start = self.cells, row * _CELLS
+        """Neighbouring segments of a full row merge in pairs; a segment holds twice the nacks (their
+        order counts add up). O(row)."""
+        start = row * _CELLS
+        moves, first_segment = self.moves, row * OFFSET_SEGMENTS
         for segment in range(OFFSET_SEGMENTS // 2):
             into = start + segment * OFFSET_BINS
             first, second = start + 2 * segment * OFFSET_BINS, start + (2 * segment + 1) * OFFSET_BINS
             for index in range(OFFSET_BINS):
-                cells[into + index] = min(cells[first + index] + cells[second + index], 0xFFFF)
-        cells[start + _CELLS // 2 : start + _CELLS] = array("H", bytes(_CELLS))
+                self._pour(into + index, first + index)
+                self._pour(into + index, second + index)
+            pair = 2 * (first_segment + 2 * segment)
+            for move in (0, 1):
+                moves[2 * (first_segment + segment) + move] = min(
+                    moves[pair + move] + moves[pair + 2 + move], 0xFFFF
+                )
+            self.last[first_segment + segment] = self.last[first_segment + 2 * segment + 1]
         at = row * _META
         self.meta[at + 1] = OFFSET_SEGMENTS // 2
         self.meta[at + 2] += 1
@@ -332,12 +391,9 @@ class _BucketOffsets:
 
     def _widen(self) -> None:
         self.shift += 1
-        cells = self.cells
-        for start in range(0, len(cells), OFFSET_BINS):
+        for start in range(0, len(self.cells), OFFSET_BINS):
             for index in range(OFFSET_BINS):
-                count, cells[start + index] = cells[start + index], 0
-                if count:
-                    cells[start + (index >> 1)] = min(cells[start + (index >> 1)] + count, 0xFFFF)
+                self._pour(start + (index >> 1), start + index)
 
     def _row_at_or_before(self, bucket: int) -> int | None:
         """The row of ``bucket`` if it has nacks left, else the latest earlier bucket that has. O(rows)."""
@@ -352,11 +408,25 @@ class _BucketOffsets:
                     break
         return best
 
+    def _order(self, segment: int) -> int:
+        """-1 if a segment's offsets fell as its nacks were filed (a fixed delay with ceil rounding: due
+        times in filing order, each further from the bucket end), 1 if they rose (floor), 0 if neither
+        holds for at least :data:`_ORDERED` of its moves (delays of their own). O(1)."""
+        down, up = self.moves[2 * segment], self.moves[2 * segment + 1]
+        if down * _ORDERED > (down + up) * (_ORDERED - 1):
+            return -1
+        if up * _ORDERED > (down + up) * (_ORDERED - 1):
+            return 1
+        return 0
+
     def draw(self, bucket: int, kept: bool = False) -> float | None:
         """The offset (ms, signed) of a nack of ``bucket`` (see the class docstring), which leaves the
-        counts: one of the first segment with nacks left — or, for a ``kept`` copy, of the whole bucket —
-        chosen evenly over them (a low-discrepancy sequence: the n-th draw takes the nack at rank
-        ``frac(n · φ)`` of them, spread within its bin). None if no bucket at or before it has nacks left.
+        counts: one of the first segment with nacks left — or, for a ``kept`` copy, of the whole bucket.
+        If that segment's offsets were filed in order (:meth:`_order`), the one filed first of those left:
+        the highest (falling) or lowest (rising) of its outermost cell, the cell's remaining ones taken
+        as evenly spread between its lowest and highest; else one chosen evenly over them (a
+        low-discrepancy sequence: the n-th draw takes the nack at rank ``frac(n · φ)`` of them, placed
+        within its cell's lowest and highest). None if no bucket at or before it has nacks left.
         O(rows + cells)."""
         if bucket == _NO_BUCKET:
             return None
@@ -371,6 +441,9 @@ class _BucketOffsets:
             while not any(cells[first : first + OFFSET_BINS]):
                 first += OFFSET_BINS
             last = first + OFFSET_BINS
+            order = self._order(row * OFFSET_SEGMENTS + (first - start) // OFFSET_BINS)
+            if order:
+                return self.sign * self._draw_ordered(row, first, last, order)
         at = row * _META + 3
         draws = self.meta[at]
         self.meta[at] = (draws + 1) & 0xFFFF
@@ -379,11 +452,29 @@ class _BucketOffsets:
         for cell in range(first, last):
             count = cells[cell]
             if count and target < seen + count:
+                low, high = self.low[cell], self.high[cell]
                 self._take(row, cell)
-                index = (cell - start) % OFFSET_BINS
-                return self.sign * (index + (target - seen) / count) * (1 << self.shift)
+                return self.sign * (low + (target - seen) / count * (high - low))
             seen += count
         return None  # (not reached: the cells counted have nacks left)
+
+    def _draw_ordered(self, row: int, first: int, last: int, order: int) -> float:
+        """:meth:`draw` from an ordered segment (cells ``first`` to ``last``, some with nacks left): the
+        nack filed first of those left, its offset unsigned. O(cells)."""
+        cells, low, high = self.cells, self.low, self.high
+        span = range(last - 1, first - 1, -1) if order < 0 else range(first, last)
+        cell = next(cell for cell in span if cells[cell])
+        count = cells[cell]
+        if order < 0:  # falling: the highest left; the next below it by the even spacing of the rest
+            offset = high[cell]
+            if count > 1:
+                high[cell] = offset - (offset - low[cell]) / (count - 1)
+        else:
+            offset = low[cell]
+            if count > 1:
+                low[cell] = offset + (high[cell] - offset) / (count - 1)
+        self._take(row, cell)
+        return float(offset)
 
     def _take(self, row: int, cell: int) -> None:
         """One nack leaves ``cell``; the row is freed once none is left. O(row) then."""
@@ -413,8 +504,8 @@ class _BucketOffsets:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the three arrays and this object. O(1)."""
-        held = (self.keys, self.cells, self.meta)
+        """Bytes held: the arrays and this object. O(1)."""
+        held = (self.keys, self.cells, self.low, self.high, self.meta, self.last, self.moves)
         return python_bytes(self) + sum(python_bytes(part) for part in held)
 
 
