@@ -494,7 +494,9 @@ class _BucketOffsets:
     def taken(self, due_ms: float) -> None:
         """A nack due at ``due_ms`` whose redelivery counts its exact lateness (it was sampled): its offset
         leaves its bucket's (the bucket within 2**k ms of it: after it with ceil, before with floor), from
-        the first segment that counts one there. O(rows + segments)."""
+        the first segment whose offsets left in its bin span it, else the first that counts one there (at
+        one fixed delay a segment straddles two bins: taken from the segment before, that one ran out
+        early and every later draw of the bucket came one nack ahead). O(rows + segments)."""
         span = OFFSET_BINS << self.shift
         keys = self.keys
         for row, key in enumerate(keys):
@@ -504,10 +506,17 @@ class _BucketOffsets:
             if 0 <= offset < span:  # (not a sign of the bucket redelivered: a kept copy's is taken early)
                 index = min(int(offset) >> self.shift, OFFSET_BINS - 1)
                 start = row * _CELLS
+                cells, low, high = self.cells, self.low, self.high
+                found = None  # its segment's cell: the first whose offsets left span it, else the first
                 for cell in range(start + index, start + _CELLS, OFFSET_BINS):
-                    if self.cells[cell]:
-                        self._take(row, cell)
-                        return
+                    if cells[cell]:
+                        if low[cell] <= offset <= high[cell]:
+                            found = cell
+                            break
+                        if found is None:
+                            found = cell
+                if found is not None:
+                    self._take(row, found)
                 return
 
     @property
