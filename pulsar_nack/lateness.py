@@ -230,9 +230,15 @@ _CELLS = OFFSET_BINS * OFFSET_SEGMENTS
 _META = 4
 _GOLDEN = 0.6180339887498949  # spreads the draws of one bin over it (a low-discrepancy sequence)
 _NO_BUCKET = -(1 << 63)
+#: A segment holds at most 2**this nacks (its count is 16 bits): past 8 × 2**15 nacks in one bucket (a
+#: busy consumer at k = 15: 8 nacks a ms) its last segment takes the rest.
+_MAX_SEGMENT_LOG = 15
 #: A segment's offsets count as filed in order when all but 1 in this many of its moves (an offset filed
 #: below or above the one before it) go one way.
 _ORDERED = 8
+#: The order is read from every 4th nack of a segment (each compared with the 4th before it): a cost on
+#: the nack path for 1 in 4 (a segment's order is a statistic: its 4th nacks tell it as well).
+_ORDER_EVERY = 3
 #: A bucket this many bucket widths before the latest one redelivered is past: its row may give way.
 _PAST_BUCKETS = 8
 
@@ -278,8 +284,8 @@ class _BucketOffsets:
         self.low: array[float] = array("f", bytes(4 * _CELLS * MAX_OFFSET_BUCKETS))
         self.high: array[float] = array("f", bytes(4 * _CELLS * MAX_OFFSET_BUCKETS))
         self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
-        # per segment: the offset filed last, and how often an offset filed was below / above the one
-        # before it (the segment's order: see draw)
+        # per segment: the offset compared last, and how often one compared was below / above the one
+        # before it (every 4th nack's: the segment's order, see draw)
         self.last: array[float] = array("f", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
         self.moves: array[int] = array("H", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
         self.shift = 0
@@ -303,8 +309,7 @@ class _BucketOffsets:
             row = found
         meta, at = self.meta, row * _META
         filled, used, log = meta[at], meta[at + 1], meta[at + 2]
-        segment = row * OFFSET_SEGMENTS + used - 1
-        if filled >= 1 << log or not used:
+        if not used or (filled >= 1 << log and (used < OFFSET_SEGMENTS or log < _MAX_SEGMENT_LOG)):
             if used == OFFSET_SEGMENTS:
                 self._merge(row)
                 used, log = meta[at + 1], meta[at + 2]
@@ -313,24 +318,29 @@ class _BucketOffsets:
             meta[at + 1] = used
             segment = row * OFFSET_SEGMENTS + used - 1
             self.moves[2 * segment] = self.moves[2 * segment + 1] = 0
-        else:  # the order of the segment's offsets: below or above the one filed before
-            before = self.last[segment]
+            self.last[segment] = offset_ms
+        elif not filled & _ORDER_EVERY:  # the segment's order: below or above the one compared before
+            segment = row * OFFSET_SEGMENTS + used - 1
+            last = self.last
+            before = last[segment]
+            last[segment] = offset_ms
             if offset_ms != before:
-                move = 2 * segment + (offset_ms > before)
-                if self.moves[move] < 0xFFFF:
-                    self.moves[move] += 1
-        self.last[segment] = offset_ms
-        meta[at] = filled + 1
+                moves, move = self.moves, 2 * segment + (offset_ms > before)
+                if moves[move] < 0xFFFF:
+                    moves[move] += 1
+        if filled < 0xFFFF:  # (past 2**15 a bucket's last segment takes the rest: the count stops)
+            meta[at] = filled + 1
         cell = row * _CELLS + (used - 1) * OFFSET_BINS + (offset_ms >> self.shift)
-        count = self.cells[cell]
+        cells = self.cells
+        count = cells[cell]
         if not count:
             self.low[cell] = self.high[cell] = offset_ms
+        elif offset_ms > self.high[cell]:  # (filed in order, a new offset is past one end: tested first)
+            self.high[cell] = offset_ms
         elif offset_ms < self.low[cell]:
             self.low[cell] = offset_ms
-        elif offset_ms > self.high[cell]:
-            self.high[cell] = offset_ms
         if count < 0xFFFF:
-            self.cells[cell] = count + 1
+            cells[cell] = count + 1
 
     def _new_row(self, bucket: int) -> int | None:
         """A row for a bucket not kept: free, else one given way (see the class docstring), else None."""

@@ -357,3 +357,16 @@ def test_a_sampled_nack_s_offset_leaves_its_own_segment() -> None:
     reported = histogram.percentiles([0.01, 0.5, 0.99])
     assert reported is not None
     assert reported == pytest.approx(list(np.percentile(measured, [1, 50, 99])), abs=1.0), reported
+
+
+def test_a_bucket_of_a_million_nacks_is_counted() -> None:
+    """Segments merge as a bucket's nacks double; past 8 × 2**15 nacks (262,144 in one bucket: 8 nacks a
+    ms at k = 15) the next merge overflowed the 16-bit fill count and the nack path raised OverflowError.
+    Now the last segment takes the rest: 1,000,000 nacks filed, and their copies still draw offsets of
+    the bucket (all 100 ms here: every copy 100 ms late, plus its 20 ms since the bucket)."""
+    histogram = LatenessHistogram()
+    for _ in range(1_000_000):
+        histogram.offset(1 << 20, 100)
+    for _ in range(1_000):
+        histogram.add_after_bucket(1 << 20, 20.0)
+    assert histogram.percentiles([0.0, 1.0]) == pytest.approx([120, 120], abs=1.0)
