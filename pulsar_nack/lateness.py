@@ -227,10 +227,13 @@ class _Buckets:
 
 #: Offset bins a bucket keeps per segment (:class:`_BucketOffsets`), the segments of its nacks in filing
 #: order, and the most buckets kept at once (a 10 s spread of delays is 40 buckets of 256 ms).
-OFFSET_BINS = 8
-OFFSET_SEGMENTS = 8
+OFFSET_BINS = 4
+OFFSET_SEGMENTS = 4
 MAX_OFFSET_BUCKETS = 40
 _CELLS = OFFSET_BINS * OFFSET_SEGMENTS
+#: Offsets are kept as places: 16-bit fractions of the bins' span (``OFFSET_BINS << shift`` ms); a place's
+#: bin is its top bits.
+_BIN_SHIFT = 16 - (OFFSET_BINS.bit_length() - 1)
 # per bucket: [filed in its last segment, segments used, log2 of a segment's capacity, draws]
 _META = 4
 _GOLDEN = 0.6180339887498949  # spreads the draws of one bin over it (a low-discrepancy sequence)
@@ -280,20 +283,38 @@ class _BucketOffsets:
     the new bucket is not kept (its redeliveries draw from the bucket before it). Past: more than
     :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from."""
 
-    __slots__ = ("cells", "drawn_upto", "high", "keys", "last", "low", "meta", "moves", "shift", "sign")
+    __slots__ = (
+        "_bucket",
+        "_row",
+        "cells",
+        "drawn_upto",
+        "high",
+        "keys",
+        "last",
+        "low",
+        "meta",
+        "moves",
+        "shift",
+        "sign",
+        "span_log",
+        "unit",
+    )
 
     def __init__(self) -> None:
         self.keys: array[int] = array("q", [_NO_BUCKET]) * MAX_OFFSET_BUCKETS  # a row's bucket time
         self.cells: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))  # nacks left
-        # the lowest and highest offset (ms) of each cell's nacks left (meaningful while it counts any)
-        self.low: array[float] = array("f", bytes(4 * _CELLS * MAX_OFFSET_BUCKETS))
-        self.high: array[float] = array("f", bytes(4 * _CELLS * MAX_OFFSET_BUCKETS))
+        # the lowest and highest place of each cell's nacks left (meaningful while it counts any)
+        self.low: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))
+        self.high: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))
         self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
-        # per segment: the offset compared last, and how often one compared was below / above the one
+        # per segment: the place compared last, and how often one compared was below / above the one
         # before it (every 4th nack's: the segment's order, see draw)
-        self.last: array[float] = array("f", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
+        self.last: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
         self.moves: array[int] = array("H", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
-        self.shift = 0
+        self.shift = 0  # a bin is 2**shift ms wide
+        self.span_log = self.shift + 16 - _BIN_SHIFT  # the bins span 2**this ms
+        self.unit = 2.0 ** (self.span_log - 16)  # ms a place
+        self._bucket, self._row = _NO_BUCKET, 0  # the row filed last (a burst of nacks shares a bucket)
         self.sign = 1
         self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
 
@@ -302,16 +323,21 @@ class _BucketOffsets:
         the bins widen, O(row) when a bucket's segments merge (each doubling of its nacks)."""
         if offset_ms < 0:
             self.sign, offset_ms = -1, -offset_ms
-        while offset_ms >> self.shift >= OFFSET_BINS:
+        place = offset_ms << 16 >> self.span_log
+        while place > 0xFFFF:
             self._widen()
-        keys = self.keys
-        try:
-            row = keys.index(bucket)
-        except ValueError:
-            found = self._new_row(bucket)
-            if found is None:
-                return
-            row = found
+            place = offset_ms << 16 >> self.span_log
+        if bucket == self._bucket:
+            row = self._row
+        else:
+            try:
+                row = self.keys.index(bucket)
+            except ValueError:
+                found = self._new_row(bucket)
+                if found is None:
+                    return
+                row = found
+            self._bucket, self._row = bucket, row
         meta, at = self.meta, row * _META
         filled, used, log = meta[at], meta[at + 1], meta[at + 2]
         if not used or (filled >= 1 << log and (used < OFFSET_SEGMENTS or log < _MAX_SEGMENT_LOG)):
@@ -323,27 +349,27 @@ class _BucketOffsets:
             meta[at + 1] = used
             segment = row * OFFSET_SEGMENTS + used - 1
             self.moves[2 * segment] = self.moves[2 * segment + 1] = 0
-            self.last[segment] = offset_ms
+            self.last[segment] = place
         elif not filled & _ORDER_EVERY:  # the segment's order: below or above the one compared before
             segment = row * OFFSET_SEGMENTS + used - 1
             last = self.last
             before = last[segment]
-            last[segment] = offset_ms
-            if offset_ms != before:
-                moves, move = self.moves, 2 * segment + (offset_ms > before)
+            last[segment] = place
+            if place != before:
+                moves, move = self.moves, 2 * segment + (place > before)
                 if moves[move] < 0xFFFF:
                     moves[move] += 1
         if filled < 0xFFFF:  # (past 2**15 a bucket's last segment takes the rest: the count stops)
             meta[at] = filled + 1
-        cell = row * _CELLS + (used - 1) * OFFSET_BINS + (offset_ms >> self.shift)
+        cell = row * _CELLS + (used - 1) * OFFSET_BINS + (place >> _BIN_SHIFT)
         cells = self.cells
         count = cells[cell]
         if not count:
-            self.low[cell] = self.high[cell] = offset_ms
-        elif offset_ms > self.high[cell]:  # (filed in order, a new offset is past one end: tested first)
-            self.high[cell] = offset_ms
-        elif offset_ms < self.low[cell]:
-            self.low[cell] = offset_ms
+            self.low[cell] = self.high[cell] = place
+        elif place > self.high[cell]:  # (filed in order, a new offset is past one end: tested first)
+            self.high[cell] = place
+        elif place < self.low[cell]:
+            self.low[cell] = place
         if count < 0xFFFF:
             cells[cell] = count + 1
 
@@ -408,7 +434,13 @@ class _BucketOffsets:
         self.meta[at] = 1 << self.meta[at + 2]  # the last merged segment is full
 
     def _widen(self) -> None:
+        """Bins twice as wide: places halve, neighbouring bins merge. O(table)."""
         self.shift += 1
+        self.span_log += 1
+        self.unit *= 2
+        self.low = array("H", (place >> 1 for place in self.low))
+        self.high = array("H", (place >> 1 for place in self.high))
+        self.last = array("H", (place >> 1 for place in self.last))
         for start in range(0, len(self.cells), OFFSET_BINS):
             for index in range(OFFSET_BINS):
                 self._pour(start + (index >> 1), start + index)
@@ -477,13 +509,13 @@ class _BucketOffsets:
             if count and target < seen + count:
                 low, high = self.low[cell], self.high[cell]
                 self._take(row, cell)
-                return past + self.sign * (low + (target - seen) / count * (high - low))
+                return past + self.sign * self.unit * (low + (target - seen) / count * (high - low))
             seen += count
         return None  # (not reached: the cells counted have nacks left)
 
     def _draw_ordered(self, row: int, first: int, last: int, order: int) -> float:
         """:meth:`draw` from an ordered segment (cells ``first`` to ``last``, some with nacks left): the
-        nack filed first of those left, its offset unsigned. O(cells)."""
+        nack filed first of those left, its offset (ms) unsigned. O(cells)."""
         cells, low, high = self.cells, self.low, self.high
         span = range(last - 1, first - 1, -1) if order < 0 else range(first, last)
         cell = next(cell for cell in span if cells[cell])
@@ -491,13 +523,13 @@ class _BucketOffsets:
         if order < 0:  # falling: the highest left; the next below it by the even spacing of the rest
             offset = high[cell]
             if count > 1:
-                high[cell] = offset - (offset - low[cell]) / (count - 1)
+                high[cell] = int(offset - (offset - low[cell]) / (count - 1) + 0.5)
         else:
             offset = low[cell]
             if count > 1:
-                low[cell] = offset + (high[cell] - offset) / (count - 1)
+                low[cell] = int(offset + (high[cell] - offset) / (count - 1) + 0.5)
         self._take(row, cell)
-        return float(offset)
+        return offset * self.unit
 
     def _take(self, row: int, cell: int) -> None:
         """One nack leaves ``cell``; the row is freed once none is left. O(row) then."""
@@ -505,6 +537,8 @@ class _BucketOffsets:
         cells[cell] -= 1
         if not cells[cell] and not any(cells[row * _CELLS : (row + 1) * _CELLS]):
             self.keys[row] = _NO_BUCKET  # every nack of it drawn or taken: the row is free
+            if row == self._row:
+                self._bucket = _NO_BUCKET
 
     def taken(self, due_ms: float) -> None:
         """A nack due at ``due_ms`` whose redelivery counts its exact lateness (it was sampled): its offset
@@ -519,13 +553,14 @@ class _BucketOffsets:
                 continue
             offset = (key - due_ms) * self.sign
             if 0 <= offset < span:  # (not a sign of the bucket redelivered: a kept copy's is taken early)
-                index = min(int(offset) >> self.shift, OFFSET_BINS - 1)
+                place = offset / self.unit
+                index = min(int(place) >> _BIN_SHIFT, OFFSET_BINS - 1)
                 start = row * _CELLS
                 cells, low, high = self.cells, self.low, self.high
                 found = None  # its segment's cell: the first whose offsets left span it, else the first
                 for cell in range(start + index, start + _CELLS, OFFSET_BINS):
                     if cells[cell]:
-                        if low[cell] <= offset <= high[cell]:
+                        if low[cell] <= place <= high[cell]:
                             found = cell
                             break
                         if found is None:
