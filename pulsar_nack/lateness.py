@@ -284,8 +284,12 @@ class _BucketOffsets:
     :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from."""
 
     __slots__ = (
+        "_at",
+        "_base",
         "_bucket",
-        "_row",
+        "_filled",
+        "_limit",
+        "_segment",
         "cells",
         "drawn_upto",
         "high",
@@ -314,31 +318,65 @@ class _BucketOffsets:
         self.shift = 0  # a bin is 2**shift ms wide
         self.span_log = self.shift + 16 - _BIN_SHIFT  # the bins span 2**this ms
         self.unit = 2.0 ** (self.span_log - 16)  # ms a place
-        self._bucket, self._row = _NO_BUCKET, 0  # the row filed last (a burst of nacks shares a bucket)
+        # the bucket filed last (a burst of nacks shares one), its meta index, its segment with room, the
+        # segment's first cell, the nacks filed in it and how many it takes
+        self._bucket = _NO_BUCKET
+        self._at = self._segment = self._base = self._filled = self._limit = 0
         self.sign = 1
         self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
 
     def add(self, bucket: int, offset_ms: int) -> None:
-        """A nack filed in ``bucket``, ``offset_ms`` before it. O(1) (a C scan of the keys); O(table) when
-        the bins widen, O(row) when a bucket's segments merge (each doubling of its nacks)."""
+        """A nack filed in ``bucket``, ``offset_ms`` before it. O(1): a few int operations for a nack of
+        the bucket and segment filed last (a burst of nacks shares them), a C scan of the keys for another
+        bucket; O(table) when the bins widen, O(row) when a bucket's segments merge (each doubling of its
+        nacks)."""
         if offset_ms < 0:
             self.sign, offset_ms = -1, -offset_ms
         place = offset_ms << 16 >> self.span_log
         while place > 0xFFFF:
             self._widen()
             place = offset_ms << 16 >> self.span_log
-        if bucket == self._bucket:
-            row = self._row
-        else:
-            try:
-                row = self.keys.index(bucket)
-            except ValueError:
-                found = self._new_row(bucket)
-                if found is None:
-                    return
-                row = found
-            self._bucket, self._row = bucket, row
-        meta, at = self.meta, row * _META
+        if (bucket != self._bucket or self._filled >= self._limit) and not self._open(bucket, place):
+            return  # (not kept)
+        filled = self._filled
+        self._filled = filled + 1
+        if not filled & _ORDER_EVERY:  # the segment's order: below or above the one compared before
+            segment = self._segment
+            last = self.last
+            before = last[segment]
+            last[segment] = place
+            if place != before:
+                moves, move = self.moves, 2 * segment + (place > before)
+                if moves[move] < 0xFFFF:
+                    moves[move] += 1
+        cell = self._base + (place >> _BIN_SHIFT)
+        cells = self.cells
+        count = cells[cell]
+        if not count:
+            self.low[cell] = self.high[cell] = place
+        elif place > self.high[cell]:  # (filed in order, a new offset is past one end: tested first)
+            self.high[cell] = place
+        elif place < self.low[cell]:
+            self.low[cell] = place
+        if count < 0xFFFF:
+            cells[cell] = count + 1
+
+    def _open(self, bucket: int, place: int) -> bool:
+        """Make ``bucket``'s row and its segment with room the ones :meth:`add` files into (a new segment,
+        its first place ``place``, once the last is full; segments merge when all are used); False if the
+        bucket is not kept. The row filed last keeps its fill count in ``meta`` again. O(rows + row)."""
+        meta = self.meta
+        if self._bucket != _NO_BUCKET:
+            meta[self._at] = min(self._filled, 0xFFFF)
+            self._bucket = _NO_BUCKET
+        try:
+            row = self.keys.index(bucket)
+        except ValueError:
+            found = self._new_row(bucket)
+            if found is None:
+                return False
+            row = found
+        at = row * _META
         filled, used, log = meta[at], meta[at + 1], meta[at + 2]
         if not used or (filled >= 1 << log and (used < OFFSET_SEGMENTS or log < _MAX_SEGMENT_LOG)):
             if used == OFFSET_SEGMENTS:
@@ -350,28 +388,13 @@ class _BucketOffsets:
             segment = row * OFFSET_SEGMENTS + used - 1
             self.moves[2 * segment] = self.moves[2 * segment + 1] = 0
             self.last[segment] = place
-        elif not filled & _ORDER_EVERY:  # the segment's order: below or above the one compared before
-            segment = row * OFFSET_SEGMENTS + used - 1
-            last = self.last
-            before = last[segment]
-            last[segment] = place
-            if place != before:
-                moves, move = self.moves, 2 * segment + (place > before)
-                if moves[move] < 0xFFFF:
-                    moves[move] += 1
-        if filled < 0xFFFF:  # (past 2**15 a bucket's last segment takes the rest: the count stops)
-            meta[at] = filled + 1
-        cell = row * _CELLS + (used - 1) * OFFSET_BINS + (place >> _BIN_SHIFT)
-        cells = self.cells
-        count = cells[cell]
-        if not count:
-            self.low[cell] = self.high[cell] = place
-        elif place > self.high[cell]:  # (filed in order, a new offset is past one end: tested first)
-            self.high[cell] = place
-        elif place < self.low[cell]:
-            self.low[cell] = place
-        if count < 0xFFFF:
-            cells[cell] = count + 1
+        self._bucket, self._at, self._filled = bucket, at, filled
+        self._segment = row * OFFSET_SEGMENTS + used - 1
+        self._base = row * _CELLS + (used - 1) * OFFSET_BINS
+        # (past 2**15 nacks a segment, the last takes the rest)
+        full = used == OFFSET_SEGMENTS and log >= _MAX_SEGMENT_LOG
+        self._limit = 1 << 62 if full else 1 << log
+        return True
 
     def _new_row(self, bucket: int) -> int | None:
         """A row for a bucket not kept: free, else one given way (see the class docstring), else None."""
@@ -537,7 +560,7 @@ class _BucketOffsets:
         cells[cell] -= 1
         if not cells[cell] and not any(cells[row * _CELLS : (row + 1) * _CELLS]):
             self.keys[row] = _NO_BUCKET  # every nack of it drawn or taken: the row is free
-            if row == self._row:
+            if row * _META == self._at:
                 self._bucket = _NO_BUCKET
 
     def taken(self, due_ms: float) -> None:
