@@ -10,21 +10,22 @@ nack is filed. Three fixed-size structures:
   8 bytes a slot, 4 KiB), read when the id's forward is recorded: those redeliveries count their exact
   lateness (in tests with few nacks, all of them);
 * :class:`_BucketOffsets` counts, per bucket (up to 40 at once), where its nacks' due times lie in it,
-  in the order they were filed (8 segments of consecutive nacks × 8 bins: 32 ms at k = 8, each bin with
+  in the order they were filed (4 segments of consecutive nacks × 8 bins: 32 ms at k = 8, each bin with
   the lowest and highest offset it holds, and per segment whether its offsets fell or rose as they were
-  filed; 30.7 KiB): a redelivery not sampled counts its time since its bucket plus the next offset of its
+  filed; 10.4 KiB): a redelivery not sampled counts its time since its bucket plus the next offset of its
   own bucket's nacks in filing order (a bucket's copies come in about the order its nacks were filed) —
   in a segment filed in order (one fixed delay: a due time is the filing time plus the delay) the one
   filed first of those left, else one drawn evenly over the segment — and a sampled one takes its own
   offset out, so that each nack's offset is counted once; per bucket, because nack times follow the
   forwards (an application nacks in bursts just after each forward), so where due times lie in a bucket
   differs from bucket to bucket, and with it how long the redeliveries wait;
-* :class:`LatenessHistogram` counts those lateness values in log buckets (an HDR-histogram shape: 256
-  sub-buckets per power of two, so ≤ 0.4 % of the value wide — 4 ms at 1–2 s, where a demo's p99 lies —
-  interpolated within; ~19 KiB; with 64 a p99 of 1.1 s read 7 ms high from its width alone), early
-  ones (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds
-  twice ``window`` redeliveries: the percentiles describe roughly the last ``window``–``2 * window``.
-  Every redelivery counts once.
+* :class:`LatenessHistogram` counts those lateness values in log buckets (an HDR-histogram shape,
+  each power of two's buckets as wide as the lateness there needs: 1 ms below 256 ms, 4 ms at 1–2 s and
+  8 ms at 2–4 s, where a demo's p99 lies, 64 a power of two from 4 s; 16-bit counts, 4.8 KiB; 16 ms wide
+  a p99 of 1.1 s read 13.6 ms high from the width alone), interpolated within, early ones (negative
+  lateness: floor rounding) in a coarser mirror, and halves every count once it holds twice ``window``
+  redeliveries: the percentiles describe roughly the last ``window``–``2 * window``. Every redelivery
+  counts once.
 
 A weighted sample of due times alone (each sampled redelivery counted for the nacks it stood for, the
 sample thinned while many were pending) missed the application's p50 by up to 20 ms in the demo's
@@ -35,8 +36,11 @@ that wait longest since their bucket are those whose due times lie latest in it.
 a flush's limit (a time past its bucket's) counts the time since that label: the label's lead over its
 bucket is added to the offset drawn (without it, a demo's tail bucket read 5 ms low).
 
-None grows with pending nacks or run time (~55 KiB in all, each part allocated at its first use). Not
-thread-safe: the arrival filter calls them under its lock.
+None grows with pending nacks or run time: at most :data:`MAX_BYTES` (20 KiB) in all, whatever was
+counted (19.6 KiB measured: histogram 4.8, offsets 10.4, sample 4.4), each part allocated at its first
+use. With 4 segments × 4 bins it is 16 KiB, but in the demo (pulsar-lite, 2 runs) the per-message p99
+read 5.4 and 10.5 ms low, where 8 × 4 and 4 × 8 read 2.8 and 3.5 ms low (1 run each). Not thread-safe:
+the arrival filter calls them under its lock.
 """
 
 from __future__ import annotations
@@ -47,7 +51,12 @@ from collections.abc import Sequence
 
 from pulsar_nack.memory import python_bytes
 
-__all__ = ["DueSample", "LatenessHistogram", "Sampled"]
+__all__ = ["MAX_BYTES", "DueSample", "LatenessHistogram", "Sampled"]
+
+#: The most the estimator holds (``nbytes`` of a :class:`LatenessHistogram` with its buckets' offsets,
+#: plus a :class:`DueSample` of the default capacity), whatever it counted (issue 23: ≤ 16 KiB fixed
+#: for everything the wrapper keeps for a consumer).
+MAX_BYTES = 20 * 1024
 
 #: What a copy kept for a pending nack carries to its hand-out, for its lateness: a time (ms) and whether
 #: it is the nack's exact due time (sampled: :meth:`LatenessHistogram.add`) or its bucket time
@@ -227,7 +236,7 @@ class _Buckets:
 
 #: Offset bins a bucket keeps per segment (:class:`_BucketOffsets`), the segments of its nacks in filing
 #: order, and the most buckets kept at once (a 10 s spread of delays is 40 buckets of 256 ms).
-OFFSET_BINS = 4
+OFFSET_BINS = 8
 OFFSET_SEGMENTS = 4
 MAX_OFFSET_BUCKETS = 40
 _CELLS = OFFSET_BINS * OFFSET_SEGMENTS
@@ -258,9 +267,10 @@ class _BucketOffsets:
     segments of consecutive filings (a segment holds ``2**c`` nacks; when all are used, neighbours merge
     and ``c`` grows), for at most :data:`MAX_OFFSET_BUCKETS` buckets. Offsets are ≥ 0 with ceil rounding,
     ≤ 0 with floor (``sign``). Flat tables: per cell a 16-bit count and the lowest and highest offset left
-    (32-bit floats), per segment the offset filed last and how often one was filed below / above the one
-    before it: 720 bytes a bucket with its key and state (30.7 KiB with the arrays' headers); they do not
-    grow with the nacks.
+    (16-bit places: fractions of the bins' span, 1/256 ms at k = 8), per segment the place filed last and
+    how often one was filed below / above the one before it: 232 bytes a bucket with its key and state
+    (10.4 KiB with the arrays' headers; float32 offsets and 8 segments were 30.7); they do not grow with
+    the nacks.
 
     A redelivery not sampled draws an offset of its bucket's nacks in filing order — one of the first
     segment with nacks left: if all but 1 in :data:`_ORDERED` of its offsets fell (or rose) as they were

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from fake_clock import FakeClock
 
-from pulsar_nack.lateness import MAX_EVERY, DueSample, LatenessHistogram, offered
+from pulsar_nack.lateness import MAX_BYTES, MAX_EVERY, DueSample, LatenessHistogram, offered
 
 
 def test_percentiles_agree_with_numpy_within_the_bucket_precision() -> None:
     """Late values to 1 h and early ones (floor rounding): each percentile within 0.8 % of its value
-    (late buckets 0.4 % wide: 256 sub-buckets a power of two; early ones 3.2 %: 16) plus 1 ms of
+    (late buckets ≤ 1.6 % wide: 64 a power of two from 4 s, narrower below; early ones 3.2 %: 16) plus 1 ms of
     numpy's."""
     rng = random.Random(7)
     values = [rng.uniform(0, 300) + rng.expovariate(1 / 20) for _ in range(3_000)]
@@ -215,7 +215,7 @@ def test_each_redelivery_draws_an_offset_of_its_own_bucket() -> None:
     empty = histogram.nbytes
     for bucket in range(0, 256_000, 256):
         histogram.offset(bucket, 100)
-    assert histogram.nbytes == empty < 57_344, "a fixed table: 40 buckets at most"
+    assert histogram.nbytes == empty < MAX_BYTES, "a fixed table: 40 buckets at most"
 
 
 def test_kept_and_sampled_redeliveries_leave_the_drawn_offsets_those_of_the_others() -> None:
@@ -264,7 +264,7 @@ def test_a_fixed_delay_s_offsets_are_drawn_in_the_order_their_nacks_were_filed(r
     offsets fall (ceil; rise with floor) and its copies come back in that order, so the time since the
     bucket and the offset pair up — here every copy 40–45 ms late (the forwards' lag, and a backlog
     that grows by 1 ms per 256 ms). Nacks filed every 0.25 ms on a fake clock (1,024 a bucket: segments
-    of 128 after merging, 32 ms of due times each), every copy not sampled. Drawn evenly within a
+    of 256 after merging, 64 ms of due times each), every copy not sampled. Drawn evenly within a
     segment the offsets paired at random: p99 read 123–126 ms for 81 (p50 was within 0.7 ms); drawn in
     filing order (each cell's lowest and highest kept), both within 2 ms."""
     clock = FakeClock()
@@ -293,8 +293,8 @@ def test_a_fixed_delay_s_offsets_are_drawn_in_the_order_their_nacks_were_filed(r
 def test_a_tight_tail_reads_within_a_few_ms(around: float) -> None:
     """The demo's p99 lies at 1–4 s, its tail a few ms wide (one bucket's copies, each as late as the
     backlog made it). 4,000 values over 6 ms at ``around``: p50 and p99 within 0.2 % of the value of
-    numpy's (half a bucket: 256 sub-buckets a power of two — 4 ms at 1–2 s, 8 ms at 2–4 s). With 64
-    the buckets were 16 and 32 ms wide: p99 read 13.6 ms high at 1.1 s."""
+    numpy's (half a bucket: 4 ms wide at 1–2 s, 8 ms at 2–4 s). 16 and 32 ms wide (64 a power of
+    two), p99 read 13.6 ms high at 1.1 s."""
     rng = random.Random(11)
     values = [around + rng.uniform(0, 6) for _ in range(4_000)]
     histogram = LatenessHistogram(window=10_000)
@@ -370,3 +370,41 @@ def test_a_bucket_of_a_million_nacks_is_counted() -> None:
     for _ in range(1_000):
         histogram.add_after_bucket(1 << 20, 20.0)
     assert histogram.percentiles([0.0, 1.0]) == pytest.approx([120, 120], abs=1.0)
+
+
+@pytest.mark.parametrize("rounding", ["ceil", "floor"])
+def test_the_estimator_stays_within_its_bound_whatever_it_counted(rounding: str) -> None:
+    """Issue 23: what the wrapper keeps for a consumer is ≤ 16 KiB fixed, so the estimator (histogram with
+    the buckets' offsets, and the sample of due times) holds at most :data:`MAX_BYTES` once every part is
+    allocated at its largest: nacks in 200 buckets of 256 ms (more than are kept at once) with offsets
+    up to 2**20 ms (the bins widen), lateness values over every power of two up to past 2**24 ms, early
+    ones too (floor), and the sample full. The bytes do not grow with the run: the same after twice as
+    much."""
+    rng = random.Random(23)
+    sign = 1 if rounding == "ceil" else -1
+    histogram = LatenessHistogram(window=1_000)
+    sample = DueSample()
+    key = 0
+
+    def run() -> None:
+        nonlocal key
+        for bucket in range(1_000_000, 1_000_000 + 200 * 256, 256):
+            for _ in range(300):
+                key += 1
+                due = bucket - sign * rng.randrange(0, 1 << rng.randrange(1, 21))
+                histogram.offset(bucket, bucket - due)
+                if not sample.every or offered(due, sample.every):
+                    sample.note(key, due)
+            for _ in range(100):
+                histogram.add_after_bucket(bucket, rng.uniform(0, 5_000))
+        for exponent in range(26):
+            for _ in range(20):
+                value = rng.uniform(1, 2) * (1 << exponent)
+                histogram.add(value)
+                histogram.add(-value / 2)
+
+    run()
+    size = histogram.nbytes + sample.nbytes
+    run()
+    assert histogram.nbytes + sample.nbytes == size <= MAX_BYTES, size
+    assert sample.used > sample.every > 0, "the sample filled and thinned"
