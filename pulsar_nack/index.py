@@ -2224,11 +2224,8 @@ class _HotIndex:
                     if narrow.all():
                         continue
                     slot_entries, slot_indexes = slot_entries[~narrow], slot_indexes[~narrow]
-            masks: dict[int, int] = {}
-            for entry_id, index in zip(slot_entries.tolist(), slot_indexes.tolist(), strict=True):
-                masks[entry_id] = masks.get(entry_id, 0) | 1 << index
             members = self._members
-            for entry_id, mask in masks.items():
+            for entry_id, mask in zip(*_entry_masks(slot_entries, slot_indexes), strict=True):
                 key = _member_key(bucket, record, entry_id)
                 have = members.get(key)
                 if have is None:
@@ -2914,6 +2911,22 @@ def _runs(
 def _run_starts(buckets: npt.NDArray[np.int64], ledgers: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     change = (buckets[1:] != buckets[:-1]) | (ledgers[1:] != ledgers[:-1])
     return np.concatenate(([0], np.flatnonzero(change) + 1))
+
+
+def _entry_masks(
+    entry_ids: npt.NDArray[np.uint32], indexes: npt.NDArray[np.int64]
+) -> tuple[list[int], list[int]]:
+    """Batch messages sorted by entry id → each entry's id and the bitmask of its batch indexes. O(n)
+    numpy when every index is below 64, else O(n) Python (numpy for wider masks measured no faster on a
+    slot's ~100 messages)."""
+    if int(indexes.max()) < 64:
+        heads = np.flatnonzero(np.concatenate(([True], entry_ids[1:] != entry_ids[:-1])))
+        bits = np.left_shift(np.uint64(1), indexes.astype(np.uint64))
+        return entry_ids[heads].tolist(), np.bitwise_or.reduceat(bits, heads).tolist()
+    masks: dict[int, int] = {}
+    for entry_id, index in zip(entry_ids.tolist(), indexes.tolist(), strict=True):
+        masks[entry_id] = masks.get(entry_id, 0) | 1 << index
+    return list(masks), list(masks.values())
 
 
 def _worth_shrinking(bitmap: BitMap64) -> bool:

@@ -753,7 +753,7 @@ class SegmentStore:
             if not rec.merged:
                 self._stats.fallbacks += 1
                 if self._records.get(rec.seq) is rec and not rec.loaded:
-                    self._fill(rec, decode_segment(data, self.config.limits))
+                    self._fill((rec, decode_segment(data, self.config.limits)))
         self._storage_failed(exc)
 
     def _storage_failed(self, exc: SnapshotStorageError) -> None:
@@ -929,8 +929,9 @@ class SegmentStore:
                     if both:
                         self._dupes.setdefault(key, BitMap()).update(both)
                     union |= members
-        for _, _, rec, segment in sorted(candidates, key=lambda c: (-c[0], -c[1])):
-            self._fill(rec, segment)
+        # All at once: one add_many per topic (the mutable index is empty, so no entry's parts meet there,
+        # and which segment is filed first does not matter: the loaded index keeps the earliest copy)
+        self._fill(*((rec, segment) for _, _, rec, segment in candidates))
         del candidates
         self._dupes = {k: v for k, v in self._dupes.items() if v}
         ids = sum(r.count for r in self._records.values())
@@ -1029,7 +1030,7 @@ class SegmentStore:
         if rec.min_due <= now_ms or (
             rec.min_due <= horizon and len(self._loaded) + rec.count <= self.config.max_loaded_ids
         ):
-            self._fill(rec, segment)
+            self._fill((rec, segment))
 
     def _record(self, segment: Segment, nbytes: int) -> _Record:
         membership: dict[Key, BitMap] = {}
@@ -1134,22 +1135,55 @@ class SegmentStore:
             self._delete_file(rec.name)
             return False
         self._stats.load.record(_ms(started), True)
-        self._fill(rec, segment)
+        self._fill((rec, segment))
         return True
 
-    def _fill(self, rec: _Record, segment: Segment) -> None:
-        """Put a segment's ids (deletions applied) into the loaded index, where its rule files them among
+    def _fill(self, *segments: tuple[_Record, Segment]) -> None:
+        """Put segments' ids (deletions applied) into the loaded index, where its rule files them among
         the parts there (earliest wins); an entry with a second copy (``_dupes``) that the mutable index
-        holds parts of goes there instead, with its loaded parts (:meth:`_move_to_mutable`).
-        O(ids of the segment)."""
-        # entries with a second copy (``_dupes``) → this segment's parts of them, as (bucket, mask or None)
-        # when the mutable index holds parts of them too, else None
-        meet: dict[tuple[str, int, int], list[tuple[int, int | None]] | None] = {}
+        holds parts of goes there instead, with its loaded parts (:meth:`_move_to_mutable`). Several
+        segments only while the mutable index is empty (a restore). O(ids of the segments)."""
         # ids, filed with one add_many per topic at the end — (bucket, ledger, entry ids, batch indexes or
-        # None for whole entries) runs: the index's dedupe then gathers a ledger's pending ids once per
-        # segment, not once per (bucket, ledger) group, and files batch messages in bulk (one by one, a
-        # restore of 10,000 batched nacks took ~400 ms where 10,000 whole entries took ~5)
+        # None for whole entries) runs: the index's dedupe then gathers a ledger's pending ids once, not
+        # once per (bucket, ledger) group, and files batch messages in bulk (one by one, a restore of
+        # 10,000 batched nacks took ~400 ms where 10,000 whole entries took ~5)
         runs: dict[str, list[tuple[int, int, npt.NDArray[np.uint32], npt.NDArray[np.int64] | None]]] = {}
+        # per segment: entries with a second copy (``_dupes``) → its parts of them, as (bucket, mask or
+        # None) when the mutable index holds parts of them too, else None
+        meets = [self._gather(rec, segment, runs) for rec, segment in segments]
+        assert len(segments) == 1 or not any(any(meet.values()) for meet in meets), "several: no meets"
+        for topic, topic_runs in runs.items():
+            # (batch messages and whole entries in one call: add_many files the messages first)
+            self._loaded.add_many(
+                np.concatenate([np.full(len(ids), due, dtype=np.int64) for due, _, ids, _ in topic_runs]),
+                np.concatenate([np.full(len(ids), led, dtype=np.int64) for _, led, ids, _ in topic_runs]),
+                np.concatenate([ids for _, _, ids, _ in topic_runs]),
+                np.concatenate([_indexes_of(ids, indexes) for _, _, ids, indexes in topic_runs]),
+                topic=topic,
+            )
+        for (rec, _), meet in zip(segments, meets, strict=True):
+            for (topic, ledger_id, entry), found in meet.items():
+                if found is None:
+                    continue
+                # Every part of the entry in memory (this segment's, the loaded index's, the mutable
+                # index's) in one index: its rule keeps the earliest copy of each, and drops the messages
+                # a whole entry no later covers — exact where comparing copies one by one was not (the
+                # whole entry's copy taken for due at its earliest message's bucket: whole at 2 dropped
+                # beside message 0 at 0 and a later whole copy at 3). The segment's copies are deleted in
+                # it.
+                self._delete_in(rec, (topic, ledger_id), entry, -1)
+                self._move_to_mutable(ledger_id, entry, topic, found)
+            rec.loaded = True
+
+    def _gather(
+        self,
+        rec: _Record,
+        segment: Segment,
+        runs: dict[str, list[tuple[int, int, npt.NDArray[np.uint32], npt.NDArray[np.int64] | None]]],
+    ) -> dict[tuple[str, int, int], list[tuple[int, int | None]] | None]:
+        """(Lock held.) :meth:`_fill`'s reading of one segment: its ids to file, as runs into ``runs``;
+        returns its meets. O(ids of the segment) numpy, O(groups + second copies) Python."""
+        meet: dict[tuple[str, int, int], list[tuple[int, int | None]] | None] = {}
         for g in segment.groups:
             if rec.popped_through is not None and g.bucket_ms <= rec.popped_through:
                 continue  # popped before a restart (the watermark): spent
@@ -1198,26 +1232,7 @@ class SegmentStore:
             if entries:
                 array = np.frombuffer(entries.to_array(), dtype=np.uint32)
                 runs.setdefault(g.topic, []).append((g.bucket_ms, g.ledger_id, array, None))
-        for topic, topic_runs in runs.items():
-            # (batch messages and whole entries in one call: add_many files the messages first)
-            self._loaded.add_many(
-                np.concatenate([np.full(len(ids), due, dtype=np.int64) for due, _, ids, _ in topic_runs]),
-                np.concatenate([np.full(len(ids), led, dtype=np.int64) for _, led, ids, _ in topic_runs]),
-                np.concatenate([ids for _, _, ids, _ in topic_runs]),
-                np.concatenate([_indexes_of(ids, indexes) for _, _, ids, indexes in topic_runs]),
-                topic=topic,
-            )
-        for (topic, ledger_id, entry), found in meet.items():
-            if found is None:
-                continue
-            # Every part of the entry in memory (this segment's, the loaded index's, the mutable
-            # index's) in one index: its rule keeps the earliest copy of each, and drops the messages a
-            # whole entry no later covers — exact where comparing copies one by one was not (the whole
-            # entry's copy taken for due at its earliest message's bucket: whole at 2 dropped beside
-            # message 0 at 0 and a later whole copy at 3). The segment's copies are deleted in it.
-            self._delete_in(rec, (topic, ledger_id), entry, -1)
-            self._move_to_mutable(ledger_id, entry, topic, found)
-        rec.loaded = True
+        return meet
 
     def _move_to_mutable(
         self, ledger_id: int, entry_id: int, topic: str, found: list[tuple[int, int | None]]
