@@ -833,7 +833,9 @@ class _HotIndex:
       their number doubles past a power of two, see ``_relayout``).
     * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
       O(B_l + P) once per ledger and call if a run overlaps the ledger's pending range (the ids it may
-      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)).
+      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)). Batch
+      messages: O(n log n) numpy plus O(1) Python per entry of a run, and O(B_l) probes per entry the
+      ledger has parts of already (``_add_members``).
     * :meth:`pop_due` — O(log B) to find the due buckets, O(due ids log due ids) in numpy and CRoaring
       (the due buckets' shared bitmaps are merged in one call), plus O(1) Python work per due bucket,
       per slot with its own bitmap, and per due ledger; O(S) when the ledgers left pending fall to a
@@ -2508,9 +2510,9 @@ class TimeBucketIndex:
         """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
 
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
-        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: O(n) numpy
-        work plus O(1) Python work per run of ids sharing bucket and ledger (see ``_HotIndex``), plus
-        O(n) Python probes when the packed tier holds ids.
+        anything changes. Ids with a batch index >= 0 are filed in bulk too. Complexity: O(n) numpy
+        work plus O(1) Python work per run of ids sharing bucket and ledger (batch messages: per entry of
+        a run; see ``_HotIndex``), plus O(n) Python probes when the packed tier holds ids.
         """
         with self._lock:
             if len(self._packed):

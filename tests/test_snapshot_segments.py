@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from pyroaring import BitMap
 
 from pulsar_nack.index import TimeBucketIndex
-from pulsar_nack.snapshot.format import decode_segment
-from pulsar_nack.snapshot.segments import WATERMARK_NAME, SegmentConfig, SegmentStore
+from pulsar_nack.snapshot import segments
+from pulsar_nack.snapshot.format import Segment, decode_segment, encode_segment, groups_from_rows
+from pulsar_nack.snapshot.segments import WATERMARK_NAME, SegmentConfig, SegmentStore, segment_name
 from pulsar_nack.snapshot.storage import (
     InMemoryStorage,
     LocalDirectoryStorage,
@@ -256,7 +258,10 @@ def _assert_same_pending(view: SegmentStore, reference: TimeBucketIndex, ops: li
         )
 
 
-def test_restored_batch_messages_are_all_due_at_their_times(storage: SnapshotStorage) -> None:
+@pytest.mark.parametrize("fill_ids", [None, 1])
+def test_restored_batch_messages_are_all_due_at_their_times(
+    storage: SnapshotStorage, fill_ids: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Issue 27 item 4: segments' batch messages are filed in bulk (one by one, a restore of 10,000
     batched nacks took ~400 ms where 10,000 whole entries took ~5). Batches nacked message by message
     with their own delays, sealed into segments one second of nacks at a time (as the consumer does), so
@@ -265,7 +270,10 @@ def test_restored_batch_messages_are_all_due_at_their_times(storage: SnapshotSto
     persisted by a checkpoint). After a restart every message pending is pending (``pending_mask``), due
     at its bucket (``due_of``) and popped once, then, as an index that never went through a snapshot pops
     it. So too in the store that wrote the segments, after more acks while the segments are on storage
-    (applied when each is loaded): the same pops."""
+    (applied when each is loaded): the same pops. ``fill_ids`` 1: the restore fills its segments one at a
+    time (as it does past 65,536 ids), each entry's messages settled against those filed before."""
+    if fill_ids is not None:
+        monkeypatch.setattr(segments, "_FILL_IDS", fill_ids)
     config = SegmentConfig(min_ids_per_segment=200, load_ahead_ms=0, max_loaded_ids=0)
     store = SegmentStore(storage, config, precision_bits=K)
     rng = random.Random(27)
@@ -299,6 +307,50 @@ def test_restored_batch_messages_are_all_due_at_their_times(storage: SnapshotSto
         ops.append(("remove", 0, ledger, entry, index))
     # (due_of is a lower bound for an id on storage: only the pops are compared)
     assert _all_pops(store, 20_000) == _all_pops(_replayed(ops), 20_000) and len(store) == 0
+
+
+@pytest.mark.parametrize("fill_ids", [None, 1])
+def test_messages_in_several_segments_restore_as_an_index_files_them(
+    storage: SnapshotStorage, fill_ids: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Segments that overlap (as a crash between writes can leave them): the same batch messages and
+    whole entries in several segments at different buckets. The restore files them in bulk — all at once,
+    or (``fill_ids`` 1) one segment after the other, each entry's messages settled against the parts
+    filed before — and the result is what an index makes of the same adds one by one: each message due
+    at its earliest bucket, covered by its entry pending whole no later, a later copy gone."""
+    if fill_ids is not None:
+        monkeypatch.setattr(segments, "_FILL_IDS", fill_ids)
+    rng = random.Random(5)
+    reference = TimeBucketIndex(K)
+    for seq in range(1, 7):
+        rows: dict[int, tuple[BitMap, dict[int, int]]] = {}  # bucket → (entries, masks of partial ones)
+        for entry in rng.sample(range(20), 12):
+            whole = bucket(rng.randrange(3_000, 12_000)) if rng.random() < 0.3 else None
+            if whole is not None:
+                rows.setdefault(whole, (BitMap(), {}))[0].add(entry)
+                reference.add(whole, 5, entry)
+            for index in rng.sample([*range(12), 1500], 5):
+                due = bucket(rng.randrange(1_000, whole if whole is not None else 12_000))
+                if due == whole:
+                    continue  # (the whole entry there covers it: not a message of its own in the file)
+                entries, masks = rows.setdefault(due, (BitMap(), {}))
+                entries.add(entry)
+                masks[entry] = masks.get(entry, 0) | 1 << index
+                reference.add(due, 5, entry, index)
+        groups = groups_from_rows(
+            (due, "", 5, entries, masks) for due, (entries, masks) in sorted(rows.items())
+        )
+        storage.put(segment_name(seq), encode_segment(Segment(seq, tuple(groups))))
+    again = SegmentStore(storage, SegmentConfig(), precision_bits=K)
+    again.restore(0)
+    assert again.stats().segments_loaded == 6
+    for entry in range(20):
+        assert again.pending_mask(5, entry) == reference.pending_mask(5, entry), entry
+        for index in (-1, *range(12), 1500):
+            assert again.due_of(5, entry, index) == reference.due_of(5, entry, index), (entry, index)
+    expected = _all_pops(reference, 12_000)
+    assert _all_pops(again, 12_000) == expected and len(again) == 0
+    assert any(p[3] is None for p in expected) and any(p[3] for p in expected)
 
 
 def test_past_due_ids_are_due_at_once_and_keep_their_bucket(storage: SnapshotStorage) -> None:

@@ -116,6 +116,10 @@ _WATERMARK = struct.Struct("<8sHq")  # magic, format version, watermark (ms); th
 _WATERMARK_MAGIC = b"PNKPOP\r\n"
 _EMPTY = BitMap()
 
+#: A restore fills its loaded segments this many ids at a time (see ``SegmentStore._restore``): ~2 MB of
+#: arrays at most (an id: due, ledger, entry and batch index), where 1M ids in one call built ~30 MB.
+_FILL_IDS = 65_536
+
 #: PIP-195's latency histogram bounds (ms); the last bucket is the overflow.
 LATENCY_BOUNDS_MS = (50, 100, 500, 1_000, 5_000, 30_000, 60_000)
 
@@ -929,10 +933,21 @@ class SegmentStore:
                     if both:
                         self._dupes.setdefault(key, BitMap()).update(both)
                     union |= members
-        # All at once: one add_many per topic (the mutable index is empty, so no entry's parts meet there,
-        # and which segment is filed first does not matter: the loaded index keeps the earliest copy)
-        self._fill(*((rec, segment) for _, _, rec, segment in candidates))
-        del candidates
+        # Several segments at a time, one add_many per topic: an entry whose batch messages are spread over
+        # segments is filed once, not settled against each segment filed before. (The mutable index is
+        # empty, so no entry's parts meet there, and the order does not matter: the loaded index keeps
+        # the earliest copy. Chunks of _FILL_IDS bound the arrays a fill builds.)
+        chunk: list[tuple[_Record, Segment]] = []
+        chunk_ids = 0
+        for _, _, rec, segment in sorted(candidates, key=lambda c: (-c[0], -c[1])):
+            chunk.append((rec, segment))
+            chunk_ids += rec.count
+            if chunk_ids >= _FILL_IDS:
+                self._fill(*chunk)
+                chunk, chunk_ids = [], 0
+        if chunk:
+            self._fill(*chunk)
+        del candidates, chunk
         self._dupes = {k: v for k, v in self._dupes.items() if v}
         ids = sum(r.count for r in self._records.values())
         return RestoreReport(len(self._records), ids, len(self._loaded), corrupt, lost, removed)
