@@ -115,6 +115,8 @@ WATERMARK_NAME = "popped.pnw"
 _WATERMARK = struct.Struct("<8sHq")  # magic, format version, watermark (ms); then the CRC-32 of these
 _WATERMARK_MAGIC = b"PNKPOP\r\n"
 _EMPTY = BitMap()
+_NO_ENTRIES: npt.NDArray[np.uint32] = np.zeros(0, dtype=np.uint32)
+_NO_INDEXES: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
 
 #: A restore fills its loaded segments this many ids at a time (see ``SegmentStore._restore``): ~2 MB of
 #: arrays at most (an id: due, ledger, entry and batch index), where 1M ids in one call built ~30 MB.
@@ -1204,7 +1206,8 @@ class SegmentStore:
                 continue  # popped before a restart (the watermark): spent
             key = (g.topic, g.ledger_id)
             entries = g.entries  # (not copied unless something is taken out)
-            member_entries, indexes = _member_arrays(g)  # batch messages: the partly pending entries'
+            # batch messages (of the partly pending entries)
+            member_entries, indexes = _member_arrays(g) if g.members or g.wide else (_NO_ENTRIES, _NO_INDEXES)
             if key in rec.deleted:  # entries removed whole (their messages with them)
                 entries = entries - rec.deleted[key]
                 if len(member_entries):
