@@ -16,9 +16,12 @@ defaults (precision 8, ceil rounding):
 
 Median and best of :data:`ROUNDS` restores (a fresh store each, same files, this process). ``--label``
 names the code measured (e.g. ``before`` / ``after`` a change); the results of other labels in the file
-are kept, so one table compares them.
+are kept, so one table compares them. ``--commit`` names the commit measured when ``PYTHONPATH`` points
+at another checkout of the package (default: this repository's HEAD).
 
     python bench/restore_cost.py --label after
+    git archive a8608ec pulsar_nack | tar -x -C /tmp/base
+    PYTHONPATH=/tmp/base python bench/restore_cost.py --label before --commit a8608ec
 
 Writes ``bench/results/restore_cost.json`` and the ``restore-cost`` section of docs/performance.md.
 """
@@ -113,10 +116,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--label", default="current", help="names the code measured (before, after, ...)")
     parser.add_argument("--count", type=int, default=COUNT)
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--commit", help="the commit of the package measured (default: HEAD)")
     args = parser.parse_args(argv)
     path = report.RESULTS / "restore_cost.json"
     saved: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"labels": {}}
     facts = report.machine()
+    if args.commit:
+        facts["commit"] = args.commit
     saved["labels"][args.label] = {"machine": facts, "rows": measure(args.count, args.rounds)}
     report.save_json("restore_cost", saved)
     text = render(saved)
