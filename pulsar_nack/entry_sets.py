@@ -26,7 +26,7 @@ bitmap). All operations O(1) but :meth:`EntrySets.ids` and :meth:`EntrySets.ledg
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
@@ -167,20 +167,26 @@ class EntrySets:
         bitmap.discard(code)
         return True
 
-    def update(self, which: int, ledger: LedgerKey, entry_ids: BitMap) -> None:
-        """Add many entries of one ledger (a restored snapshot's). O(entries) numpy."""
-        if not entry_ids:
-            return
-        if entry_ids.max() >> _ENTRY_BITS:
-            raise ValueError(f"entry ids must be below 2**32, got {entry_ids.max()!r}")
+    def update(self, which: int, entries: Mapping[LedgerKey, BitMap]) -> None:
+        """Add the entries of many ledgers (a restored snapshot's): the ledgers not numbered yet are
+        numbered together first (:meth:`_number_many`: one collection and one re-code at most — numbered
+        one by one as they came, each new ordinal bit re-coded every value added so far: 8 passes over
+        10M values at 200 ledgers, ~1.5 s and ~300 MB of numpy), then each ledger's ids are added in one
+        bitmap update. Raises ValueError for an entry id of 2**32 or more (nothing changed).
+        O(entries) numpy, plus O(values held) for a collection or re-code."""
+        entries = {ledger: ids for ledger, ids in entries.items() if ids}
+        for ids in entries.values():
+            if ids.max() >> _ENTRY_BITS:
+                raise ValueError(f"entry ids must be below 2**32, got {ids.max()!r}")
+        bases = self.layout.bases
+        new = [ledger for ledger in entries if ledger not in bases]
+        if new:
+            self._number_many(new)
         layout = self.layout
-        base = layout.bases.get(ledger)
-        if base is None:
-            base = self._number(ledger)
-            layout = self.layout
-        bitmap = layout.bitmaps[which]
-        ids = np.frombuffer(entry_ids.to_array(), np.uint32).astype(np.uint64)
-        bitmap.update(array("Q", (ids << np.uint64(layout.low) | np.uint64(base)).tobytes()))
+        bitmap, low = layout.bitmaps[which], np.uint64(layout.low)
+        for ledger, ids in entries.items():
+            codes = np.frombuffer(ids.to_array(), np.uint32).astype(np.uint64) << low
+            bitmap.update(array("Q", (codes | np.uint64(layout.bases[ledger])).tobytes()))
 
     def clear(self) -> None:
         self.layout = Layout(0, self._count)
@@ -205,6 +211,35 @@ class EntrySets:
         layout = self.layout
         base = layout.bases[ledger] = layout.base(ordinal)
         return base
+
+    def _number_many(self, ledgers: list[LedgerKey]) -> None:
+        """:meth:`_number` for several ledgers none is numbered yet, each about to get an entry: a
+        collection first if numbering them one by one would have made one, then one re-code to the low
+        bits the last ordinal needs (while the sets hold only what they held before). O(ledgers), plus
+        O(values held) when it collects or re-codes."""
+        free = self._free
+        if len(ledgers) > len(free) and len(self.layout.bases) + len(ledgers) > self._collect_at:
+            self._collect()
+            collected = True
+        else:
+            collected = False
+        reused = [free.pop() for _ in range(min(len(free), len(ledgers)))]
+        keys = self._keys
+        for ledger, ordinal in zip(ledgers, reused, strict=False):
+            keys[ordinal] = ledger
+        fresh = ledgers[len(reused) :]
+        if fresh:
+            top = len(keys) + len(fresh) - 1
+            keys.extend(fresh)
+            if top >> self.layout.low and self.layout.low < MAX_LOW_BITS:
+                self._recode(min(MAX_LOW_BITS, top.bit_length()))
+        layout = self.layout
+        for ordinal, ledger in zip(
+            [*reused, *range(len(keys) - len(fresh), len(keys))], ledgers, strict=True
+        ):
+            layout.bases[ledger] = layout.base(ordinal)
+        if collected:  # every ledger numbered is held now (these are about to be): as a collection after
+            self._collect_at = max(_COLLECT_MIN, 2 * len(layout.bases))
 
     def _collect(self) -> None:
         """Free the ordinals of ledgers none of the sets holds an entry of (their numbering goes; a lookup
