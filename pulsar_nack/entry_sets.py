@@ -170,9 +170,9 @@ class EntrySets:
     def update(self, which: int, entries: Mapping[LedgerKey, BitMap]) -> None:
         """Add the entries of many ledgers (a restored snapshot's): the ledgers not numbered yet are
         numbered together first (:meth:`_number_many`: one collection and one re-code at most — numbered
-        one by one as they came, each new ordinal bit re-coded every value added so far: 8 passes over
-        10M values at 200 ledgers, ~1.5 s and ~300 MB of numpy), then each ledger's ids are added in one
-        bitmap update. Raises ValueError for an entry id of 2**32 or more (nothing changed).
+        one by one as they came, each new ordinal bit re-coded every value added so far, 8 passes at 200
+        ledgers: the restore regression bench/snapshot_cost.py --restore saw), then each ledger's ids are
+        added in one bitmap update. Raises ValueError for an entry id of 2**32 or more (nothing changed).
         O(entries) numpy, plus O(values held) for a collection or re-code."""
         entries = {ledger: ids for ledger, ids in entries.items() if ids}
         for ids in entries.values():

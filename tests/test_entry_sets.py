@@ -111,7 +111,7 @@ def test_an_update_of_many_ledgers_holds_what_their_adds_hold_and_passes_over_va
     changes (ordinals held, freed, reused): the sets hold what one add per entry gives, the numbering
     stays within twice the most ledgers held at once (and 16), and the values already held are passed
     over at most once by a re-code and once by a collection — numbered one by one, each new ordinal
-    bit re-coded them all (8 passes at 200 ledgers: the restore of 10M ids took ~1.5 s and ~300 MB)."""
+    bit re-coded them all (8 passes at 200 ledgers: bench/snapshot_cost.py --restore)."""
     sets, each = _CountingSets(3), EntrySets(3)
     sets.passes = []
     most = 0
