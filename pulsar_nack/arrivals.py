@@ -503,11 +503,39 @@ class ArrivalFilter:
         # fresh: neither this message nor its whole entry pending (other messages of it may be)
         return not whole_pending and not pending & bit
 
-    def pending_entries(self, ledger_id: int, entry_ids: BitMap, topic: str) -> None:
-        """:meth:`pending` for many whole (non-batched) entries of one ledger at once — a restored
-        snapshot's, taught to a filter that follows none of them yet. O(1) Python work (one bitmap OR)."""
+    def pending_entries(self, entries: Mapping[tuple[str, int], BitMap]) -> None:
+        """:meth:`pending` for many whole (non-batched) entries, ``(topic, ledger id)`` → entry ids — a
+        restored snapshot's, taught to a filter that follows none of them yet. One bitmap update a ledger
+        (the new ledgers numbered together: :meth:`EntrySets.update`). O(entries) numpy."""
         with self._lock:
-            self._sets.update(_PENDING, (topic, ledger_id), entry_ids)
+            self._sets.update(_PENDING, entries)
+
+    def pending_members(self, members: Mapping[Key, int]) -> None:
+        """:meth:`pending` for batch messages of many entries, ``(topic, ledger id, entry id)`` → the mask
+        of their batch indexes — a restored snapshot's partially pending batches: the state :meth:`pending`
+        leaves called for each of them (an acked message left out, an entry whose every message is then
+        acked or pending kept as one bit), one lock round-trip and one record update an entry.
+        O(entries)."""
+        entries = self._entries
+        with self._lock:
+            for key, mask in members.items():
+                if mask <= 0:
+                    continue
+                entry = entries.get(key)
+                if entry is None and self._is_quiet(*key):
+                    entry = self._expand(key, 0)
+                if entry is None:
+                    entry = entries[key] = _Entry(None, self._since())
+                acked = entry.acked
+                bits = mask & ~acked
+                if not bits:
+                    continue
+                entry.pending = now_pending = entry.pending | bits
+                entry.out |= bits
+                size = entry.size  # quiet: as _record tests it
+                maybe_quiet = acked < 0 or (size is not None and (now_pending | acked).bit_length() >= size)
+                if maybe_quiet and self._pending_mask is not None and entry.quiet:
+                    self._make_quiet(key)
 
     def _unrecord(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """Undo :meth:`_record` (lock held; the index rejected the id). O(1)."""

@@ -834,7 +834,9 @@ class _HotIndex:
       their number doubles past a power of two, see ``_relayout``).
     * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
       O(B_l + P) once per ledger and call if a run overlaps the ledger's pending range (the ids it may
-      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)).
+      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)). Batch
+      messages: O(n log n) numpy plus O(1) Python per entry of a run, and O(B_l) probes per entry the
+      ledger has parts of already (``_add_members``).
     * :meth:`pop_due` — O(log B) to find the due buckets, O(due ids log due ids) in numpy and CRoaring
       (the due buckets' shared bitmaps are merged in one call), plus O(1) Python work per due bucket,
       per slot with its own bitmap, and per due ledger; O(S) when the ledgers left pending fall to a
@@ -1021,8 +1023,9 @@ class _HotIndex:
         """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
 
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
-        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: see the
-        class (O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger).
+        anything changes. Ids with a batch index >= 0 are filed first, in bulk (``_add_members``).
+        Complexity: see the class (O(n) numpy work plus O(1) Python work per run of ids sharing bucket and
+        ledger).
         """
         due, ledgers, entries, batches = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
         if not isinstance(topic, str):
@@ -1037,15 +1040,7 @@ class _HotIndex:
             self._forget_slot()
             if batches is not None and (batches >= 0).any():
                 whole = batches < 0
-                for b, led, e, bi in zip(
-                    buckets[~whole].tolist(),
-                    ledgers[~whole].tolist(),
-                    entries[~whole].tolist(),
-                    batches[~whole].tolist(),
-                    strict=True,
-                ):
-                    self._select(b, led, topic)
-                    self._add_checked(e, bi)
+                self._add_members(buckets[~whole], ledgers[~whole], entries[~whole], batches[~whole], topic)
                 self._forget_slot()
                 buckets, ledgers, entries = buckets[whole], ledgers[whole], entries[whole]
             if len(entries) == 0:
@@ -2182,6 +2177,141 @@ class _HotIndex:
             self._select(bucket, ledger_id, topic)
             self._drop_if_empty()
 
+    def _add_members(
+        self,
+        buckets: npt.NDArray[np.int64],
+        ledgers: npt.NDArray[np.int64],
+        entries: npt.NDArray[np.uint32],
+        indexes: npt.NDArray[np.int64],
+        topic: str,
+    ) -> None:
+        """(Lock held.) :meth:`add_many`'s batch messages, as :meth:`add` one by one, in bulk. Earliest due
+        wins, so the state after the adds does not depend on their order: each message at its earliest
+        bucket of the call, unless its entry is pending whole no later, or the message on its own no
+        later; a copy of it pending later is taken out. Then the messages are filed slot by slot — one
+        ``_put_many`` and one member update per (bucket, ledger) — where one by one each message walked
+        every slot of its ledger (a restored snapshot's batch entries, whose messages spread over many
+        buckets: ~35 µs a message). O(n log n) numpy, O(1) Python per slot and per entry of a slot, plus,
+        per ledger with ids pending in the entries' range, O(B_l + P) to gather them once and, for each
+        entry it has parts of, the walk of :meth:`parts` (O(B_l) probes: once an entry, not a message)."""
+        if int(indexes.max()) > MAX_BATCH_INDEX:
+            raise ValueError(f"batch_indexes values must be -1..{MAX_BATCH_INDEX}")
+        # By ledger, entry, batch index, bucket: each message's first row is its earliest.
+        order = np.lexsort((buckets, indexes, entries, ledgers))
+        b, led, e, i = buckets[order], ledgers[order], entries[order], indexes[order]
+        first = np.ones(len(e), dtype=bool)
+        first[1:] = (led[1:] != led[:-1]) | (e[1:] != e[:-1]) | (i[1:] != i[:-1])
+        b, led, e, i = b[first], led[first], e[first], i[first]
+        keep = np.ones(len(e), dtype=bool)
+        starts = np.flatnonzero(led[1:] != led[:-1]) + 1
+        for start, end in zip([0, *starts.tolist()], [*starts.tolist(), len(e)], strict=True):
+            ledger_id = int(led[start])
+            record = self._ledgers.get(_key(ledger_id, topic))
+            if record is None or int(e[end - 1]) < record.lo or int(e[start]) > record.hi:
+                continue  # nothing pending in the ledger within the entries' range
+            pending = np.isin(e[start:end], _array_of(self._ledger_ids(record), np.uint32))
+            if pending.any():
+                rows = np.flatnonzero(pending) + start
+                self._settle(ledger_id, topic, rows, b, e, i, keep)
+        if not keep.all():
+            b, led, e, i = b[keep], led[keep], e[keep], i[keep]
+            if not len(e):
+                return
+        # By ledger, bucket, entry, batch index: one slot a run, one entry a sub-run.
+        order = np.lexsort((i, e, b, led))
+        b, led, e, i = b[order], led[order], e[order], i[order]
+        slot_starts = np.flatnonzero((led[1:] != led[:-1]) | (b[1:] != b[:-1])) + 1
+        entry_heads = np.ones(len(e), dtype=bool)  # a slot's first row of each entry
+        entry_heads[1:] = e[1:] != e[:-1]
+        entry_heads[slot_starts] = True
+        for start, end in zip([0, *slot_starts.tolist()], [*slot_starts.tolist(), len(e)], strict=True):
+            bucket = int(b[start])
+            self._select(bucket, int(led[start]), topic)
+            record, slots = self._slot_record, self._slot_slots
+            assert record is not None and slots is not None
+            slot_entries, slot_indexes = e[start:end], i[start:end]
+            unique = slot_entries[entry_heads[start:end]]
+            self._put_many(unique)  # (an entry may be here already, with other messages: kept)
+            record.widen(int(unique[0]), self._slot_is_last)
+            record.widen(int(unique[-1]), self._slot_is_last)
+            if self._slot_own is not None:
+                # A slot with a bitmap of its own keeps narrow members in a bitmap (see _add_member).
+                narrow = (slot_entries < _NARROW_ENTRIES) & (slot_indexes < _NARROW_INDEXES)
+                if narrow.any():
+                    key = bucket << _SERIAL_BITS | record.serial
+                    bits = self._dense.get(key)
+                    if bits is None:
+                        bits = self._dense[key] = BitMap()
+                        slots.members += 1
+                    codes = slot_entries[narrow] << np.uint32(MEMBER_BITS)
+                    bits.update(_u32(codes | slot_indexes[narrow].astype(np.uint32)))
+                    if narrow.all():
+                        continue
+                    slot_entries, slot_indexes = slot_entries[~narrow], slot_indexes[~narrow]
+            members = self._members
+            for entry_id, mask in zip(*_entry_masks(slot_entries, slot_indexes), strict=True):
+                key = _member_key(bucket, record, entry_id)
+                have = members.get(key)
+                if have is None:
+                    slots.members += 1
+                members[key] = mask if have is None else have | mask
+
+    def _settle(
+        self,
+        ledger_id: int,
+        topic: str,
+        rows: npt.NDArray[np.intp],
+        buckets: npt.NDArray[np.int64],
+        entries: npt.NDArray[np.uint32],
+        indexes: npt.NDArray[np.int64],
+        keep: npt.NDArray[np.bool_],
+    ) -> None:
+        """(Lock held.) ``_add_members``' rows (one per message, by entry) of entries the ledger has parts
+        of, against those parts, as :meth:`add` would: a message the whole entry or its own copy covers
+        no later is dropped (``keep``), a copy of it pending later is taken out of its slot (the slot
+        forgets the entry when that was its last part there). O(B_l) probes per entry (its parts)."""
+        key = _key(ledger_id, topic)
+        row_list = rows.tolist()
+        entry_list = entries[rows].tolist()
+        bucket_list = buckets[rows].tolist()
+        index_list = indexes[rows].tolist()
+        self._forget_slot()
+        n, at = len(row_list), 0
+        while at < n:
+            entry_id = entry_list[at]
+            upto = at
+            while upto < n and entry_list[upto] == entry_id:
+                upto += 1
+            record = self._ledgers[key]  # (again for each entry: a discard may have released it)
+            whole: int | None = None
+            where: dict[int, int] = {}  # batch index → bucket of its pending copy
+            masks_at: dict[int, int] = {}
+            for other in self._holding(record, entry_id):
+                mask = self._member_mask(other, record, entry_id)
+                if mask is None:
+                    whole = other if whole is None else min(whole, other)
+                    continue
+                masks_at[other] = mask
+                while mask:  # (its set bits, lowest first: O(bits set), where batch_indexes is O(highest))
+                    low = mask & -mask
+                    where[low.bit_length() - 1] = other
+                    mask ^= low
+            out: dict[int, int] = {}  # bucket → batch indexes to take out of its slot
+            for row in range(at, upto):
+                bucket, index = bucket_list[row], index_list[row]
+                copy = where.get(index)
+                if (whole is not None and whole <= bucket) or (copy is not None and copy <= bucket):
+                    keep[row_list[row]] = False  # covered, no later than asked
+                elif copy is not None:
+                    out[copy] = out.get(copy, 0) | 1 << index  # pending later: it moves here
+            for other, bits in out.items():
+                mask = masks_at[other] & ~bits
+                if mask:
+                    self._set_mask(other, record, entry_id, mask)
+                else:
+                    self._discard(record, other, entry_id)
+            at = upto
+
     def _ledger_ids(self, record: _Ledger) -> BitMap:
         """Every entry id the ledger has pending, in any slot. O(B_l) bitmap unions plus O(P) numpy work
         per bucket of its shared slots."""
@@ -2405,9 +2535,9 @@ class TimeBucketIndex:
         """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
 
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
-        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: O(n) numpy
-        work plus O(1) Python work per run of ids sharing bucket and ledger (see ``_HotIndex``), plus
-        O(n) Python probes when the packed tier holds ids.
+        anything changes. Ids with a batch index >= 0 are filed in bulk too. Complexity: O(n) numpy
+        work plus O(1) Python work per run of ids sharing bucket and ledger (batch messages: per entry of
+        a run; see ``_HotIndex``), plus O(n) Python probes when the packed tier holds ids.
         """
         with self._lock:
             if len(self._packed):
@@ -2808,6 +2938,22 @@ def _runs(
 def _run_starts(buckets: npt.NDArray[np.int64], ledgers: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     change = (buckets[1:] != buckets[:-1]) | (ledgers[1:] != ledgers[:-1])
     return np.concatenate(([0], np.flatnonzero(change) + 1))
+
+
+def _entry_masks(
+    entry_ids: npt.NDArray[np.uint32], indexes: npt.NDArray[np.int64]
+) -> tuple[list[int], list[int]]:
+    """Batch messages sorted by entry id → each entry's id and the bitmask of its batch indexes. O(n)
+    numpy when every index is below 64, else O(n) Python (numpy for wider masks measured no faster on a
+    slot's ~100 messages)."""
+    if int(indexes.max()) < 64:
+        heads = np.flatnonzero(np.concatenate(([True], entry_ids[1:] != entry_ids[:-1])))
+        bits = np.left_shift(np.uint64(1), indexes.astype(np.uint64))
+        return entry_ids[heads].tolist(), np.bitwise_or.reduceat(bits, heads).tolist()
+    masks: dict[int, int] = {}
+    for entry_id, index in zip(entry_ids.tolist(), indexes.tolist(), strict=True):
+        masks[entry_id] = masks.get(entry_id, 0) | 1 << index
+    return list(masks), list(masks.values())
 
 
 def _worth_shrinking(bitmap: BitMap64) -> bool:

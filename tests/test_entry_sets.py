@@ -35,7 +35,7 @@ def test_entry_sets_hold_what_a_set_per_ledger_holds(
             assert sets.discard(which, ledger, entry_id) == ((ledger, entry_id) in model[which])
             model[which].discard((ledger, entry_id))
         else:
-            sets.update(which, ledger, BitMap([entry_id, entry_id // 2]))
+            sets.update(which, {ledger: BitMap([entry_id, entry_id // 2])})
             model[which] |= {(ledger, entry_id), (ledger, entry_id // 2)}
         for w in range(3):
             assert sets.any(w) == bool(model[w]) and sets.size(w) == len(model[w])
@@ -78,3 +78,69 @@ def test_an_entry_id_out_of_range_is_refused_unchanged() -> None:
             raise AssertionError("accepted")
     assert not sets.any(0) and not sets.held_ordinals
     assert not sets.contains(0, ("t", 1), 1 << 32)
+
+
+class _CountingSets(EntrySets):
+    """EntrySets counting its passes over the values held: re-codes (new low bits) and collections."""
+
+    __slots__ = ("passes",)
+    passes: list[str]
+
+    def _recode(self, low: int) -> None:
+        if any(self.layout.bitmaps):
+            self.passes.append("recode")
+        super()._recode(low)
+
+    def _collect(self) -> None:
+        if any(self.layout.bitmaps):
+            self.passes.append("collect")
+        super()._collect()
+
+
+_UPDATE = st.dictionaries(
+    st.sampled_from([("t", ledger) for ledger in range(300)]),
+    st.sets(st.integers(0, 70) | st.integers(0, (1 << 32) - 1), max_size=4).map(BitMap),
+    max_size=300,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_op, max_size=120), _UPDATE, st.lists(_op, max_size=40))
+def test_an_update_of_many_ledgers_holds_what_their_adds_hold_and_passes_over_values_once(
+    before: list[tuple[str, int, tuple[str, int], int]],
+    update: dict[tuple[str, int], BitMap],
+    after: list[tuple[str, int, tuple[str, int], int]],
+) -> None:
+    """An update of up to 300 ledgers (a restore teaching the arrival filter), after and before other
+    changes (ordinals held, freed, reused): the sets hold what one add per entry gives, the numbering
+    stays within twice the most ledgers held at once (and 16), and the values already held are passed
+    over at most once by a re-code and once by a collection — numbered one by one, each new ordinal
+    bit re-coded them all (8 passes at 200 ledgers: bench/snapshot_cost.py --restore)."""
+    sets, each = _CountingSets(3), EntrySets(3)
+    sets.passes = []
+    most = 0
+
+    def apply(ops: list[tuple[str, int, tuple[str, int], int]]) -> None:
+        nonlocal most
+        for kind, which, ledger, entry_id in ops:
+            for target in (sets, each):
+                if kind == "discard":
+                    target.discard(which, ledger, entry_id)
+                else:
+                    target.add(which, ledger, entry_id)
+            most = max(most, len({k for w in range(3) for k, _ in each.ledgers(w)}))
+
+    apply(before)
+    sets.passes.clear()
+    sets.update(1, update)
+    assert sets.passes.count("recode") <= 1 and sets.passes.count("collect") <= 1, sets.passes
+    for ledger, ids in update.items():
+        for entry_id in ids:
+            each.add(1, ledger, entry_id)
+    most = max(most, len({k for w in range(3) for k, _ in each.ledgers(w)}))
+    apply(after)
+    for w in range(3):
+        assert {(k, e) for k, ids in sets.ledgers(w) for e in ids} == {
+            (k, e) for k, ids in each.ledgers(w) for e in ids
+        }
+    assert sets._registry.span <= max(16, 2 * most) + 1, (sets._registry.span, most)
