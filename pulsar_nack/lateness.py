@@ -303,6 +303,7 @@ class _BucketOffsets:
         "_bucket",
         "_filled",
         "_limit",
+        "_refused",
         "_segment",
         "cells",
         "drawn_upto",
@@ -340,6 +341,10 @@ class _BucketOffsets:
         self._at = self._segment = self._base = self._filled = self._limit = 0
         self.sign = 1
         self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
+        # The bucket refused a row last (every row taken by earlier buckets): its nacks are not kept until
+        # a row is freed, given away or the draws move on. Asking again cost each of its nacks a scan of
+        # the rows and a raised ValueError (~5 µs; nacks due after 40 pending buckets: bench/nack_path.py).
+        self._refused = _NO_BUCKET
 
     def add(self, bucket: int, offset_ms: int) -> None:
         """A nack filed in ``bucket``, ``offset_ms`` before it. O(1): a few int operations for a nack of
@@ -352,7 +357,9 @@ class _BucketOffsets:
         while place > 0xFFFF:
             self._widen()
             place = offset_ms << 16 >> self.span_log
-        if (bucket != self._bucket or self._filled >= self._limit) and not self._open(bucket, place):
+        if (bucket != self._bucket or self._filled >= self._limit) and (
+            bucket == self._refused or not self._open(bucket, place)
+        ):
             return  # (not kept)
         filled = self._filled
         self._filled = filled + 1
@@ -393,6 +400,7 @@ class _BucketOffsets:
             except ValueError:
                 found = self._new_row(bucket)
                 if found is None:
+                    self._refused = bucket
                     return False
                 row = found
             hints[hint] = row
@@ -431,6 +439,7 @@ class _BucketOffsets:
             else:
                 return None
         keys[row] = bucket
+        self._refused = _NO_BUCKET  # (the rows changed: another bucket may be kept now)
         self._clear(row)
         return row
 
@@ -521,6 +530,7 @@ class _BucketOffsets:
         low-discrepancy sequence: the n-th draw takes the nack at rank ``frac(n · φ)`` of them, placed
         within its cell's lowest and highest). None if no bucket at or before it has nacks left.
         O(rows + cells)."""
+        self._refused = _NO_BUCKET  # (a row may be freed, and the draws move on: ask again)
         if bucket == _NO_BUCKET:
             return None
         row = self._row_at_or_before(bucket)
@@ -589,6 +599,7 @@ class _BucketOffsets:
         the first segment whose offsets left in its bin span it, else the first that counts one there (at
         one fixed delay a segment straddles two bins: taken from the segment before, that one ran out
         early and every later draw of the bucket came one nack ahead). O(rows + segments)."""
+        self._refused = _NO_BUCKET  # (a row may be freed: ask again)
         span = OFFSET_BINS << self.shift
         keys = self.keys
         for row, key in enumerate(keys):

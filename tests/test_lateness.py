@@ -408,3 +408,32 @@ def test_the_estimator_stays_within_its_bound_whatever_it_counted(rounding: str)
     run()
     assert histogram.nbytes + sample.nbytes == size <= MAX_BYTES, size
     assert sample.used > sample.every > 0, "the sample filled and thinned"
+
+
+def test_a_bucket_refused_a_row_is_kept_once_a_row_is_freed() -> None:
+    """With every row taken by earlier buckets, a later bucket's nacks are not kept — and asked for a row
+    once, not once per nack (a scan and a raised ValueError each: ~5 µs a nack, bench/nack_path.py) —
+    until a row is freed: then its nacks are kept again and drawn."""
+    from pulsar_nack import lateness
+
+    asked: list[int] = []
+
+    class Counting(lateness._BucketOffsets):
+        __slots__ = ()
+
+        def _new_row(self, bucket: int) -> int | None:
+            asked.append(bucket)
+            return super()._new_row(bucket)
+
+    offsets = Counting()
+    rows = lateness.MAX_OFFSET_BUCKETS
+    for bucket in range(rows):  # every row taken, one nack each, offset 3 ms
+        offsets.add(bucket * 256, 3)
+    later = 1_000 * 256
+    for _ in range(100):
+        offsets.add(later, 7)
+    assert asked.count(later) == 1, asked[-5:]
+    assert offsets.draw(0) == 3.0  # bucket 0's only nack: its row is free now
+    offsets.add(later, 7)
+    assert later in offsets.keys
+    assert offsets.draw(later) == 7.0
