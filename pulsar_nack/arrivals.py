@@ -460,14 +460,16 @@ class ArrivalFilter:
         entry = self._entries.get(key)
         sets = self._sets
         layout = sets.layout
-        ordinals = layout.ordinals
-        ordinal = ordinals.get((topic, ledger_id) if topic else ledger_id) if ordinals else None
+        bitmaps = layout.bitmaps
+        pending_set, quiet_set = bitmaps[_PENDING], bitmaps[_QUIET]
         whole_pending = False  # the whole (non-batched) entry pending: never on a batched topic
         code = 0
+        # A batch message needs the entry's code only to test the pending and quiet sets: with both
+        # empty (a batched topic with no quiet entry) the ledger's ordinal is not looked up (~0.2 µs).
+        ordinals = layout.ordinals if batch_index < 0 or pending_set or quiet_set else None
+        ordinal = ordinals.get((topic, ledger_id) if topic else ledger_id) if ordinals else None
         if ordinal is not None:  # (the ledger's ordinal: a structure holds it, maybe not the sets)
             code = (ordinal >> layout.low) << layout.shift | entry_id << layout.low | ordinal & layout.mask
-            bitmaps = layout.bitmaps
-            pending_set, quiet_set = bitmaps[_PENDING], bitmaps[_QUIET]
             if entry is None and quiet_set and code in quiet_set:  # (an empty set answers faster)
                 entry = self._expand(key, 0)
                 ordinal = None  # (its ledger's number may have gone with the bit)

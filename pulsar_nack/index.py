@@ -976,6 +976,17 @@ class _HotIndex:
             # without members is pending whole and covers the message.
             record, slots = self._slot_record, self._slot_slots
             assert record is not None and slots is not None
+            if slots.members and self._slot_own is None and 0 <= entry_id <= MAX_ENTRY_ID:
+                # Another message of an entry with members here (a burst of one batch's nacks): one
+                # lookup of its mask, which also says the entry is in the slot, not pending whole
+                # (_put, _member_mask and _add_member each looked, ~0.35 µs a nack).
+                members = self._members
+                key = (bucket << 32 | entry_id) << _SERIAL_BITS | record.serial  # _member_key
+                mask = members.get(key)
+                if mask is not None:
+                    members[key] = mask | 1 << batch_index
+                    self._added += 1
+                    return bucket
             if self._put(entry_id) or (
                 slots.members and self._member_mask(bucket, record, entry_id) is not None
             ):

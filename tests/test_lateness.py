@@ -437,3 +437,38 @@ def test_a_bucket_refused_a_row_is_kept_once_a_row_is_freed() -> None:
     offsets.add(later, 7)
     assert later in offsets.keys
     assert offsets.draw(later) == 7.0
+
+
+def test_a_burst_of_nacks_counted_together_leaves_the_state_of_one_at_a_time() -> None:
+    """Nacks of one bucket at one offset (a batch nacked in one ms) are counted and filed together: the
+    tables then hold what filing each nack alone left — across segments filling up and merging, the
+    bins widening, a bucket refused a row — and the draws between bursts see every nack filed before."""
+    from pulsar_nack import lateness
+
+    class OneByOne(lateness._BucketOffsets):
+        __slots__ = ()
+
+        def add(self, bucket: int, offset_ms: int) -> None:
+            self._add(bucket, offset_ms, 1)
+
+    rng = random.Random(5)
+    burst, alone = lateness._BucketOffsets(), OneByOne()
+    drawn: list[tuple[float | None, float | None]] = []
+    buckets = [256 * b for b in range(lateness.MAX_OFFSET_BUCKETS + 8)]
+    for step in range(3_000):
+        bucket = rng.choice(buckets[: 4 + step // 60])
+        offset = rng.choice((3, 3, 40, 255, 70_000)) if step % 7 else rng.randrange(256)
+        for _ in range(rng.choice((1, 2, 5, 40, 300))):
+            burst.add(bucket, offset)
+            alone.add(bucket, offset)
+        if step % 11 == 0:
+            drawn.append((burst.draw(bucket, kept=step % 2 == 0), alone.draw(bucket, kept=step % 2 == 0)))
+        if step % 13 == 0:
+            burst.taken(bucket - offset)
+            alone.taken(bucket - offset)
+    burst._flush()
+    assert all(a == b for a, b in drawn), [pair for pair in drawn if pair[0] != pair[1]][:3]
+    assert any(a is not None for a, _ in drawn)
+    for name in ("keys", "cells", "low", "high", "meta", "last", "moves"):
+        assert getattr(burst, name) == getattr(alone, name), name
+    assert (burst.shift, burst.sign) == (alone.shift, alone.sign)
