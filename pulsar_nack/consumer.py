@@ -964,10 +964,18 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
         ``timeout_millis`` bounds the whole call, as the official one's does; 0 returns a message already
         queued (or raises ``pulsar.Timeout``), as the official call does.
+
+        A copy that an arrival leaves in the hold (a batch sibling kept until its nack is due) is handed
+        out by this call when due: once an arrival is not admitted and something is held, the call goes on
+        waiting no longer than until the next held message is due (:meth:`_receive_holding`). It used to
+        go back to the native receive, which without a timeout waits for the broker's next message — after
+        the last one, for ever, and the kept copies were never handed out.
         """
-        if self._nacks.held:
+        nacks = self._nacks
+        held = nacks.held  # the dict itself: `if held` costs no call per message
+        if held:
             return self._receive_holding(timeout_millis)
-        admit = self._nacks.admit
+        admit = nacks.admit
         if timeout_millis is None:
             # The official receive's own work, inlined (its frame costs ~0.1 µs a message): the native
             # receive, wrapped in a pulsar.Message with the consumer's schema.
@@ -978,11 +986,16 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 message._schema = schema
                 if admit(message):
                     return message
+                if held:  # the arrival was kept (or another was meanwhile): hand it out when due
+                    return self._receive_holding(None)
         deadline = time.monotonic() + timeout_millis / 1000.0
         message = super().receive(timeout_millis)  # checks the argument as the official call does
         while not admit(message):
             # What is left of the timeout, rounded up: a message already queued is still returned.
-            message = super().receive(max(0, math.ceil((deadline - time.monotonic()) * 1000.0)))
+            left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000.0))
+            if held:  # (as above)
+                return self._receive_holding(left_ms)
+            message = super().receive(left_ms)
         return message
 
     def _receive_holding(self, timeout_millis: int | None) -> pulsar.Message:
