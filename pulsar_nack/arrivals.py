@@ -1020,6 +1020,14 @@ class ArrivalFilter:
             self._kept += 1
             return copy
 
+    def put_back(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, copy: Any) -> bool:
+        """Undo :meth:`take_parked` (the nack that took ``copy`` is filed after all): the copy is parked
+        again and not counted as kept. False if the application acked the message meanwhile (the caller
+        acks the copy now), as :meth:`park`. O(1)."""
+        with self._lock:
+            self._kept -= 1
+        return self.park(ledger_id, entry_id, batch_index, topic, copy)
+
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int, topic: str
     ) -> tuple[Sequence[Any], bool, bool]:

@@ -329,6 +329,71 @@ def test_receive_without_a_timeout_hands_out_a_sibling_kept_from_the_last_copies
     assert not leftover(pulsar_client, unique_topic, SUB_WRAPPED)
 
 
+def _receive_into(consumer: Any, got: list[bytes], errors: list[str]) -> None:
+    """``receive()`` without a timeout, acking everything, until the consumer is closed."""
+    try:
+        while True:
+            message = consumer.receive()
+            got.append(message.data())
+            consumer.acknowledge(message)
+    except Exception as error:  # closed under the receive (how the test ends it)
+        errors.append(repr(error))
+
+
+def test_a_nack_from_another_thread_comes_back_to_a_receive_blocked_without_a_timeout(
+    nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str
+) -> None:
+    """Thread R waits in ``receive()`` without a timeout (in the native receive: the broker has nothing
+    more to send) while this thread nacks m1, of which a copy is parked (it came with m0's redelivery
+    while the application held m1). The nack used to keep that copy in the hold, which R — blocked in
+    the native receive — never looks at: m1 did not come back while the consumer lived. Now a nack keeps
+    no copy while a receive waits there; it is filed, and the broker's redelivery wakes R. Side by side
+    with the official consumer, which gets m1 back from the broker."""
+    options: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared}
+    wrapped = nack_client.subscribe(unique_topic, SUB_WRAPPED, **options)
+    official = pulsar_client.subscribe(
+        unique_topic, SUB_OFFICIAL, negative_ack_redelivery_delay_ms=LAST_FIXED_DELAY_MS, **options
+    )
+    produce_bursts(pulsar_client, unique_topic, 2, batch_size=2)  # one batch: m0, m1
+    firsts = []
+    for consumer in (wrapped, official):
+        m0, m1 = consumer.receive(10_000), consumer.receive(10_000)
+        assert (m0.data(), m1.data()) == (b"m0", b"m1")
+        # m0's redelivery brings m1 along, which the application holds: the wrapper parks that copy
+        if consumer is wrapped:
+            consumer.negative_acknowledge(m0, delay_ms=0)
+        else:
+            consumer.negative_acknowledge(m0)
+        back = consumer.receive(10_000)
+        assert back.data() == b"m0"
+        consumer.acknowledge(back)
+        firsts.append(m1)
+    gots: list[list[bytes]] = [[], []]
+    errors: list[str] = []
+    threads = [
+        threading.Thread(target=_receive_into, args=(c, got, errors), daemon=True)
+        for c, got in zip((wrapped, official), gots, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    time.sleep(1.0)  # both R threads are in the native receive (the broker has nothing to send them)
+    assert wrapped._nacks._arrivals.has_parked, "no copy of m1 parked: the case is not exercised"
+    wrapped.negative_acknowledge(firsts[0], delay_ms=0)
+    official.negative_acknowledge(firsts[1])
+    while not all(gots) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = wrapped.nack_stats()
+    wrapped.close()  # (wakes a receive still waiting: it raises)
+    official.close()
+    for thread in threads:
+        thread.join(10)
+    wrapped_got, official_got = gots
+    assert official_got == [b"m1"], ("the official consumer", official_got, errors)
+    assert wrapped_got == [b"m1"], ("the wrapper", wrapped_got, stats, errors)
+    assert not leftover(pulsar_client, unique_topic, SUB_WRAPPED)
+
+
 def test_take_pending_message_takes_a_batch_message_pending_on_its_own_only() -> None:
     """The filter's side, without a broker: a sibling's pending nack leaves the filter and the index, and
     a later copy of it is a duplicate (the kept copy is the application's); one forwarded already, one
