@@ -1117,7 +1117,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application;
-        held chunked messages that are due come first, alone."""
+        held chunked messages that are due come first, alone. One held while this call waits in the native
+        ``batch_receive`` (a nack from another thread) comes with the next call: up to one
+        ``batch_receive_policy`` timeout late, as the native call returns by then."""
         if self._nacks.held:
             due: list[pulsar.Message] = []
             while (held := self._due_held()) is not None:
