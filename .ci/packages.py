@@ -18,6 +18,7 @@ step; exits non-zero at the first failure.
 from __future__ import annotations
 
 import configparser
+import hashlib
 import os
 import re
 import shutil
@@ -101,9 +102,12 @@ def try_artifact(kind: str, artifact: Path, version: str, extras: str, extra_req
     venv = WORK / f"venv-{kind}"
     step(f"{kind}: new venv", [sys.executable, "-m", "venv", str(venv)])
     python, cli = venv / "bin" / "python", str(venv / "bin" / "pulsar-nack")
+    # The hash keys pip's cache of wheels built from an sdist: by path alone, it installs one built from an
+    # earlier sdist of the same version.
+    url = f"{artifact.as_uri()}#sha256={hashlib.sha256(artifact.read_bytes()).hexdigest()}"
     step(
         f"{kind}: pip install {artifact.name}[{extras}] {' '.join(extra_requirements)}",
-        [str(python), "-m", "pip", "install", "--quiet", f"pulsar-nack[{extras}] @ {artifact.as_uri()}",
+        [str(python), "-m", "pip", "install", "--quiet", f"pulsar-nack[{extras}] @ {url}",
          *extra_requirements],
     )  # fmt: skip
     client = step(
