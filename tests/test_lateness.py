@@ -13,8 +13,8 @@ from pulsar_nack.lateness import MAX_BYTES, MAX_EVERY, DueSample, LatenessHistog
 
 def test_percentiles_agree_with_numpy_within_the_bucket_precision() -> None:
     """Late values to 1 h and early ones (floor rounding): each percentile within 0.8 % of its value
-    (late buckets ≤ 1.6 % wide: 64 a power of two from 4 s, narrower below; early ones 3.2 %: 16) plus 1 ms of
-    numpy's."""
+    (late buckets ≤ 3.1 % wide: 32 a power of two from 4 s, narrower below; early ones 6.3 %: 16, read
+    within 3.2 % here by the interpolation within a bucket) plus 1 ms of numpy's."""
     rng = random.Random(7)
     values = [rng.uniform(0, 300) + rng.expovariate(1 / 20) for _ in range(3_000)]
     values += [-rng.uniform(0, 255) for _ in range(400)] + [rng.uniform(10_000, 3_600_000) for _ in range(50)]
@@ -49,7 +49,7 @@ def test_old_redeliveries_fade_and_the_size_stays_fixed() -> None:
     reported = histogram.percentiles([0.5])
     assert reported is not None and reported[0] == pytest.approx(500, rel=0.01)
     assert len(histogram) < 2_000
-    assert histogram.nbytes == size < 24_576
+    assert histogram.nbytes == size <= MAX_BYTES
 
 
 def test_a_sampled_due_time_is_taken_once_and_the_earlier_of_two_kept() -> None:
@@ -114,7 +114,7 @@ def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_
 ) -> None:
     """The sample is thinned while many nacks are pending: the busy part of a run, whose redeliveries are
     the late ones. A quiet phase (3,000 nacks, one pending at a time, copies 0–50 ms after their bucket),
-    a burst of 20,000 nacks pending at once (200–400 ms after it: the 512 slots thin to 1 in 64) and a
+    a burst of 20,000 nacks pending at once (200–400 ms after it: the 256 slots thin) and a
     quiet phase again, filed and received as the nack path and the arrival filter do, on a fake clock:
     a sampled redelivery counts its exact lateness, the others their time since their bucket, and every
     nack's offset in its bucket is counted, and drawn for those (a sampled one's taken out). The reported
@@ -407,7 +407,7 @@ def test_the_estimator_stays_within_its_bound_whatever_it_counted(rounding: str)
     size = histogram.nbytes + sample.nbytes
     run()
     assert histogram.nbytes + sample.nbytes == size <= MAX_BYTES, size
-    assert sample.used > sample.every > 0, "the sample filled and thinned"
+    assert sample.every > 0 and sample.used > 128, "the sample filled and thinned"
 
 
 def test_a_bucket_refused_a_row_is_kept_once_a_row_is_freed() -> None:
