@@ -393,10 +393,9 @@ class _BucketOffsets:
         """File ``nacks`` nacks in ``bucket``, each ``offset_ms`` before it, of the message at ``entry``
         (its entry id: a burst counts at its first one's): the state ``nacks`` calls of the one-nack
         filing left. A nack of an entry before the first of the segment filed last (an older message
-        nacked again, a shorter delay) is counted in the latest earlier segment whose first entry is not
-        after it (the first segment, which then starts at it): a forward's copies come in entry order,
-        so the segments follow the order the copies will come in. O(1) a segment they fill (see
-        :meth:`add`), O(segments) a nack out of entry order."""
+        nacked again, a shorter delay) is counted in an earlier segment (:meth:`_earlier`): a forward's
+        copies come in entry order, so the segments follow the order the copies will come in. O(1) a
+        segment they fill (see :meth:`add`), O(segments) a nack out of entry order."""
         entry &= 0xFFFF
         if offset_ms < 0:
             self.sign, offset_ms = -1, -offset_ms
@@ -454,7 +453,7 @@ class _BucketOffsets:
             if self.meta[first // OFFSET_SEGMENTS * _META + 1] < OFFSET_SEGMENTS:
                 return self._prepend(first // OFFSET_SEGMENTS, entry, place)
             earlier = first
-            entries[first] = entry  # (merging to make room, each such nack doubled the segments)
+            entries[first] = entry  # (not merged to make room: each such nack doubled the segments)
         if not any(self.cells[earlier * OFFSET_BINS : (earlier + 1) * OFFSET_BINS]):
             self.low[earlier] = self.high[earlier] = place  # (its bounds were of nacks all drawn)
         return earlier

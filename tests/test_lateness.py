@@ -365,7 +365,7 @@ def test_a_forward_s_copies_draw_the_offsets_of_their_entries_not_of_their_filin
     is filed among newer ones (offsets 0–99 ms). Its nack is counted in a segment before theirs, so the
     copies that come first draw the older messages' offsets. 20 buckets of 200 nacks, 30 % of them older
     ones; copies 0.5 ms apart from 20 ms after the bucket, in entry order. Drawn in filing order, p50 read
-    11 ms low and p99 53 ms high; by entry, within 1 and 18 ms (a segment's offsets drawn evenly over
+    11 ms low and p99 53 ms high; by entry, within 1 and 14 ms (a segment's offsets drawn evenly over
     it, the tail spreads)."""
     rng = random.Random(24)
     histogram = LatenessHistogram(window=100_000)
