@@ -446,7 +446,7 @@ class ArrivalFilter:
                 raise
             if not nacked:  # filed again (a forward repeated, a kept copy given back): no new due time
                 return bucket
-            self.lateness.offset(bucket, bucket - due_ms)  # where its due time lies in its bucket
+            self.lateness.offset(bucket, bucket - due_ms, entry_id)  # where its due time lies in its bucket
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
             every = dues.every
             if not every or offered(due_ms, every):  # (thinned only when the sample is full)

@@ -13,8 +13,8 @@ from pulsar_nack.lateness import MAX_BYTES, MAX_EVERY, DueSample, LatenessHistog
 
 def test_percentiles_agree_with_numpy_within_the_bucket_precision() -> None:
     """Late values to 1 h and early ones (floor rounding): each percentile within 0.8 % of its value
-    (late buckets ≤ 1.6 % wide: 64 a power of two from 4 s, narrower below; early ones 3.2 %: 16) plus 1 ms of
-    numpy's."""
+    (late buckets ≤ 3.1 % wide: 32 a power of two from 4 s, narrower below; early ones 6.3 %: 16, read
+    within 3.2 % here by the interpolation within a bucket) plus 1 ms of numpy's."""
     rng = random.Random(7)
     values = [rng.uniform(0, 300) + rng.expovariate(1 / 20) for _ in range(3_000)]
     values += [-rng.uniform(0, 255) for _ in range(400)] + [rng.uniform(10_000, 3_600_000) for _ in range(50)]
@@ -49,7 +49,7 @@ def test_old_redeliveries_fade_and_the_size_stays_fixed() -> None:
     reported = histogram.percentiles([0.5])
     assert reported is not None and reported[0] == pytest.approx(500, rel=0.01)
     assert len(histogram) < 2_000
-    assert histogram.nbytes == size < 24_576
+    assert histogram.nbytes == size <= MAX_BYTES
 
 
 def test_a_sampled_due_time_is_taken_once_and_the_earlier_of_two_kept() -> None:
@@ -114,7 +114,7 @@ def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_
 ) -> None:
     """The sample is thinned while many nacks are pending: the busy part of a run, whose redeliveries are
     the late ones. A quiet phase (3,000 nacks, one pending at a time, copies 0–50 ms after their bucket),
-    a burst of 20,000 nacks pending at once (200–400 ms after it: the 512 slots thin to 1 in 64) and a
+    a burst of 20,000 nacks pending at once (200–400 ms after it: the 256 slots thin) and a
     quiet phase again, filed and received as the nack path and the arrival filter do, on a fake clock:
     a sampled redelivery counts its exact lateness, the others their time since their bucket, and every
     nack's offset in its bucket is counted, and drawn for those (a sampled one's taken out). The reported
@@ -319,12 +319,12 @@ def test_a_copy_labelled_past_its_bucket_counts_the_label_s_lead() -> None:
         histogram.add_after_bucket(1_030, 1_124 - 1_030)
     reported = histogram.percentiles([0.0, 1.0])
     assert reported is not None
-    assert reported == pytest.approx([150, 150], abs=1.0), reported
+    assert reported == pytest.approx([150, 150], abs=2.0), reported  # (buckets 2 ms wide at 128–512 ms)
     later = LatenessHistogram()
     for _ in range(10):
         later.offset(1_024, 50)
     later.add_after_bucket(1_280 + 6, 100.0)  # bucket 1,280 not kept: 1,024's offsets stand in
-    assert later.percentiles([0.5]) == pytest.approx([150], abs=1.0)
+    assert later.percentiles([0.5]) == pytest.approx([150], abs=2.0)
 
 
 def test_a_sampled_nack_s_offset_leaves_its_own_segment() -> None:
@@ -357,6 +357,39 @@ def test_a_sampled_nack_s_offset_leaves_its_own_segment() -> None:
     reported = histogram.percentiles([0.01, 0.5, 0.99])
     assert reported is not None
     assert reported == pytest.approx(list(np.percentile(measured, [1, 50, 99])), abs=1.0), reported
+
+
+def test_a_forward_s_copies_draw_the_offsets_of_their_entries_not_of_their_filing_order() -> None:
+    """A forward's copies come in entry order, and with per-message delays a bucket's nacks are not filed
+    in it: an older message nacked again (a redelivery, due early in the bucket here: offsets 150–255 ms)
+    is filed among newer ones (offsets 0–99 ms). Its nack is counted in a segment before theirs, so the
+    copies that come first draw the older messages' offsets. 20 buckets of 200 nacks, 30 % of them older
+    ones; copies 0.5 ms apart from 20 ms after the bucket, in entry order. Drawn in filing order, p50 read
+    11 ms low and p99 53 ms high; by entry, within 1 and 14 ms (a segment's offsets drawn evenly over
+    it, the tail spreads)."""
+    rng = random.Random(24)
+    histogram = LatenessHistogram(window=100_000)
+    measured: list[float] = []
+    for bucket in range(1_004_032, 1_004_032 + 20 * 256, 256):
+        nacks: list[tuple[int, int]] = []  # (entry id, offset) in filing order
+        older = rng.randrange(0, 100)  # (redeliveries come, and are nacked again, in entry order too)
+        for newer in range(1_000, 1_200):
+            if rng.random() < 0.3:
+                nacks.append((older, rng.randrange(150, 256)))
+                older += rng.randrange(1, 5)
+            else:
+                nacks.append((newer, rng.randrange(0, 100)))
+        for entry, offset in nacks:
+            histogram.offset(bucket, offset, entry)
+        for rank, (_entry, offset) in enumerate(sorted(nacks)):  # (the copies: in entry order)
+            since = 20.0 + 0.5 * rank
+            measured.append(since + offset)
+            histogram.add_after_bucket(bucket, since)
+    reported = histogram.percentiles([0.5, 0.99])
+    assert reported is not None
+    p50, p99 = (float(value) for value in np.percentile(measured, [50, 99]))
+    assert reported[0] == pytest.approx(p50, abs=3.0), (reported, p50, p99)
+    assert reported[1] == pytest.approx(p99, abs=25.0), (reported, p50, p99)
 
 
 def test_a_bucket_of_a_million_nacks_is_counted() -> None:
@@ -392,7 +425,9 @@ def test_the_estimator_stays_within_its_bound_whatever_it_counted(rounding: str)
             for _ in range(300):
                 key += 1
                 due = bucket - sign * rng.randrange(0, 1 << rng.randrange(1, 21))
-                histogram.offset(bucket, bucket - due)
+                # (entries mostly rising, a third older ones: new first segments, entries past 2**16)
+                entry = key * 7 if rng.random() < 0.7 else key * 7 - rng.randrange(1 << 17)
+                histogram.offset(bucket, bucket - due, entry)
                 if not sample.every or offered(due, sample.every):
                     sample.note(key, due)
             for _ in range(100):
@@ -407,7 +442,7 @@ def test_the_estimator_stays_within_its_bound_whatever_it_counted(rounding: str)
     size = histogram.nbytes + sample.nbytes
     run()
     assert histogram.nbytes + sample.nbytes == size <= MAX_BYTES, size
-    assert sample.used > sample.every > 0, "the sample filled and thinned"
+    assert sample.every > 0 and sample.used > 128, "the sample filled and thinned"
 
 
 def test_a_bucket_refused_a_row_is_kept_once_a_row_is_freed() -> None:
@@ -448,8 +483,8 @@ def test_a_burst_of_nacks_counted_together_leaves_the_state_of_one_at_a_time() -
     class OneByOne(lateness._BucketOffsets):
         __slots__ = ()
 
-        def add(self, bucket: int, offset_ms: int) -> None:
-            self._add(bucket, offset_ms, 1)
+        def add(self, bucket: int, offset_ms: int, entry: int = 0) -> None:
+            self._add(bucket, offset_ms, 1, entry)
 
     rng = random.Random(5)
     burst, alone = lateness._BucketOffsets(), OneByOne()
