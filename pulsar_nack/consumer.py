@@ -5,7 +5,8 @@ through the PIP-393 tracker.
 official client's, unchanged. Nacks are filed in a :class:`~pulsar_nack.tracker.NackTracker`; when due, the
 tracker hands the ids back to the native ``negative_acknowledge`` (set to its 100 ms minimum delay), the
 only per-id redelivery the official Python client offers. Every message the broker delivers passes
-:meth:`NackTracker.on_arrival` first, so batch siblings and early redeliveries are held back.
+the arrival filter (:meth:`NackBridge.admit`, :mod:`pulsar_nack.arrivals`) first, so batch siblings and early
+redeliveries are held back.
 
 What does not depend on the call style lives in :class:`NackBridge` (nacks → tracker, due ids → native
 nacks, arrivals and acks → tracker); the asyncio consumer of :mod:`pulsar_nack.aio` shares it.
@@ -972,7 +973,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         self._consumer = native._consumer
         self._client = native._client
         self._schema = native._schema
-        consumers = self._client._consumers  # pulsar.Client closes what it lists; list us instead
+        # pulsar.Consumer.close() removes itself from its client's list (a ValueError if it is not there):
+        # list us in the native consumer's place
+        consumers = self._client._consumers
         consumers[:] = [self if c is native else c for c in consumers]
 
     @property

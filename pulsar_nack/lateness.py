@@ -56,8 +56,8 @@ from pulsar_nack.memory import python_bytes
 __all__ = ["MAX_BYTES", "DueSample", "LatenessHistogram", "Sampled"]
 
 #: The most the estimator holds (``nbytes`` of a :class:`LatenessHistogram` with its buckets' offsets,
-#: plus a :class:`DueSample` of the default capacity), whatever it counted (issue 23: ≤ 16 KiB fixed
-#: for everything the wrapper keeps for a consumer).
+#: plus a :class:`DueSample` of the default capacity), whatever it counted: it is part of the fixed memory
+#: the wrapper keeps for a consumer, which is to stay within 16 KiB.
 MAX_BYTES = 12 * 1024
 
 #: What a copy kept for a pending nack carries to its hand-out, for its lateness: a time (ms) and whether
