@@ -106,6 +106,9 @@ _DUPLICATE = Verdict.DUPLICATE
 _NONE: tuple[Any, ...] = ()  # no copies to ack (shared: the ack path allocates nothing)
 _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
+#: The acked masks of an entry with one message unacked (batches of up to 128), as shared ints: a forwarded
+#: quiet entry's record holds one (a new int of its own cost 32 B, ~0.3 B per pending nack at 1,000 topics)
+_ALL_BUT_ONE = {~(1 << index): ~(1 << index) for index in range(128)}
 # The filter's sets of entries (one EntrySets, see __init__)
 _PENDING, _QUIET, _WATCH = 0, 1, 2
 # _Recent's: two generations (the current one at offset _Recent.current) of each of three sets
@@ -398,7 +401,8 @@ class ArrivalFilter:
         # or recently handed out for a forward (in `_flights` or `_recent`) — an arrival or an ack of an
         # entry in neither _PENDING nor _WATCH is a plain one, decided with one dict and two bitmap
         # lookups (the per-message path while anything else is tracked).
-        self._sets = EntrySets(_SETS, ledgers)
+        self._ledgers = ledgers if ledgers is not None else LedgerRegistry()
+        self._sets = EntrySets(_SETS, self._ledgers)
         self._recent = _Recent(self._sets, clock())  # non-batched messages recently handed out for a forward
         # what each flush forwarded, in order: one list per forward time, [at, then topic, ledger id and
         # KeptIds for each ledger] — 3 pointers a ledger (a tuple a ledger cost ~80 B more: ~1 B per pending
@@ -433,6 +437,7 @@ class ArrivalFilter:
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
+        self._target = 0  # the last forward's bucket time (forwarded(): its flights share the int)
 
     def expect_ack_timeout(self, timeout_ms: float | None) -> None:
         """The consumer's ``unacked_messages_timeout_ms`` (None or 0: none). With one, the native client
@@ -709,6 +714,11 @@ class ArrivalFilter:
                 entry.pending &= ~mask
                 code = hash(key)
                 waiting = self._waiting
+                # the flush's bucket time as one int object for all its ledgers (32 B a flight otherwise)
+                if target == self._target:
+                    target = self._target
+                else:
+                    self._target = target
                 for index in batch_index_bits(mask & ~entry.acked):
                     # one that waited for a copy that did not come: labelled with its own bucket
                     due_at = waiting.pop((key, index), target) if waiting else target
@@ -1421,7 +1431,8 @@ class ArrivalFilter:
         entry.out = -1
         # a message a flush under way popped is not acked: pending still, until forwarded() learns it
         entry.pending |= max(self._popped_mask(topic, ledger_id, entry_id), 0)
-        entry.acked = ~(forwarded | entry.pending)
+        acked = ~(forwarded | entry.pending)
+        entry.acked = _ALL_BUT_ONE.get(acked, acked)  # (one shared int, not 32 B an entry)
         return entry
 
     # -- housekeeping ---------------------------------------------------------------------------------
@@ -1558,12 +1569,23 @@ class ArrivalFilter:
             tables = (self._entries, self._flights, self._forwards)
             total = sum(python_bytes(t) for t in tables) + self._sets.memory_bytes()
             total += sum(python_bytes(times) for times in self._recent.times)
+            owns = self._ledgers.owns
+            entries, flights = self._entries, self._flights
             for record in self._forwards:  # [at, (topic, ledger, ids) …]: the ids dominate
                 total += python_bytes(record) + python_bytes(record[0])
-                total += sum(_int_bytes(ledger_id) for ledger_id in record[2::3])
-                total += sum(_ids_bytes(ids) for ids in record[3::3])
-            total += _scaled(self._entries, sample, _entry_bytes)
-            total += _scaled(self._flights, sample, _flight_bytes)
+                for topic, ledger_id, ids in zip(record[1::3], record[2::3], record[3::3], strict=True):
+                    # (ints the registry's key or an entry's or flight's key holds are counted there)
+                    total += 0 if owns(topic, ledger_id) else _int_bytes(ledger_id)
+                    shared = isinstance(ids, int) and (
+                        (topic, ledger_id, ids) in entries or (topic, ledger_id, ids) in flights
+                    )
+                    total += 0 if shared else _ids_bytes(ids)
+
+            def key_bytes(key: Key) -> int:
+                return _TUPLE3 + (0 if owns(key[0], key[1]) else _int_bytes(key[1])) + _int_bytes(key[2])
+
+            total += _scaled(entries, sample, lambda key, entry: key_bytes(key) + _entry_bytes(entry))
+            total += _scaled(flights, sample, lambda key, flight: key_bytes(key) + python_bytes(flight))
             total += self.lateness.nbytes + self.dues.nbytes
         return total
 
@@ -1596,17 +1618,12 @@ def _int_bytes(value: int) -> int:
     return 0 if -5 <= value <= 256 else python_bytes(value)  # small ints are shared by CPython
 
 
-def _key_bytes(key: Key) -> int:
-    return _TUPLE3 + _int_bytes(key[1]) + _int_bytes(key[2])  # the topic string is shared
-
-
-def _flight_bytes(key: Key, flight: _Flight) -> int:
-    return _key_bytes(key) + python_bytes(flight)
-
-
-def _entry_bytes(key: Key, entry: _Entry) -> int:
-    total = _key_bytes(key) + python_bytes(entry)
-    total += _int_bytes(entry.out) + _int_bytes(entry.acked) + _int_bytes(entry.pending)
+def _entry_bytes(entry: _Entry) -> int:
+    """An entry's record but its key. O(flights + parked)."""
+    acked = entry.acked
+    shared = _ALL_BUT_ONE.get(acked) is acked
+    total = python_bytes(entry) + _int_bytes(entry.out) + _int_bytes(entry.pending)
+    total += 0 if shared else _int_bytes(acked)
     if entry.flights is not None:
         flights = _flight_list(entry)
         total += len(flights) * python_bytes(_Flight(0, 0, None))
