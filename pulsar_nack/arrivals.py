@@ -128,10 +128,10 @@ def _release(emptied: dict[Any, Any]) -> None:
 
 
 class _Flight:
-    """One forwarded message (or non-batched entry) until a copy of it has been handed out."""
+    """One forwarded message (or non-batched entry) until a copy of it has been handed out. Five slots:
+    its batch index costs no more than the ``acked`` flag it shares a slot with (``state``)."""
 
-    __slots__ = ("acked", "at", "due", "index", "reforwards", "target")
-    reforwards: int
+    __slots__ = ("at", "due", "index", "state", "target")
 
     def __init__(self, at: float, target: int, previous: _Flight | None, index: int = -1) -> None:
         self.index = index  # its batch index (-1: a non-batched message)
@@ -139,10 +139,25 @@ class _Flight:
         self.target = target  # no earlier than its bucket time: never hand it out earlier
         # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
         again = previous is not None and previous.at == _NEVER
-        self.reforwards = previous.reforwards + 1 if again else 0  # type: ignore[union-attr]
+        # reforwards << 1 | acked (acked by the application while in flight: a late copy is acked, not
+        # handed out)
+        self.state = (previous.reforwards + 1) << 1 if again else 0  # type: ignore[union-attr]
         # the due time the application asked for, if sampled (DueSample); a repeat keeps the first's
         self.due: float | None = previous.due if again else None  # type: ignore[union-attr]
-        self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
+
+    @property
+    def reforwards(self) -> int:
+        """Forwards repeated so far. O(1)."""
+        return self.state >> 1
+
+    @property
+    def acked(self) -> bool:
+        """Acked by the application while in flight. O(1)."""
+        return bool(self.state & 1)
+
+    @acked.setter
+    def acked(self, value: bool) -> None:
+        self.state = self.state | 1 if value else self.state & ~1
 
 
 class _Entry:
