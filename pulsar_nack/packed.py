@@ -3,8 +3,9 @@
 :class:`~pulsar_nack.index.TimeBucketIndex` moves a bucket here when its add path has left it and every
 (bucket, ledger) slot in it is small (fewer than :data:`~pulsar_nack.index.PROMOTE_AT` ids): there a
 bucket object, its map entry and key, and a bitmap per slot cost ~300 bytes for the one or two ids such a
-bucket holds at k = 0 or with long, sparse delays. Here an id costs one *row*: an 8-byte
-*code* ``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in the tracker's
+bucket holds at k = 0 or with long, sparse delays. Here an id costs one *row*: a *code*
+``ordinal << 42 | entry_id << 10 | slot`` — 6 bytes while it fits a uint16 ordinal and a uint32 rest (see
+:class:`_Run`), else 8 — (``ordinal``: the ledger's number in the tracker's
 :class:`~pulsar_nack.ledgers.LedgerRegistry`, shared with the arrival filter; ``slot``
 0 for a whole entry, ``1 + batch index`` for one batch message) filed under its bucket time, an offset
 ``(bucket - origin) >> k`` kept once per bucket of a run with the position of the bucket's first row (8
