@@ -119,6 +119,12 @@ def _lost(consumer: Any, acked: bytearray, nacked_ids: dict[int, tuple[int, int,
     if nacks is None or not lost:
         return found
     arrivals, topic = nacks.tracker.arrivals, nacks._fixed_topic
+
+    def _in_flight(flights: Any, batch_index: int) -> bool:  # None, one flight, or index → flight
+        if flights is None or isinstance(flights, dict):
+            return batch_index in (flights or ())
+        return bool(flights.index == batch_index)
+
     states = dict.fromkeys(("held", "pending", "in_flight", "out", "none"), 0)
     for i in lost:
         ledger_id, entry_id, batch_index = nacked_ids[i]
@@ -127,7 +133,7 @@ def _lost(consumer: Any, acked: bytearray, nacked_ids: dict[int, tuple[int, int,
             state = "held"
         elif nacks.tracker.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
             state = "pending"
-        elif entry is not None and batch_index in (entry.flights or ()):
+        elif entry is not None and _in_flight(entry.flights, batch_index):
             state = "in_flight"
         elif entry is not None and entry.out >> batch_index & 1:
             state = "out"

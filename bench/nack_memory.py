@@ -172,8 +172,8 @@ def choose(points: list[Point], sample: int | None, pattern: str | None) -> list
     """The fleet shape first, then ``sample`` more drawn with a fixed seed, then the sparse and forwarding
     shapes not drawn (all of the grid for None)."""
     fleet = Point(*FLEET)
-    if pattern:
-        return [p for p in points if pattern in p.name]
+    if pattern:  # (comma-separated substrings: a point matching any)
+        return [p for p in points if any(part in p.name for part in pattern.split(","))]
     if sample is None:
         return points
     rest = [p for p in points if p != fleet]
@@ -279,7 +279,10 @@ def main(argv: list[str]) -> int:
     which.add_argument(
         "--sample", type=int, default=12, help="points drawn besides the fleet and sparse shapes (default 12)"
     )
-    which.add_argument("--points", help="only points whose name contains this, e.g. t100-b10")
+    which.add_argument(
+        "--points",
+        help="only points whose name contains this (or one of these, comma-separated), e.g. t100-b10",
+    )
     parser.add_argument(
         "--pending", type=int, default=100_000, help="pending nacks per point (default 100,000)"
     )
@@ -290,11 +293,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--render", action="store_true", help="rewrite the docs section from the results file"
     )
+    parser.add_argument(
+        "--extra",
+        metavar="NAME",
+        help="a run of points besides the sample: results in bench/results/nack_memory_NAME.json and the "
+        "docs section nack-memory-NAME (the sample's file and section untouched; no broker sample)",
+    )
     args = parser.parse_args(argv)
+    name = "nack_memory" if args.extra is None else f"nack_memory_{args.extra}"
+    section = name.replace("_", "-")
+    if args.extra is not None:
+        args.no_broker = True
     if args.render:
-        report.write_section(
-            "nack-memory", render(json.loads((report.RESULTS / "nack_memory.json").read_text()))
-        )
+        data = json.loads((report.RESULTS / f"{name}.json").read_text())
+        report.write_section(section, render(data, args.extra))
         return 0
     if args.pending < 1_000:
         parser.error(f"--pending: at least 1,000, got {args.pending}")
@@ -329,7 +341,7 @@ def main(argv: list[str]) -> int:
                     flush=True,
                 )
     broker_machine, broker_pending = facts, args.broker_pending
-    previous = report.RESULTS / "nack_memory.json"
+    previous = report.RESULTS / f"{name}.json"
     if args.no_broker and previous.exists():  # keep the last broker sample, with its own stamp
         old = json.loads(previous.read_text())
         on_broker = old.get("broker", [])
@@ -347,18 +359,21 @@ def main(argv: list[str]) -> int:
         "results": results,
         "broker": on_broker,
     }
-    report.save_json("nack_memory", data)
-    report.write_section("nack-memory", render(data))
+    report.save_json(name, data)
+    report.write_section(section, render(data, args.extra))
     return 0
 
 
-def render(data: dict[str, Any]) -> str:
-    """The docs/performance.md section of a results file."""
+def render(data: dict[str, Any], extra: str | None = None) -> str:
+    """The docs/performance.md section of a results file (``extra``: the name of a run besides the
+    sample, under its own heading)."""
     results, totals, native = data["results"], data["summary"], data["native_bytes_per_nack"]
     best, worst = totals["best"], totals["worst"]
     text = "\n\n".join(
         [
-            "## Memory per pending nack, everything the wrapper keeps, over a grid of workloads",
+            "## Memory per pending nack, everything the wrapper keeps, over a grid of workloads"
+            if extra is None
+            else f"### More points of the grid: `--extra {extra}`",
             "`python bench/nack_memory.py` — issue 23's grid (topics × batching × nack share × delay × k, "
             f"{data['grid_points']} points; this run: {len(results)} of them, {data['pending_target']:,} "
             "pending nacks each). Each point runs a real `NackTracker` (index, timer wheel, arrival filter) "

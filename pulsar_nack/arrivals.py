@@ -41,7 +41,7 @@ import itertools
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +82,10 @@ COALESCE_WITHIN_MS = 2_000
 
 Key = tuple[str, int, int]  # (topic, ledger id, entry id)
 EntryIds = Sequence[int] | npt.NDArray[np.uint32]
+#: The entry ids a forward record keeps of one ledger: one int (the sparse case, the very int object of
+#: the entry's key), uint32 ids as bytes (one object, 33 B + 4 B an id, where a numpy array cost ~160 B),
+#: or the ids as given.
+KeptIds = int | bytes | EntryIds
 
 
 class Verdict(enum.Enum):
@@ -102,6 +106,9 @@ _DUPLICATE = Verdict.DUPLICATE
 _NONE: tuple[Any, ...] = ()  # no copies to ack (shared: the ack path allocates nothing)
 _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
+#: The acked masks of an entry with one message unacked (batches of up to 128), as shared ints: a forwarded
+#: quiet entry's record holds one (a new int of its own cost 32 B, ~0.3 B per pending nack at 1,000 topics)
+_ALL_BUT_ONE = {~(1 << index): ~(1 << index) for index in range(128)}
 # The filter's sets of entries (one EntrySets, see __init__)
 _PENDING, _QUIET, _WATCH = 0, 1, 2
 # _Recent's: two generations (the current one at offset _Recent.current) of each of three sets
@@ -121,20 +128,36 @@ def _release(emptied: dict[Any, Any]) -> None:
 
 
 class _Flight:
-    """One forwarded message (or non-batched entry) until a copy of it has been handed out."""
+    """One forwarded message (or non-batched entry) until a copy of it has been handed out. Five slots:
+    its batch index costs no more than the ``acked`` flag it shares a slot with (``state``)."""
 
-    __slots__ = ("acked", "at", "due", "reforwards", "target")
-    reforwards: int
+    __slots__ = ("at", "due", "index", "state", "target")
 
-    def __init__(self, at: float, target: int, previous: _Flight | None) -> None:
+    def __init__(self, at: float, target: int, previous: _Flight | None, index: int = -1) -> None:
+        self.index = index  # its batch index (-1: a non-batched message)
         self.at = at  # when it was forwarded (clock ms); _NEVER while a new forward is awaited
         self.target = target  # no earlier than its bucket time: never hand it out earlier
         # forwards repeated so far: counted on from a flight this one replaces after it came to nothing
         again = previous is not None and previous.at == _NEVER
-        self.reforwards = previous.reforwards + 1 if again else 0  # type: ignore[union-attr]
+        # reforwards << 1 | acked (acked by the application while in flight: a late copy is acked, not
+        # handed out)
+        self.state = (previous.reforwards + 1) << 1 if again else 0  # type: ignore[union-attr]
         # the due time the application asked for, if sampled (DueSample); a repeat keeps the first's
         self.due: float | None = previous.due if again else None  # type: ignore[union-attr]
-        self.acked = False  # acked by the application while in flight: a late copy is acked, not handed out
+
+    @property
+    def reforwards(self) -> int:
+        """Forwards repeated so far. O(1)."""
+        return self.state >> 1
+
+    @property
+    def acked(self) -> bool:
+        """Acked by the application while in flight. O(1)."""
+        return bool(self.state & 1)
+
+    @acked.setter
+    def acked(self, value: bool) -> None:
+        self.state = self.state | 1 if value else self.state & ~1
 
 
 class _Entry:
@@ -150,7 +173,9 @@ class _Entry:
         self.out = 0  # bitmask: batch indexes handed to the application (-1: all)
         self.acked = 0  # bitmask: acked by the application (negative: all but the clear bits)
         self.pending = 0  # bitmask: nack pending in the index
-        self.flights: dict[int, _Flight] | None = None  # batch index → its forward
+        # its forwards: None (never forwarded), the one flight, or batch index → flight (a dict of one
+        # flight cost ~210 B, a fifth of what a forwarded sparse batch entry kept)
+        self.flights: _Flight | dict[int, _Flight] | None = None
         self.parked: dict[int, list[Any]] | None = None  # batch index → copies to ack with the app's
         self.last_forward = _NEVER_FORWARDED
 
@@ -175,6 +200,46 @@ class _Entry:
             return False
         full = -1 if self.size is None else (1 << self.size) - 1  # -1: an expanded quiet entry
         return (self.acked | self.pending) & full == full
+
+
+def _flight_of(entry: _Entry, index: int) -> _Flight | None:
+    """The flight of batch message ``index`` of ``entry``, if any. O(1)."""
+    flights = entry.flights
+    if flights is None:
+        return None
+    if type(flights) is _Flight:
+        return flights if flights.index == index else None
+    return flights.get(index)  # type: ignore[union-attr]
+
+
+def _flight_list(entry: _Entry) -> list[_Flight]:
+    """Every flight of ``entry`` (a new list). O(flights)."""
+    flights = entry.flights
+    if not flights:
+        return []
+    return [flights] if type(flights) is _Flight else list(flights.values())  # type: ignore[union-attr]
+
+
+def _put_flight(entry: _Entry, flight: _Flight) -> None:
+    """File ``flight`` (of batch index ``flight.index``) in ``entry``, replacing one of the same index.
+    A dict only from the second flight on. O(1)."""
+    flights = entry.flights
+    if not flights or (type(flights) is _Flight and flights.index == flight.index):
+        entry.flights = flight
+    elif type(flights) is _Flight:
+        entry.flights = {flights.index: flights, flight.index: flight}
+    else:
+        flights[flight.index] = flight  # type: ignore[index]
+
+
+def _drop_flight(entry: _Entry, index: int) -> None:
+    """Forget the flight of batch index ``index`` (there is one). ``flights`` stays not None: the entry
+    was forwarded (see :meth:`ArrivalFilter.forwarded_lately`). O(1)."""
+    flights = entry.flights
+    if type(flights) is _Flight:
+        entry.flights = {}
+    else:
+        del flights[index]  # type: ignore[union-attr]
 
 
 class _Recent:
@@ -351,12 +416,13 @@ class ArrivalFilter:
         # or recently handed out for a forward (in `_flights` or `_recent`) — an arrival or an ack of an
         # entry in neither _PENDING nor _WATCH is a plain one, decided with one dict and two bitmap
         # lookups (the per-message path while anything else is tracked).
-        self._sets = EntrySets(_SETS, ledgers)
+        self._ledgers = ledgers if ledgers is not None else LedgerRegistry()
+        self._sets = EntrySets(_SETS, self._ledgers)
         self._recent = _Recent(self._sets, clock())  # non-batched messages recently handed out for a forward
-        # one record per forward call, in order: (at, topic, ledger id, entry ids)
-        # (one entry id: an int — 1 id per ledger and forward is the sparse case: the record ~120 B, where
-        # a numpy array of one id made it ~290 B)
-        self._forwards: deque[tuple[float, str, int, EntryIds | int]] = deque()
+        # what each flush forwarded, in order: one list per forward time, [at, then topic, ledger id and
+        # KeptIds for each ledger] — 3 pointers a ledger (a tuple a ledger cost ~80 B more: ~1 B per pending
+        # nack at 1,000 sparse topics, where each flush forwards one entry of each)
+        self._forwards: deque[list[Any]] = deque()
         # lateness (arrival − the due time asked for) of a bounded sample of redeliveries
         self.lateness = LatenessHistogram(lateness_window)
         self.dues = DueSample()
@@ -386,6 +452,7 @@ class ArrivalFilter:
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
+        self._target = 0  # the last forward's bucket time (forwarded(): its flights share the int)
 
     def expect_ack_timeout(self, timeout_ms: float | None) -> None:
         """The consumer's ``unacked_messages_timeout_ms`` (None or 0: none). With one, the native client
@@ -597,15 +664,24 @@ class ArrivalFilter:
             if self._popped:
                 self._popped.pop((topic, ledger_id), None)
             any_pending = sets.any(_PENDING)  # (whole entries: none at all on a batched topic)
-            if isinstance(entry_ids, np.ndarray) and entry_ids.base is not None:
-                entry_ids = entry_ids.copy()  # not a view: it would keep its buffer and 3 objects alive
+            ints = _ints(entry_ids)
+            kept: KeptIds
+            if len(ints) == 1:
+                kept = ints[0]  # (the int the entry's key below holds too)
+            elif isinstance(entry_ids, np.ndarray):
+                # not a view (it would keep its buffer alive), and not an array object a ledger
+                kept = entry_ids.tobytes() if entry_ids.dtype == _U32 else entry_ids.copy()
+            else:
+                kept = entry_ids
             # batch indexes: in the entries
-            self._forwards.append(
-                (now, topic, ledger_id, int(entry_ids[0]) if len(entry_ids) == 1 else entry_ids)
-            )
+            forwards = self._forwards
+            if forwards and forwards[-1][0] == now:
+                forwards[-1] += (topic, ledger_id, kept)
+            else:
+                forwards.append([now, topic, ledger_id, kept])
             dues = self.dues
             take = dues.take
-            for entry_id in _ints(entry_ids):
+            for entry_id in ints:
                 key = (topic, ledger_id, entry_id)
                 entry = self._entries.get(key)
                 if entry is None and self._is_quiet(topic, ledger_id, entry_id):
@@ -651,14 +727,18 @@ class ArrivalFilter:
                     mask = max(entry.pending, 0)
                 mask &= ~taken
                 entry.pending &= ~mask
-                flights = entry.flights if entry.flights is not None else {}
-                entry.flights = flights
                 code = hash(key)
                 waiting = self._waiting
+                # the flush's bucket time as one int object for all its ledgers (32 B a flight otherwise)
+                if target == self._target:
+                    target = self._target
+                else:
+                    self._target = target
                 for index in batch_index_bits(mask & ~entry.acked):
                     # one that waited for a copy that did not come: labelled with its own bucket
                     due_at = waiting.pop((key, index), target) if waiting else target
-                    flight = flights[index] = _Flight(now, min(due_at, target), flights.get(index))
+                    flight = _Flight(now, min(due_at, target), _flight_of(entry, index), index)
+                    _put_flight(entry, flight)
                     due = take(code ^ index, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
@@ -675,14 +755,13 @@ class ArrivalFilter:
         ago has not brought its copy, file them again for ``target`` — on later flushes, for the bucket each
         first waited at (``_waiting``: never earlier than their bucket, not a bucket later per flush) — and
         return True; else False. O(flights + indexes)."""
-        flights = entry.flights
-        assert flights is not None  # (the caller checked)
+        flights = _flight_list(entry)
         mask = batch_mask(indexes)
-        if entry.pending & mask != mask or any(index in flights for index in indexes):
+        if entry.pending & mask != mask or any(flight.index in indexes for flight in flights):
             return False
         if self._held_ms is not None or self._remove is None:
             return False  # with an ack timeout no copy is kept (see take_pending_message)
-        if not any(0.0 <= now - flight.at < COALESCE_WITHIN_MS for flight in flights.values()):
+        if not any(0.0 <= now - flight.at < COALESCE_WITHIN_MS for flight in flights):
             return False
         topic, ledger_id, entry_id = key
         waiting = self._waiting
@@ -843,7 +922,7 @@ class ArrivalFilter:
         if acked & bit:  # a copy of a message the application acked
             self._dropped += 1
             return _dropped_copy(entry, acked), None, 0.0
-        flight = entry.flights.get(batch_index) if entry.flights else None
+        flight = _flight_of(entry, batch_index)
         if flight is None:
             if entry.pending & bit:
                 self._held_back += 1
@@ -858,7 +937,7 @@ class ArrivalFilter:
         now = self._clock()
         verdict, again = self._landed(flight, now)
         if verdict is _DELIVER:
-            del entry.flights[batch_index]  # type: ignore[union-attr]
+            _drop_flight(entry, batch_index)
             entry.out |= bit
         else:
             self._count(verdict)
@@ -1054,7 +1133,7 @@ class ArrivalFilter:
                 self._remove(ledger_id, entry_id, batch_index, topic)
             if self._waiting:
                 self._waiting.pop((key, batch_index), None)
-            flight = entry.flights.get(batch_index) if entry.flights else None
+            flight = _flight_of(entry, batch_index)
             if flight is not None:
                 flight.acked = True
             copies = entry.parked.pop(batch_index, _NONE) if entry.parked else _NONE
@@ -1269,8 +1348,8 @@ class ArrivalFilter:
                 entry.pending &= ~mask
                 entry.acked |= mask
                 if entry.flights:
-                    for index, flight in entry.flights.items():
-                        if mask >> index & 1:
+                    for flight in _flight_list(entry):
+                        if mask >> flight.index & 1:
                             flight.acked = True
                 if entry.parked:
                     for index in [i for i in entry.parked if mask >> i & 1]:
@@ -1375,7 +1454,8 @@ class ArrivalFilter:
         entry.out = -1
         # a message a flush under way popped is not acked: pending still, until forwarded() learns it
         entry.pending |= max(self._popped_mask(topic, ledger_id, entry_id), 0)
-        entry.acked = ~(forwarded | entry.pending)
+        acked = ~(forwarded | entry.pending)
+        entry.acked = _ALL_BUT_ONE.get(acked, acked)  # (one shared int, not 32 B an entry)
         return entry
 
     # -- housekeeping ---------------------------------------------------------------------------------
@@ -1395,26 +1475,29 @@ class ArrivalFilter:
                 self._sets.tidy()  # (rotate emptied sets in place: all empty, the ledgers go back)
             forwards = self._forwards
             while forwards and forwards[0][0] <= horizon:
-                at, topic, ledger_id, entry_ids = forwards.popleft()
-                for entry_id in _ints(entry_ids):
-                    key = (topic, ledger_id, entry_id)
-                    flight = self._flights.get(key)
-                    if flight is not None and flight.at == at and self._retire(flight, key, -1, again):
-                        del self._flights[key]
-                        if not self._recent.verdict((topic, ledger_id), entry_id):
-                            self._sets.discard(_WATCH, (topic, ledger_id), entry_id)
-                    entry = self._entries.get(key)
-                    if entry is None or not entry.flights:
-                        continue
-                    for index, flight in list(entry.flights.items()):
-                        if flight.at == at and self._retire(flight, key, index, again):
-                            del entry.flights[index]
-                            if not flight.acked:
-                                # abandoned: still unacked at the broker, and the application has no copy
-                                # of it — the next copy the broker sends (a reconnect's) is handed out
-                                entry.out &= ~(1 << index)
-                    if entry.settled:
-                        self._forget(key)
+                record = forwards.popleft()
+                at = record[0]
+                for topic, ledger_id, entry_ids in zip(record[1::3], record[2::3], record[3::3], strict=True):
+                    for entry_id in _ints(entry_ids):
+                        key = (topic, ledger_id, entry_id)
+                        flight = self._flights.get(key)
+                        if flight is not None and flight.at == at and self._retire(flight, key, -1, again):
+                            del self._flights[key]
+                            if not self._recent.verdict((topic, ledger_id), entry_id):
+                                self._sets.discard(_WATCH, (topic, ledger_id), entry_id)
+                        entry = self._entries.get(key)
+                        if entry is None or not entry.flights:
+                            continue
+                        for flight in _flight_list(entry):
+                            index = flight.index
+                            if flight.at == at and self._retire(flight, key, index, again):
+                                _drop_flight(entry, index)
+                                if not flight.acked:
+                                    # abandoned: still unacked at the broker, and the application has no copy
+                                    # of it — the next copy the broker sends (a reconnect's) is handed out
+                                    entry.out &= ~(1 << index)
+                        if entry.settled:
+                            self._forget(key)
             for table in (self._flights, self._entries):
                 if not table:
                     table.clear()  # an emptied dict keeps its hash table (2.6 MB after a big forward)
@@ -1498,7 +1581,7 @@ class ArrivalFilter:
             reforwarded=self._reforwarded,
             abandoned=self._abandoned,
             open_entries=len(self._entries) + self._sets.size(_QUIET),
-            in_flight=len(self._flights) + sum(len(e.flights or ()) for e in list(self._entries.values())),
+            in_flight=len(self._flights) + sum(len(_flight_list(e)) for e in list(self._entries.values())),
             kept=self._kept,
         )
 
@@ -1509,34 +1592,48 @@ class ArrivalFilter:
             tables = (self._entries, self._flights, self._forwards)
             total = sum(python_bytes(t) for t in tables) + self._sets.memory_bytes()
             total += sum(python_bytes(times) for times in self._recent.times)
-            at: object = None
-            for record in self._forwards:  # (at, topic, ledger, ids): the ids dominate
-                total += _TUPLE4 + _int_bytes(record[2]) + _ids_bytes(record[3])
-                if record[0] is not at:  # one forward's records share its time
-                    at = record[0]
-                    total += python_bytes(at)
-            total += _scaled(self._entries, sample, _entry_bytes)
-            total += _scaled(self._flights, sample, _flight_bytes)
+            owns = self._ledgers.owns
+            entries, flights = self._entries, self._flights
+            for record in self._forwards:  # [at, (topic, ledger, ids) …]: the ids dominate
+                total += python_bytes(record) + python_bytes(record[0])
+                for topic, ledger_id, ids in zip(record[1::3], record[2::3], record[3::3], strict=True):
+                    # (ints the registry's key or an entry's or flight's key holds are counted there)
+                    total += 0 if owns(topic, ledger_id) else _int_bytes(ledger_id)
+                    shared = isinstance(ids, int) and (
+                        (topic, ledger_id, ids) in entries or (topic, ledger_id, ids) in flights
+                    )
+                    total += 0 if shared else _ids_bytes(ids)
+
+            def key_bytes(key: Key) -> int:
+                return _TUPLE3 + (0 if owns(key[0], key[1]) else _int_bytes(key[1])) + _int_bytes(key[2])
+
+            total += _scaled(entries, sample, lambda key, entry: key_bytes(key) + _entry_bytes(entry))
+            total += _scaled(flights, sample, lambda key, flight: key_bytes(key) + python_bytes(flight))
             total += self.lateness.nbytes + self.dues.nbytes
         return total
 
 
 _TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
-_TUPLE4 = python_bytes(("t", 1 << 40, 1 << 40, 1))
+_U32 = np.dtype(np.uint32)
 
 
-def _ids_bytes(ids: EntryIds | int) -> int:
+def _ids_bytes(ids: KeptIds) -> int:
     if isinstance(ids, int):
         return _int_bytes(ids)
+    if isinstance(ids, bytes):
+        return python_bytes(ids)
     if isinstance(ids, np.ndarray):  # getsizeof counts an array's data only when the array owns it
         return python_bytes(ids) + (ids.nbytes if ids.base is not None else 0)
     return python_bytes(ids) + sum(_int_bytes(i) for i in ids)
 
 
-def _ints(ids: EntryIds | int) -> Iterable[int]:
-    """Plain ints of a sequence or numpy array, or one int (numpy ints would make other dict keys)."""
+def _ints(ids: KeptIds) -> Sequence[int]:
+    """Plain ints of a sequence, numpy array or uint32 bytes, or one int (numpy ints would make other
+    dict keys)."""
     if isinstance(ids, int):
         return (ids,)
+    if isinstance(ids, bytes):
+        return np.frombuffer(ids, _U32).tolist()  # type: ignore[no-any-return]
     return ids.tolist() if isinstance(ids, np.ndarray) else ids
 
 
@@ -1544,19 +1641,17 @@ def _int_bytes(value: int) -> int:
     return 0 if -5 <= value <= 256 else python_bytes(value)  # small ints are shared by CPython
 
 
-def _key_bytes(key: Key) -> int:
-    return _TUPLE3 + _int_bytes(key[1]) + _int_bytes(key[2])  # the topic string is shared
-
-
-def _flight_bytes(key: Key, flight: _Flight) -> int:
-    return _key_bytes(key) + python_bytes(flight)
-
-
-def _entry_bytes(key: Key, entry: _Entry) -> int:
-    total = _key_bytes(key) + python_bytes(entry)
-    total += _int_bytes(entry.out) + _int_bytes(entry.acked) + _int_bytes(entry.pending)
-    if entry.flights:
-        total += python_bytes(entry.flights) + len(entry.flights) * python_bytes(_Flight(0, 0, None))
+def _entry_bytes(entry: _Entry) -> int:
+    """An entry's record but its key. O(flights + parked)."""
+    acked = entry.acked
+    shared = _ALL_BUT_ONE.get(acked) is acked
+    total = python_bytes(entry) + _int_bytes(entry.out) + _int_bytes(entry.pending)
+    total += 0 if shared else _int_bytes(acked)
+    if entry.flights is not None:
+        flights = _flight_list(entry)
+        total += len(flights) * python_bytes(_Flight(0, 0, None))
+        if type(entry.flights) is not _Flight:
+            total += python_bytes(entry.flights)
     if entry.parked:
         total += python_bytes(entry.parked) + sum(python_bytes(c) for c in entry.parked.values())
     return total

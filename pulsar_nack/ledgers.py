@@ -83,6 +83,15 @@ class LedgerRegistry:
         ordinal = self.ordinals.get(key)
         return 0 if ordinal is None else self._counts[ordinal]
 
+    def owns(self, topic: str, ledger_id: int) -> bool:
+        """Whether ``ledger_id`` is the very int object in the held key of its ledger — then
+        :meth:`memory_bytes` counts it, and a structure sharing it must not count it again. O(1)."""
+        ordinal = self.ordinals.get(ledger_key(topic, ledger_id))
+        if ordinal is None:
+            return False
+        key = self._keys[ordinal]
+        return (key[1] if isinstance(key, tuple) else key) is ledger_id
+
     def acquire(self, key: LedgerKey) -> int:
         """One more holder of the ledger (numbered if new: the smallest free ordinal); its ordinal. A
         holder acquires a ledger once, before keeping anything of it. O(1), O(log free) reusing one."""

@@ -3,8 +3,9 @@
 :class:`~pulsar_nack.index.TimeBucketIndex` moves a bucket here when its add path has left it and every
 (bucket, ledger) slot in it is small (fewer than :data:`~pulsar_nack.index.PROMOTE_AT` ids): there a
 bucket object, its map entry and key, and a bitmap per slot cost ~300 bytes for the one or two ids such a
-bucket holds at k = 0 or with long, sparse delays. Here an id costs one *row*: an 8-byte
-*code* ``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in the tracker's
+bucket holds at k = 0 or with long, sparse delays. Here an id costs one *row*: a *code*
+``ordinal << 42 | entry_id << 10 | slot`` — 6 bytes while it fits a uint16 ordinal and a uint32 rest (see
+:class:`_Run`), else 8 — (``ordinal``: the ledger's number in the tracker's
 :class:`~pulsar_nack.ledgers.LedgerRegistry`, shared with the arrival filter; ``slot``
 0 for a whole entry, ``1 + batch index`` for one batch message) filed under its bucket time, an offset
 ``(bucket - origin) >> k`` kept once per bucket of a run with the position of the bucket's first row (8
@@ -65,6 +66,10 @@ _U_SLOT = np.uint64((1 << _SLOT_BITS) - 1)
 _U_SLOT_BITS = np.uint64(_SLOT_BITS)
 _U_ENTRY = np.uint64((1 << _ENTRY_BITS) - 1)
 _U_ORDINAL_SHIFT = np.uint64(_ORDINAL_SHIFT)
+_U_LOW = np.uint64((1 << _ORDINAL_SHIFT) - 1)
+_U32_SLOT_BITS = np.uint32(_SLOT_BITS)
+#: Ordinals a run's split codes can name (uint16).
+_NARROW_ORDINALS = 1 << 16
 _U_ENTRY_SHIFT = np.uint64(_ENTRY_BITS)
 _ENTRY_MASK = (1 << _ENTRY_BITS) - 1
 #: At most this many low ordinal bits go below the entry id in membership keys (4,096 ledgers share a
@@ -83,10 +88,14 @@ class _Run:
     The offsets are kept run-length encoded when a run holds two rows a bucket or more — the distinct
     offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket, where
     an offset per row cost 4 bytes a row, a third of a row — else one per row (``offsets``,
-    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). ``codes``: a code per row.
+    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). The codes, one per row, are
+    kept split when they fit — the ordinal as uint16 (``high``) and ``entry_id << 10 | slot`` as uint32
+    (``low``): 6 bytes a row, where a uint64 code cost 8, a quarter of what a row costs at 1,000 sparse
+    ledgers — else whole as uint64 in ``low`` (``high`` None: over 65,536 ledgers or an entry id of 2^22
+    or more). :attr:`codes` puts them together.
     """
 
-    __slots__ = ("codes", "first", "head", "offsets", "starts")
+    __slots__ = ("first", "head", "high", "low", "offsets", "starts")
 
     def __init__(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         """``times``: each row's offset, sorted. O(rows) numpy."""
@@ -100,13 +109,54 @@ class _Run:
             self.offsets = times[self.starts].astype(np.uint32)
         else:
             self.offsets = np.array(times, np.uint32)  # (a copy: never a view of a larger array)
-        self.codes = codes
+        self.high: npt.NDArray[np.uint16] | None = None
+        self.low: npt.NDArray[np.uint64] | npt.NDArray[np.uint32] = codes
+        if len(codes) and int(codes.max()) >> _ORDINAL_SHIFT < _NARROW_ORDINALS:
+            low = codes & _U_LOW
+            if int(low.max()) < 1 << 32:
+                self.high = (codes >> _U_ORDINAL_SHIFT).astype(np.uint16)
+                self.low = low.astype(np.uint32)
         self.head = 0
         #: the offset of the first live row (the timer asks for it at every tick: no search then)
         self.first = int(self.offsets[0]) if len(codes) else 0
 
     def __len__(self) -> int:
-        return len(self.codes) - self.head
+        return len(self.low) - self.head
+
+    @property
+    def rows(self) -> int:
+        """Rows, popped ones included. O(1)."""
+        return len(self.low)
+
+    @property
+    def codes(self) -> npt.NDArray[np.uint64]:
+        """Every row's code (popped ones included; a new array unless kept whole). O(rows) numpy."""
+        return self.code_slice(0, len(self.low))
+
+    def code_slice(self, start: int, end: int) -> npt.NDArray[np.uint64]:
+        """The codes of rows ``start:end``. O(end - start) numpy."""
+        if self.high is None:
+            return self.low[start:end]  # type: ignore[return-value]
+        high = self.high[start:end].astype(np.uint64) << _U_ORDINAL_SHIFT
+        return high | self.low[start:end].astype(np.uint64)
+
+    def codes_at(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.uint64]:
+        """The codes of rows at these (absolute) positions. O(positions) numpy."""
+        if self.high is None:
+            return self.low[positions]  # type: ignore[return-value]
+        high = self.high[positions].astype(np.uint64) << _U_ORDINAL_SHIFT
+        return high | self.low[positions].astype(np.uint64)
+
+    def find(self, ordinal: int, entry_id: int) -> npt.NDArray[np.intp]:
+        """The absolute positions of the live rows of an entry. O(rows) numpy."""
+        head = self.head
+        if self.high is None:
+            target = np.uint64(ordinal << 32 | entry_id)
+            return np.flatnonzero(self.low[head:] >> _U_SLOT_BITS == target) + head
+        if ordinal >= _NARROW_ORDINALS or entry_id >= 1 << (32 - _SLOT_BITS):
+            return np.zeros(0, np.intp)
+        match = (self.high[head:] == ordinal) & (self.low[head:] >> _U32_SLOT_BITS == entry_id)
+        return np.flatnonzero(match) + head
 
     def _group(self, position: int) -> int:
         """The index in ``offsets`` of the row at ``position``. O(log buckets)."""
@@ -130,7 +180,7 @@ class _Run:
         group = int(np.searchsorted(self.offsets, np.uint32(limit), "right"))
         if self.starts is None:
             return group
-        return int(self.starts[group]) if group < len(self.starts) else len(self.codes)
+        return int(self.starts[group]) if group < len(self.starts) else self.rows
 
     def times(self, start: int, end: int) -> npt.NDArray[np.uint32]:
         """The offsets of rows ``start:end``, one per row. O(end - start + log buckets) numpy."""
@@ -155,16 +205,17 @@ class _Run:
         return self.offsets[self._group(self.head) :]
 
     def live(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]:
-        return self.times(self.head, len(self.codes)), self.codes[self.head :]
+        return self.times(self.head, self.rows), self.code_slice(self.head, self.rows)
 
     def keep(self, keep: npt.NDArray[np.bool_]) -> None:
         """Keep only the rows where ``keep`` is True (popped rows must be False); head becomes 0. O(rows)."""
-        times = self.times(0, len(self.codes))[keep]
+        times = self.times(0, self.rows)[keep]
         self._set(times, self.codes[keep])
 
     def memory_bytes(self) -> int:
         """The run's object and arrays. O(1)."""
-        total = python_bytes(self) + python_bytes(self.codes) + python_bytes(self.offsets)
+        total = python_bytes(self) + python_bytes(self.low) + python_bytes(self.offsets)
+        total += python_bytes(self.high) if self.high is not None else 0
         return total + (python_bytes(self.starts) if self.starts is not None else 0)
 
 
@@ -345,12 +396,11 @@ class PackedStore:
         ordinal = self._registry.ordinals.get(key)
         if ordinal is None or not 0 <= entry_id < 1 << _ENTRY_BITS:
             return []
-        target = np.uint64(ordinal << 32 | entry_id)
         out = []
         for run in self._runs:
-            at = np.flatnonzero(run.codes[run.head :] >> _U_SLOT_BITS == target)
+            at = run.find(ordinal, entry_id)
             if len(at):
-                out.append((run, at + run.head))
+                out.append((run, at))
         return out
 
     def parts(self, key: LedgerKey, entry_id: int) -> list[tuple[int, int | None]]:
@@ -360,7 +410,7 @@ class PackedStore:
             return []
         masks: dict[int, int | None] = {}
         for run, at in self._find(key, entry_id):
-            offsets, slots = run.times_at(at).tolist(), (run.codes[at] & _U_SLOT).tolist()
+            offsets, slots = run.times_at(at).tolist(), (run.codes_at(at) & _U_SLOT).tolist()
             for offset, slot in zip(offsets, slots, strict=True):
                 bucket = self._origin + (offset << self._k)
                 if slot == 0:
@@ -380,14 +430,14 @@ class PackedStore:
         after: set[int] = set()
         for run, at in found:
             if batch_index >= 0:
-                slots = run.codes[at] & _U_SLOT
+                slots = run.codes_at(at) & _U_SLOT
                 going = at[slots == np.uint64(batch_index + 1)]
                 after.update(run.times_at(at[slots != np.uint64(batch_index + 1)]).tolist())
             else:
                 going = at
             if len(going):
                 removed = True
-                keep = np.ones(len(run.codes), bool)
+                keep = np.ones(run.rows, bool)
                 keep[going] = False
                 keep[: run.head] = False
                 run.keep(keep)
@@ -449,9 +499,9 @@ class PackedStore:
             if len(run) and run.first <= limit:  # (one read: most runs skip)
                 end = run.end_of(limit)
                 times_parts.append(run.times(run.head, end))
-                code_parts.append(run.codes[run.head : end])
+                code_parts.append(run.code_slice(run.head, end))
                 rows += end - run.head
-                if end < len(run.codes):
+                if end < run.rows:
                     run.advance(end)
                 else:
                     run.head = end  # emptied: dropped by _after_pop
@@ -516,7 +566,7 @@ class PackedStore:
 
     def _after_pop(self) -> None:
         """Drop emptied runs; copy down a run whose popped prefix is half of it. O(runs + copied)."""
-        self._runs = [run if 2 * run.head < len(run.codes) else _copy(run) for run in self._runs if len(run)]
+        self._runs = [run if 2 * run.head < run.rows else _copy(run) for run in self._runs if len(run)]
         self._buckets = None
 
     def _pop_small(

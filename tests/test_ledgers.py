@@ -123,3 +123,20 @@ def test_the_live_tier_holds_its_ledgers_and_shares_their_keys() -> None:
     index.add(3_000, 6, 1, topic="t")
     index.clear()
     assert len(registry) == 0
+
+
+def test_owns_tells_the_key_s_own_ledger_id_object_from_an_equal_one() -> None:
+    """owns(): True only for the very int object the held key keeps (a structure sharing it must not
+    count it again), False for an equal int of its own, an unheld ledger, or a released one."""
+    registry = LedgerRegistry()
+    ledger_id = int("123456789")  # (built at run time: not a constant shared with other code)
+    other = int("123456789")
+    assert ledger_id == other and ledger_id is not other
+    ordinal = registry.acquire(ledger_key("t", ledger_id))
+    topic_less = int("987654321")
+    registry.acquire(ledger_key("", topic_less))
+    assert registry.owns("t", ledger_id) and not registry.owns("t", other)
+    assert registry.owns("", topic_less) and not registry.owns("", int("987654321"))
+    assert not registry.owns("u", ledger_id)  # another topic's ledger: not held
+    registry.release(ordinal)
+    assert not registry.owns("t", ledger_id)

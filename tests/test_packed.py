@@ -1,0 +1,60 @@
+"""The index's packed tier (pulsar_nack/packed.py): its two code layouts answer alike."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pulsar_nack.lowlevel import TimeBucketIndex
+from pulsar_nack.packed import PackedStore
+
+WIDE = 1 << 22  # entry ids from here on do not fit a run's split (uint16 + uint32) codes
+
+
+def _timeline(index: TimeBucketIndex, offset: int) -> list[object]:
+    """Lookups, removals and pops of an index in a fixed order, entry ids shifted back by ``offset``."""
+    seen: list[object] = []
+    for entry in range(0, 80, 7):
+        seen.append(index.due_of(1, entry + offset, 2, "t"))
+        seen.append(index.take(2, entry + offset, -1, "t"))
+        seen.append(index.remove(1, entry + offset, 3, "t"))
+    for now in range(1_000, 45_000, 2_500):
+        seen.append(
+            sorted(
+                (
+                    d.topic,
+                    d.ledger_id,
+                    [e - offset for e in d.entry_ids.tolist()],
+                    sorted((e - offset, m) for e, m in d.batch_indexes.items()),
+                )
+                for d in index.pop_due(now)
+            )
+        )
+        seen.append((len(index), index.bucket_count, index.next_due_ms()))
+    return seen
+
+
+def _built(offset: int) -> TimeBucketIndex:
+    rng = random.Random(23)
+    index = TimeBucketIndex(precision_bits=8)
+    for entry, batch_index in rng.sample([(e, i) for e in range(80) for i in (-1, *range(8))], 300):
+        due = rng.randrange(1_000, 40_000)
+        index.add(due, 1, entry + offset, batch_index, "t")
+        index.add(due + 700, 2, entry + offset, batch_index, "t")
+    assert index.compact() > 0
+    return index
+
+
+@pytest.mark.parametrize("offset", [WIDE, 1 << 31])
+def test_runs_of_entry_ids_too_large_to_split_answer_as_split_ones(offset: int) -> None:
+    """A run keeps its codes split (6 bytes a row) when every entry id is below 2^22 and whole (8 bytes)
+    otherwise: the same pending ids, parts, removals and pops either way."""
+    narrow, wide = _built(0), _built(offset)
+    layouts = []
+    for index in (narrow, wide):
+        store = index._packed  # (which layout the runs took: the comparison must cover both)
+        assert isinstance(store, PackedStore) and len(store) > 100
+        layouts.append({run.high is None for run in store._runs})
+    assert layouts == [{False}, {True}]
+    assert _timeline(narrow, 0) == _timeline(wide, offset)
