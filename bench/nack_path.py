@@ -23,7 +23,7 @@ The **sparse** rows (issue 23: ``negative_acknowledge`` ≤ 2 µs in the sparse 
 buckets and ledgers): every nack files a bucket and a ledger slot of its own (nacks 1 s apart), beside
 L = 0 to 100,000 other ledgers with one pending id each.
 
-    python bench/nack_path.py
+    python bench/nack_path.py [--rounds N]
 
 Writes ``bench/results/nack_path.json`` and the ``nack-path`` section of docs/performance.md.
 """
@@ -87,9 +87,12 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
     apart, wider than a bucket), beside ``ledgers`` other ledgers with one pending id each in a bucket
     of their own. Native and wrapper rounds alternate, as for the dense rows."""
     from pulsar_nack.consumer import _ADMITTED_IDS, NackBridge, NackOptions
+    from pulsar_nack.index import TimeBucketIndex
 
     bridge = NackBridge(consumer._consumer, consumer.topic(), NackOptions())
     tracker = bridge.tracker
+    index = tracker.index
+    assert isinstance(index, TimeBucketIndex)
     delays = [7_200_000 + i * SPREAD_MS for i in range(len(messages))]
 
     def prefill() -> None:
@@ -100,6 +103,7 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
         for message in messages:
             message.__dict__.pop(_ADMITTED_IDS, None)
             bridge.admit(message)
+        index.flush()  # the other ledgers filed: the timed round's staging log holds its nacks only
 
     def native_nacks() -> None:
         for message in messages:
@@ -111,11 +115,14 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
 
     native_rounds: list[float] = []
     nack_rounds: list[float] = []
+    filing_rounds: list[float] = []
     for _ in range(NACK_ROUNDS):
         native_rounds.append(_timed(native_nacks, len(messages)))
         time.sleep(0.05)
         prefill()
         nack_rounds.append(_timed(wrapper_nacks, len(messages)))
+        # the nacks' bulk filing from the index's staging log, which the timer does ~1 s later
+        filing_rounds.append(_timed(index.flush, len(messages)))
     row = {
         "ledgers": ledgers,
         "pending_buckets_measured": tracker.index.bucket_count,
@@ -123,6 +130,8 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
         "native_nack_us": min(native_rounds),
         "nack_median_us": statistics.median(nack_rounds),
         "native_nack_median_us": statistics.median(native_rounds),
+        "filing_us": min(filing_rounds),
+        "filing_median_us": statistics.median(filing_rounds),
     }
     print(row, file=sys.stderr)
     bridge.close()
@@ -133,6 +142,7 @@ def measure(service_url: str) -> dict[str, Any]:
     import pulsar
 
     from pulsar_nack.consumer import _ADMITTED_IDS, NackBridge, NackOptions
+    from pulsar_nack.index import TimeBucketIndex
 
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     client = pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger)
@@ -184,6 +194,9 @@ def measure(service_url: str) -> dict[str, Any]:
             for message in messages:  # followed again, as after receive (clear forgot them)
                 message.__dict__.pop(_ADMITTED_IDS, None)
                 bridge.admit(message)
+            index = tracker.index
+            assert isinstance(index, TimeBucketIndex)
+            index.flush()  # the prefill filed from the index's staging log, as the timer does
 
         def wrapper_nacks(bridge: Any = bridge) -> None:
             for message in messages:
@@ -249,7 +262,19 @@ def measure(service_url: str) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    import argparse
+
     from pulsar_nack.testing import PulsarLite
+
+    global NACK_ROUNDS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--rounds", type=int, default=NACK_ROUNDS, help=f"nack rounds per row (default {NACK_ROUNDS})"
+    )
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds: at least 1, got {args.rounds}")
+    NACK_ROUNDS = args.rounds
 
     facts = report.machine()
     with PulsarLite() as broker:
@@ -276,12 +301,14 @@ def main(argv: list[str]) -> int:
     )
     sparse_table = report.table(
         ["other ledgers pending", "buckets pending", "nack, wrapper µs: best / median",
+         "of which later, on the timer thread µs: best / median",
          "nack, native µs: best / median", "wrapper ÷ native: best / median"],
         [
             [
                 f"{r['ledgers']:,}",
                 f"{r['pending_buckets_measured']:,}",
                 f"{r['nack_us']:.2f} / {r['nack_median_us']:.2f} (≤ 2)",
+                f"{r['filing_us']:.2f} / {r['filing_median_us']:.2f}" if "filing_us" in r else "–",
                 f"{r['native_nack_us']:.2f} / {r['native_nack_median_us']:.2f}",
                 f"{r['nack_us'] / r['native_nack_us']:.2f}× / "
                 f"{r['nack_median_us'] / r['native_nack_median_us']:.2f}×",
@@ -305,7 +332,10 @@ def main(argv: list[str]) -> int:
         table,
         "Sparse: every nack files a bucket and a ledger slot of its own (nacks 1 s apart, the default "
         "k = 8), while L other ledgers each hold one pending id in a bucket of their own — the shape of "
-        "many topics with few nacks each. Goal (issue 23): ≤ 2 µs, flat in L.",
+        "many topics with few nacks each. Goal (issue 23): ≤ 2 µs, flat in L. A nack that opens a slot "
+        "is appended to the index's staging log; the timer files the log in bulk ~1 s later (most of "
+        "it straight into the packed tier): that filing's cost per nack is measured on its own, after "
+        "each wrapper round (`index.flush()`), and is not part of the nack's.",
         sparse_table,
     ])
     report.write_section("nack-path", text)

@@ -56,7 +56,7 @@ from pulsar_nack.memory import (
     release_free_heap,
     shared_bitmap64_heap_bytes,
 )
-from pulsar_nack.packed import MAX_PACKED_INDEX, PackedSlot, PackedStore
+from pulsar_nack.packed import MAX_ORDINALS, MAX_PACKED_INDEX, PackedSlot, PackedStore
 
 __all__ = [
     "MAX_BATCH_INDEX",
@@ -66,6 +66,7 @@ __all__ = [
     "MAX_PRECISION_BITS",
     "MEMBER_BITS",
     "PROMOTE_AT",
+    "STAGE_UP_TO",
     "DueIds",
     "NackIndex",
     "Rounding",
@@ -333,6 +334,19 @@ _OVERSIZED = 160
 #: Bucket times are kept in signed 64-bit arrays (ceil rounding may add up to 2**30 - 1): a later due
 #: time (~292 million years ahead) is filed as this one.
 MAX_DUE_MS: int = 2**63 - 2**MAX_PRECISION_BITS
+
+#: Fresh ids :meth:`TimeBucketIndex.add` appends to its staging log before the nack path files them in bulk
+#: itself (the timer files them sooner: see ``TimeBucketIndex._unstage``): 16 bytes a row.
+STAGE_UP_TO = 1 << 14
+#: A staging log of fewer rows is filed one id at a time (numpy's per-call cost dominates below).
+_BULK_FROM = 16
+_NOT_STAGED = 1 << 63  # the earliest staged bucket when nothing is staged: later than any bucket
+_MAX_I64 = (1 << 63) - 1
+# The packed tier's row code, which the staging log uses too: ordinal << 42 | entry_id << 10 | slot.
+_CODE_SLOT_BITS = 10
+_CODE_ORDINAL_SHIFT = 42
+_CODE_ENTRY_MASK = (1 << 32) - 1
+_CODE_SLOT_MASK = (1 << _CODE_SLOT_BITS) - 1
 
 
 def _u32(entry_ids: npt.NDArray[np.uint32]) -> array[int]:
@@ -2392,8 +2406,21 @@ class TimeBucketIndex:
     add, re-nack or remove of an entry the packed tier holds first takes its packed parts back into the
     live tier (``_thaw``), where the usual dedupe (earliest due wins) applies.
 
+    In front of both, a *staging log*: a fresh id (``add(..., fresh=True)``, the nack path) is appended
+    to two flat arrays — its bucket time and its packed-tier code (ledger ordinal, entry id, batch slot)
+    — and filed in the tiers later, in bulk (``_unstage``): by the timer's :meth:`compact` (~1 s after
+    nacks, in the tracker), by a :meth:`pop_due` that reaches its earliest bucket, by any other read or
+    non-fresh add (each reader sees staged ids: it files them first), or by the nack path itself once
+    :data:`STAGE_UP_TO` rows wait. In bulk, a bucket whose every slot is small goes straight to the
+    packed tier (what :meth:`compact` would do with it later), others to the live tier (``add_many``):
+    a nack that opens a slot costs an append, not a slot's lookups and objects — most of a nack's cost in
+    the sparse shapes, every nack its own bucket and slot (``bench/nack_path.py``). The second and later
+    nacks of a burst into one slot go to the live tier at once (its cached slot takes them cheaper).
+
     Complexity: as ``_HotIndex`` for the live tier, plus — when the packed tier holds anything — O(1) per
-    :meth:`add` for the membership test (a dict and a bitmap probe), and O(n_p) numpy (n_p = packed rows)
+    :meth:`add` for the membership test (a fresh id: O(1), an append, and its amortized share of the bulk
+    filing: O(log n) numpy, plus what the live tier's ``add_many`` costs for ids of dense buckets; else
+    a dict and a bitmap probe), and O(n_p) numpy (n_p = packed rows)
     for an add, :meth:`due_of`, :meth:`pending_mask` or :meth:`remove` of an entry the packed tier holds;
     :meth:`pop_due` O(log n_p + due) per packed run; :meth:`next_due_ms` O(runs);
     :attr:`bucket_count` O(n_p) numpy when the packed tier changed since the last call, else O(live
@@ -2408,21 +2435,37 @@ class TimeBucketIndex:
         promote_at: int = PROMOTE_AT,
         pack_below: int = PROMOTE_AT,
         ledgers: LedgerRegistry | None = None,
+        stage_up_to: int = STAGE_UP_TO,
     ) -> None:
         """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
         bitmap of its own; 1 gives every slot its own bitmap from its first id. ``pack_below`` (>= 0):
         :meth:`compact` moves a bucket to the packed tier when each of its slots holds fewer ids than
         this; 0 keeps every bucket in the live tier. ``ledgers``: the numbering of ledgers shared with
         others (a tracker's arrival filter): the packed tier's ordinals are its, and the live tier holds
-        its ledgers there (sharing their keys); the packed tier's own if None. O(1)."""
+        its ledgers there (sharing their keys); the packed tier's own if None. ``stage_up_to`` (>= 0):
+        fresh ids the staging log holds before the nack path files them (see the class); 0: none staged,
+        every add goes straight to the live tier. O(1)."""
         if isinstance(pack_below, bool) or not isinstance(pack_below, int) or pack_below < 0:
             raise ValueError(f"pack_below must be an int >= 0, got {pack_below!r}")
+        if isinstance(stage_up_to, bool) or not isinstance(stage_up_to, int) or stage_up_to < 0:
+            raise ValueError(f"stage_up_to must be an int >= 0, got {stage_up_to!r}")
         self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at, ledgers=ledgers)
         self._pack_below = pack_below
         self._mask, self._round_up = self._hot._mask, self._hot._round_up
         self._lock = threading.RLock()
         self._hot._lock = self._lock  # type: ignore[assignment]  # one lock: the live tier re-enters it
         self._packed = PackedStore(self._hot.precision_bits, ledgers)
+        # The staging log (see the class): bucket times and codes of fresh ids, the ordinals it holds in
+        # the registry meanwhile (a code names its ledger by ordinal), its earliest bucket.
+        self._stage_up_to = stage_up_to
+        self._registry = self._packed._registry
+        self._ordinals = self._registry.ordinals
+        self._stage_buckets: array[int] = array("q")
+        self._stage_codes: array[int] = array("Q")
+        self._stage_held = BitMap()
+        self._staged_first = _NOT_STAGED
+        self._bulk_from = _BULK_FROM
+        self._last_bucket, self._last_ledger, self._last_topic = -1, -1, ""  # the slot of the last nack
 
     @property
     def precision_bits(self) -> int:
@@ -2448,6 +2491,7 @@ class TimeBucketIndex:
     def bucket_count(self) -> int:
         """Number of non-empty buckets. O(1) without packed ids; else see the class."""
         with self._lock:
+            self._unstage()
             packed = self._packed
             live = len(self._hot._schedule)
             if not len(packed):
@@ -2459,8 +2503,11 @@ class TimeBucketIndex:
             return live + count
 
     def __len__(self) -> int:
-        """Pending ids, counting an entry once per bucket (batch messages of one entry count once). O(1)."""
-        return len(self._hot) + len(self._packed)
+        """Pending ids, counting an entry once per bucket (batch messages of one entry count once). O(1)
+        (plus filing the staged ids, if any)."""
+        with self._lock:
+            self._unstage()
+            return len(self._hot) + len(self._packed)
 
     def bucket_of(self, due_ms: int) -> int:
         """The bucket time an id due at ``due_ms`` is stored under (and popped at). O(1)."""
@@ -2470,6 +2517,9 @@ class TimeBucketIndex:
         """The earliest bucket time, or None when nothing is pending. O(1) amortized, plus O(runs)."""
         with self._lock:
             live = self._hot.next_due_ms()
+            staged = self._staged_first
+            if staged != _NOT_STAGED and (live is None or staged < live):
+                live = staged
             if not len(self._packed):
                 return live
             packed = self._packed.first()
@@ -2503,25 +2553,179 @@ class TimeBucketIndex:
         lock = self._lock
         lock.acquire()  # not `with`: its __exit__ costs ~0.1 µs more (this is the nack path)
         try:
-            packed = self._packed
-            if packed.newest >= 0 and len(packed):
-                if type(due_ms) is not int or not 0 <= due_ms <= MAX_DUE_MS:
-                    due_ms = _check_due(due_ms)
-                if type(entry_id) is not int or type(ledger_id) is not int:
-                    entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
-                # A fresh id of a bucket later than every packed one (the in-order nack) needs no look
-                # at the packed tier: nothing it would merge with is pending, and its (bucket, entry)
-                # pair cannot be there. Else an entry with packed parts takes them back live first.
-                if (
-                    not (fresh and (due_ms + self._round_up) & self._mask > packed.newest)
-                    and type(topic) is str
-                    and packed.may_hold(_key(ledger_id, topic), entry_id)
-                ):
-                    self._thaw(ledger_id, entry_id, topic)
-                    fresh = False  # its parts are back in the live tier: dedupe against them
-            return self._hot.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
+            if (
+                fresh
+                and self._stage_up_to
+                and type(due_ms) is int
+                and 0 <= due_ms <= MAX_DUE_MS
+                and type(entry_id) is int
+                and 0 <= entry_id <= MAX_ENTRY_ID
+                and type(ledger_id) is int
+                and 0 <= ledger_id <= _MAX_I64
+                and type(batch_index) is int
+                and -1 <= batch_index <= MAX_PACKED_INDEX
+                and type(topic) is str
+            ):
+                # The nack path: an append to the staging log (see the class) — but for a burst into
+                # one slot (a batch's messages nacked together, in-order nacks of one ledger), whose
+                # second and later ids the live tier's cached slot takes at less than an append costs
+                # with its share of the bulk filing.
+                bucket: int = (due_ms + self._round_up) & self._mask
+                last = bucket == self._last_bucket and ledger_id == self._last_ledger
+                if last and topic == self._last_topic:
+                    return self._add_now(due_ms, ledger_id, entry_id, batch_index, topic, True)
+                self._last_bucket, self._last_ledger, self._last_topic = bucket, ledger_id, topic
+                key = (topic, ledger_id) if topic else ledger_id
+                ordinal = self._ordinals.get(key)
+                if ordinal is None or ordinal not in self._stage_held:
+                    ordinal = self._hold(key)
+                if ordinal is not None:
+                    self._stage_buckets.append(bucket)
+                    codes = self._stage_codes
+                    codes.append(
+                        ordinal << _CODE_ORDINAL_SHIFT | entry_id << _CODE_SLOT_BITS | batch_index + 1
+                    )
+                    if bucket < self._staged_first:
+                        self._staged_first = bucket
+                    self._hot._added += 1
+                    if len(codes) >= self._stage_up_to:
+                        self._unstage()
+                    return bucket
+            if self._stage_codes:
+                self._unstage()  # what the id may merge with is filed first (dedupe, earliest due wins)
+            return self._add_now(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
         finally:
             lock.release()
+
+    def _hold(self, key: LedgerKey) -> int | None:
+        """(Lock held.) Hold the ledger in the registry while the staging log names it; its ordinal, or None
+        (nothing held) when it is beyond what a code can name. O(1)."""
+        ordinal = self._registry.acquire(key)
+        if ordinal >= MAX_ORDINALS:
+            self._registry.release(ordinal)
+            return None
+        self._stage_held.add(ordinal)
+        return ordinal
+
+    def _add_now(
+        self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int, topic: str, fresh: bool
+    ) -> int:
+        """(Lock held.) :meth:`add` into the tiers (not staged)."""
+        packed = self._packed
+        if packed.newest >= 0 and len(packed):
+            if type(due_ms) is not int or not 0 <= due_ms <= MAX_DUE_MS:
+                due_ms = _check_due(due_ms)
+            if type(entry_id) is not int or type(ledger_id) is not int:
+                entry_id, ledger_id = _entry(entry_id), _ledger(ledger_id)
+            # A fresh id of a bucket later than every packed one (the in-order nack) needs no look at
+            # the packed tier: nothing it would merge with is pending, and its (bucket, entry) pair
+            # cannot be there. Else an entry with packed parts takes them back live first.
+            if (
+                not (fresh and (due_ms + self._round_up) & self._mask > packed.newest)
+                and type(topic) is str
+                and packed.may_hold(_key(ledger_id, topic), entry_id)
+            ):
+                self._thaw(ledger_id, entry_id, topic)
+                fresh = False  # its parts are back in the live tier: dedupe against them
+        return self._hot.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh)
+
+    def flush(self) -> None:
+        """File the staged ids in the tiers now (every reader does it first; the timer's :meth:`compact`
+        does it ~1 s after nacks). O(staged log staged) numpy, see ``_unstage``."""
+        with self._lock:
+            self._unstage()
+
+    def _unstage(self) -> None:
+        """(Lock held.) File the staging log's ids in the tiers, as :meth:`add` with ``fresh`` would have
+        one by one: in bulk (``_unstage_bulk``) from ``_bulk_from`` rows, else one at a time. Then the
+        log's holds on ledgers go (the tiers hold what they keep). O(1) when nothing is staged."""
+        codes = self._stage_codes
+        if not codes:
+            return
+        buckets, held = self._stage_buckets, self._stage_held
+        self._stage_buckets, self._stage_codes, self._stage_held = array("q"), array("Q"), BitMap()
+        self._staged_first = _NOT_STAGED
+        hot = self._hot
+        before = hot.added  # (counted when staged)
+        try:
+            if len(codes) < self._bulk_from:
+                key_of = self._registry.key
+                for bucket, code in zip(buckets, codes, strict=True):
+                    topic, ledger_id = _split_key(key_of(code >> _CODE_ORDINAL_SHIFT))
+                    entry_id = code >> _CODE_SLOT_BITS & _CODE_ENTRY_MASK
+                    self._add_now(bucket, ledger_id, entry_id, (code & _CODE_SLOT_MASK) - 1, topic, True)
+            else:
+                self._unstage_bulk(np.frombuffer(buckets, np.int64), np.frombuffer(codes, np.uint64))
+        finally:
+            hot._added = before
+            release = self._registry.release
+            for ordinal in held:
+                release(ordinal)
+
+    def _unstage_bulk(self, buckets: npt.NDArray[np.int64], codes: npt.NDArray[np.uint64]) -> None:
+        """(Lock held.) File staged rows in bulk. A bucket the live tier does not have, whose every slot
+        holds fewer than ``pack_below`` entries (what :meth:`compact` packs) and within the packed tier's
+        span, goes to the packed tier in one run — but for the rows of entries the packed tier may hold at
+        a bucket as early (they take the add path: their packed parts come back live first, a (bucket,
+        entry) pair stays in one tier). The rest go to the live tier: ``add_many`` per topic, or one at a
+        time when few. O(n log n) numpy plus O(1) Python per ledger, per topic and per live-bound run."""
+        order = np.argsort(buckets, kind="stable")
+        buckets, codes = buckets[order], codes[order]
+        n = len(codes)
+        packed = self._packed
+        entry_codes = codes >> np.uint64(_CODE_SLOT_BITS)
+        to_packed = np.zeros(n, bool)
+        if self._pack_below:
+            # distinct entries per (bucket, ledger) slot, the largest slot per bucket
+            by_slot = np.lexsort((entry_codes, buckets))
+            slot_buckets, slot_entries = buckets[by_slot], entry_codes[by_slot]
+            ledgers = slot_entries >> np.uint64(32)
+            bucket_change = slot_buckets[1:] != slot_buckets[:-1]
+            pair = np.concatenate(([True], bucket_change | (slot_entries[1:] != slot_entries[:-1])))
+            slot_starts = np.flatnonzero(
+                np.concatenate(([True], bucket_change | (ledgers[1:] != ledgers[:-1])))
+            )
+            sizes = np.add.reduceat(pair.astype(np.int64), slot_starts)
+            firsts = slot_buckets[slot_starts]
+            bucket_starts = np.flatnonzero(np.concatenate(([True], firsts[1:] != firsts[:-1])))
+            times = firsts[bucket_starts]  # the distinct buckets, ascending (as the rows are)
+            small = np.maximum.reduceat(sizes, bucket_starts) < self._pack_below
+            schedule = self._hot._schedule
+            if schedule:
+                small &= ~np.isin(times, np.fromiter(schedule, np.int64, len(schedule)))
+            if small.any():
+                small &= packed.within(times, int(times[small][0]))
+            row_starts = np.flatnonzero(np.concatenate(([True], buckets[1:] != buckets[:-1])))
+            to_packed = np.repeat(small, np.diff(np.append(row_starts, n)))
+            if len(packed) and to_packed.any():
+                early = np.flatnonzero(to_packed & (buckets <= packed.newest))
+                if len(early):
+                    to_packed[early[packed.may_hold_many(entry_codes[early])]] = False
+            if to_packed.any():
+                packed.put_rows(buckets[to_packed], codes[to_packed])
+        live = ~to_packed
+        count = int(live.sum())
+        if not count:
+            return
+        buckets, codes = buckets[live], codes[live]
+        key_of = self._registry.key
+        if count < self._bulk_from:
+            for bucket, code in zip(buckets.tolist(), codes.tolist(), strict=True):
+                topic, ledger_id = _split_key(key_of(code >> _CODE_ORDINAL_SHIFT))
+                entry_id = code >> _CODE_SLOT_BITS & _CODE_ENTRY_MASK
+                self._add_now(bucket, ledger_id, entry_id, (code & _CODE_SLOT_MASK) - 1, topic, True)
+            return
+        ordinals, at = np.unique(codes >> np.uint64(_CODE_ORDINAL_SHIFT), return_inverse=True)
+        keys = [_split_key(key_of(ordinal)) for ordinal in ordinals.tolist()]
+        ledger_ids = np.fromiter((ledger_id for _, ledger_id in keys), np.int64, len(keys))[at]
+        entry_ids = ((codes >> np.uint64(_CODE_SLOT_BITS)) & np.uint64(_CODE_ENTRY_MASK)).astype(np.uint32)
+        batch_indexes = (codes & np.uint64(_CODE_SLOT_MASK)).astype(np.int64) - 1
+        topics: dict[str, list[int]] = {}
+        for number, (topic, _) in enumerate(keys):
+            topics.setdefault(topic, []).append(number)
+        for topic, numbers in topics.items():
+            mine = np.isin(at, numbers) if len(topics) > 1 else slice(None)
+            self._add_many_now(buckets[mine], ledger_ids[mine], entry_ids[mine], batch_indexes[mine], topic)
 
     def _thaw(self, ledger_id: int, entry_id: int, topic: str) -> None:
         """(Lock held.) Move an entry's packed parts back into the live tier, at their buckets. O(n_p)."""
@@ -2551,14 +2755,21 @@ class TimeBucketIndex:
         a run; see ``_HotIndex``), plus O(n) Python probes when the packed tier holds ids.
         """
         with self._lock:
-            if len(self._packed):
-                _, ledgers, entries, _ = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
-                if not isinstance(topic, str):
-                    raise TypeError(f"topic must be a str, got {type(topic).__name__}")
-                for ledger_id, entry_id in set(zip(ledgers.tolist(), entries.tolist(), strict=True)):
-                    if self._packed.may_hold(_key(ledger_id, topic), entry_id):
-                        self._thaw(ledger_id, entry_id, topic)
-            self._hot.add_many(due_ms, ledger_ids, entry_ids, batch_indexes, topic)
+            self._unstage()
+            self._add_many_now(due_ms, ledger_ids, entry_ids, batch_indexes, topic)
+
+    def _add_many_now(
+        self, due_ms: Any, ledger_ids: Any, entry_ids: Any, batch_indexes: Any, topic: str
+    ) -> None:
+        """(Lock held.) :meth:`add_many` into the tiers (nothing staged in between)."""
+        if len(self._packed):
+            _, ledgers, entries, _ = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
+            if not isinstance(topic, str):
+                raise TypeError(f"topic must be a str, got {type(topic).__name__}")
+            for ledger_id, entry_id in set(zip(ledgers.tolist(), entries.tolist(), strict=True)):
+                if self._packed.may_hold(_key(ledger_id, topic), entry_id):
+                    self._thaw(ledger_id, entry_id, topic)
+        self._hot.add_many(due_ms, ledger_ids, entry_ids, batch_indexes, topic)
 
     # -- popping, querying, removing --------------------------------------------------------------
 
@@ -2573,6 +2784,8 @@ class TimeBucketIndex:
         if type(now_ms) is not int or now_ms < 0:
             now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
+            if self._staged_first <= now_ms:
+                self._unstage()
             live = self._hot.pop_due(now_ms)
             if not len(self._packed):
                 return [due for _, due in live]
@@ -2599,6 +2812,7 @@ class TimeBucketIndex:
         """The batch indexes of this entry pending in any bucket, as a bitmask; -1 if the whole entry is
         pending, 0 if nothing is. Complexity as :meth:`due_of`."""
         with self._lock:
+            self._unstage()
             mask = self._hot.pending_mask(ledger_id, entry_id, topic)
             if mask == -1 or not len(self._packed):
                 return mask
@@ -2613,6 +2827,7 @@ class TimeBucketIndex:
         first: what :meth:`due_of` and :meth:`pending_mask` summarize (a whole entry's messages pending
         beside it are due earlier than it). Complexity as :meth:`due_of`."""
         with self._lock:
+            self._unstage()
             found = self._hot.parts(ledger_id, entry_id, topic)
             if len(self._packed):
                 found = sorted(found + self._packed.parts(_key(ledger_id, topic), entry_id), key=_part_time)
@@ -2627,6 +2842,7 @@ class TimeBucketIndex:
         O(B_l) bitmap probes; packed tier: O(1), or O(n_p) numpy if the entry may be there.
         """
         with self._lock:
+            self._unstage()
             due = self._hot.due_of(ledger_id, entry_id, batch_index, topic)
             if not len(self._packed):
                 return due
@@ -2643,6 +2859,7 @@ class TimeBucketIndex:
         where it is pending on its own (a message covered by a pending whole entry stays).
         """
         with self._lock:
+            self._unstage()
             removed = self._hot.remove(ledger_id, entry_id, batch_index, topic)
             if len(self._packed) and self._packed.remove(_key(ledger_id, topic), entry_id, batch_index):
                 removed = True
@@ -2655,6 +2872,7 @@ class TimeBucketIndex:
         anything was removed), walking the entry's live buckets once where the two calls walked them
         twice. Complexity as :meth:`remove`."""
         with self._lock:
+            self._unstage()
             due, removed = self._hot.take(ledger_id, entry_id, batch_index, topic)
             if not len(self._packed):
                 return due, removed
@@ -2682,6 +2900,11 @@ class TimeBucketIndex:
     def clear(self) -> None:
         """Forget everything. O(B + ledgers) (the structures are dropped)."""
         with self._lock:
+            release = self._registry.release
+            for ordinal in self._stage_held:
+                release(ordinal)
+            self._stage_buckets, self._stage_codes, self._stage_held = array("q"), array("Q"), BitMap()
+            self._staged_first = _NOT_STAGED
             self._hot.clear()
             self._packed.clear()
 
@@ -2696,6 +2919,7 @@ class TimeBucketIndex:
         thread; never needed for correctness.
         """
         with self._lock:
+            self._unstage()
             store = self._packed if self._pack_below else None
             done = self._hot.compact(max_buckets, store, self._pack_below)
             self._packed.flush()
@@ -2705,6 +2929,7 @@ class TimeBucketIndex:
         """Yield ``(bucket_ms, topic, ledger_id, entry_ids)`` per slot in bucket order (a snapshot).
         O(n + B log B)."""
         with self._lock:
+            self._unstage()
             slots: dict[tuple[int, LedgerKey], npt.NDArray[np.uint32]] = {}
             for bucket, topic, ledger_id, entry_ids in self._hot:
                 slots[bucket, _key(ledger_id, topic)] = entry_ids
@@ -2721,6 +2946,7 @@ class TimeBucketIndex:
         live tier's) and the packed tier's (``packed_ids``, ``packed_rows``, ``packed_runs``,
         ``packed_ledgers``). O(live slots + containers + packed runs)."""
         with self._lock:
+            self._unstage()
             return self._hot.structure() | self._packed.structure()
 
     def memory_usage(self) -> MemoryUsage:
@@ -2732,9 +2958,12 @@ class TimeBucketIndex:
         ints that CPython caches count nothing.
         """
         with self._lock:
+            self._unstage()
             live = self._hot._walk_memory()
             python, roaring = self._packed.memory_bytes()
             python += python_bytes(self) + python_bytes(self.__dict__)
+            python += python_bytes(self._stage_buckets) + python_bytes(self._stage_codes)
+            roaring += bitmap_heap_bytes(self._stage_held)
             parts = dict(live.breakdown, packed=python)
             return MemoryUsage(live.python_bytes + python, live.roaring_bytes + roaring, len(self), parts)
 

@@ -14,7 +14,8 @@ from typing import NotRequired, TypedDict
 import numpy as np
 import pytest
 
-from pulsar_nack.index import MAX_ENTRY_ID
+from pulsar_nack.index import MAX_ENTRY_ID, PROMOTE_AT
+from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.lowlevel import TimeBucketIndex
 from pulsar_nack.memory import MEASURING_ENV
 
@@ -1184,3 +1185,38 @@ def test_free_ordinals_left_by_ledgers_moved_to_the_packed_tier_cost_little() ->
     assert index.structure()["tier_ledgers"] == 1_000 and index.structure()["ordinals"] >= 1_000
     ledgers = index.memory_usage().breakdown["ledgers"]
     assert ledgers < 16 * 1_000, ledgers  # the ordinal → record list (8 B a slot) and the free bitmap
+
+
+def test_staged_nacks_of_sparse_buckets_go_to_the_packed_tier_in_bulk_and_hold_no_ledger_after() -> None:
+    """Fresh nacks that each open a slot wait in the staging log; filed in bulk (here by the first read),
+    sparse buckets go straight to the packed tier, every reader sees them, and once they are popped no
+    ledger is held in the shared registry (the log's holds went with its filing)."""
+    registry = LedgerRegistry()
+    index = TimeBucketIndex(0, ledgers=registry)
+    for i in range(100):  # every nack its own bucket, three ledgers taking turns
+        index.add(1_000 + 10 * i, 5 + i % 3, i, i % 4 - 1, "t", True)
+    assert index.next_due_ms() == 1_000
+    assert index.due_of(6, 1, 0, "t") == 1_010 and index.pending_mask(5, 3, "t") == 1 << 2
+    shape = index.structure()
+    assert shape["tier_ids"] == 100 and shape["buckets"] == 0
+    assert len(index) == 100 and index.bucket_count == 100
+    due = index.pop_due(10**6)
+    assert sum(len(d.entry_ids) for d in due) == 100
+    assert len(index) == 0 and len(registry) == 0
+
+
+def test_staged_nacks_of_a_dense_bucket_go_to_the_live_tier() -> None:
+    """Nacks into one bucket from two ledgers taking turns (each opens no burst: all staged) fill slots
+    of PROMOTE_AT ids or more: filed in the live tier, where dense slots get bitmaps of their own."""
+    registry = LedgerRegistry()
+    index = TimeBucketIndex(8, ledgers=registry)
+    for i in range(2 * PROMOTE_AT):
+        index.add(5_000, 1 + i % 2, i // 2, -1, "", True)
+    index.flush()
+    shape = index.structure()
+    assert shape["tier_ids"] == 0 and shape["buckets"] == 1 and len(index) == 2 * PROMOTE_AT
+    index.add(5_000, 1, 0, -1, "")  # a re-nack: deduped against what was staged
+    assert len(index) == 2 * PROMOTE_AT
+    (first, second) = index.pop_due(5_000)
+    assert first.entry_ids.tolist() == second.entry_ids.tolist() == list(range(PROMOTE_AT))
+    assert len(registry) == 0

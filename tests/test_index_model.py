@@ -25,7 +25,7 @@ import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from pulsar_nack.index import PROMOTE_AT
+from pulsar_nack.index import PROMOTE_AT, STAGE_UP_TO
 from pulsar_nack.lowlevel import NackIndex, TimeBucketIndex
 from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.storage import InMemoryStorage
@@ -134,6 +134,20 @@ class NackIndexRules(RuleBasedStateMachine):
         self.added_since_pop = True
         self.model.add(self.now + delay, topic, ledger, entry, bi)
 
+    @rule(
+        ids=st.lists(
+            st.tuples(st.integers(0, 80), st.sampled_from(TOPICS), st.sampled_from(LEDGERS), ENTRIES, BATCH),
+            min_size=2,
+            max_size=24,
+        )
+    )
+    def add_burst(self, ids: list[tuple[int, str, int, int, int]]) -> None:
+        """Nacks one after the other with no read in between (each with its ``fresh`` as in :meth:`add`):
+        a staging log of several rows, filed together at the next read (in bulk, see the machines'
+        ``bulk_from``)."""
+        for delay, topic, ledger, entry, bi in ids:
+            self.add(delay, topic, ledger, entry, bi)
+
     @precondition(lambda self: bool(self.model.whole or self.model.member))
     @rule(data=st.data(), bi=BATCH)
     def renack_pending(self, data: st.DataObject, bi: int) -> None:
@@ -233,8 +247,12 @@ class IndexMachine(NackIndexRules):
         rounding=st.sampled_from(["floor", "ceil"]),
         promote_at=st.sampled_from([1, 2, 3, PROMOTE_AT]),
         pack_below=st.sampled_from([0, 2, 4, PROMOTE_AT]),
+        stage_up_to=st.sampled_from([0, 3, STAGE_UP_TO]),
+        bulk_from=st.sampled_from([1, 4, 16]),
     )
-    def setup(self, k: int, rounding: str, promote_at: int, pack_below: int) -> None:
+    def setup(
+        self, k: int, rounding: str, promote_at: int, pack_below: int, stage_up_to: int, bulk_from: int
+    ) -> None:
         # promote_at: 1 = every slot has its own bitmap; 2, 3 = slots move from the bucket's shared
         # bitmap to their own while the machine runs; PROMOTE_AT = all shared (entries 0..6 per ledger).
         # pack_below: 0 = every bucket stays live; 2, 4 = compact() packs some buckets and keeps others
@@ -244,7 +262,11 @@ class IndexMachine(NackIndexRules):
             rounding,  # type: ignore[arg-type]
             promote_at=promote_at,
             pack_below=pack_below,
+            stage_up_to=stage_up_to,
         )
+        # stage_up_to: 0 = nothing staged, 3 = the nack path files the log itself, else the reads do;
+        # bulk_from: logs of this many rows or more are filed in bulk (1, 4: a burst's always or often).
+        index._bulk_from = bulk_from
         self.start(index, k, rounding)
 
     @rule(
