@@ -601,8 +601,8 @@ def _id_call_floor(rows: list[dict[str, Any]]) -> str | None:
     )
     facts = data["machine"]
     return (
-        f"- Scenario A runs in fast mode (docs/receive_cost.md, direction (b)): no message's id is read while "
-        f"nothing is nacked. Reading one (`message_id()`, its batch index, ledger and entry id) costs "
+        f"- Scenario A runs in fast mode (docs/receive_cost.md, direction (b)): no message's id is read "
+        f"while nothing is nacked. Reading one (`message_id()`, its batch index, ledger and entry id) costs "
         f"{id_us:.2f} µs a message (`bench/nack_path.py`, {facts['date']}, commit {facts['commit']}): added "
         f"to the native CPU per message of scenario A, batched, that was the floor of a wrapper classifying "
         f"every message, as before fast mode and in scenario B: {bounds}, before any bookkeeping."

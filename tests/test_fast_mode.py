@@ -100,6 +100,49 @@ def test_siblings_still_queued_at_the_first_nack_are_handed_out(
     assert leftover(pulsar_client, unique_topic, SUB) == []
 
 
+def test_a_nack_after_a_redelivery_of_everything_unacked_hands_out_only_the_nacked_message(
+    nack_client: Client, pulsar_client: Any, unique_topic: str
+) -> None:
+    """The broker sending unacked messages again while nothing is nacked (as after a reconnect; here
+    ``redeliver_unacknowledged_messages()``): two batches of 10, m0..m14 acked, then the redelivery. In
+    fast mode the wrapper hands out what the official consumer hands out (no more); then every copy but
+    m17's is acked and m17 nacked: the wrapper hands m17 out once and nothing else, nothing left unacked."""
+    results: dict[str, dict[str, Any]] = {}
+    for name, client in (("official", pulsar_client), ("wrapper", nack_client)):
+        topic = f"{unique_topic}-{name}"
+        consumer = client.subscribe(topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100)
+        produce_bursts(client, topic, 20, batch_size=10)
+        first = {m.data(): m for m in receive_all(consumer, 20)}
+        for i in range(15):
+            consumer.acknowledge(first[f"m{i}".encode()])
+        time.sleep(0.3)  # the acks reach the broker (grouped for 100 ms)
+        consumer.redeliver_unacknowledged_messages()
+        copies: dict[bytes, Any] = {}
+        again: Counter[bytes] = Counter()
+        while True:
+            try:
+                message = consumer.receive(1500)
+            except pulsar.Timeout:
+                break
+            again[message.data()] += 1
+            if message.data() == b"m17" and b"m17" not in copies:
+                copies[b"m17"] = message
+            else:
+                consumer.acknowledge(message)
+        for payload in (f"m{i}".encode() for i in range(15, 20)):
+            if payload != b"m17":
+                consumer.acknowledge(first[payload])
+        consumer.negative_acknowledge(copies[b"m17"])
+        after = _collect(consumer)
+        consumer.acknowledge(first[b"m17"])
+        consumer.close()
+        results[name] = {"again": again, "after": after, "leftover": leftover(pulsar_client, topic, SUB)}
+    official, wrapper = results["official"], results["wrapper"]
+    assert set(wrapper["again"]) <= set(official["again"]) and b"m17" in wrapper["again"], results
+    assert wrapper["after"] == Counter({b"m17": 1}), f"wrapper {wrapper}, official {official}"
+    assert wrapper["leftover"] == [], results
+
+
 # -- the filter's side, without a broker -------------------------------------------------------------
 
 
