@@ -26,7 +26,8 @@ divided by its pending nacks, for both in the same run. ``--no-broker`` skips it
 The whole grid runs for hours (a 1 % point is 10 million messages), so by default a fixed sample of it
 runs — the fleet shape of issue 23 (100 topics, batches of 10, 10 % nacked, 1 h, k = 8), points drawn
 with a fixed seed, and the sparsest shapes (:data:`SPARSE`: 1,000 topics, 1 % nacked, 10 s, k = 0, each
-batching) — and ``--all`` runs all of it. Goals (issue 23): ≤ 16 B per pending nack at every point,
+batching), and two that forward during the run (:data:`FORWARDING`) — and ``--all`` runs all of it.
+Goals (issue 23): ≤ 16 B per pending nack at every point,
 ``nack_stats`` within ±10 %.
 
     python bench/nack_memory.py [--all | --sample N] [--pending N] [--points SUBSTRING]
@@ -66,6 +67,10 @@ SPARSE = (
     (1_000, 10, 0.01, 10, "fixed", 0),
     (1_000, 100, 0.01, 10, "fixed", 0),
 )
+# Shapes whose run forwards (floor rounding fires the first bucket up to 2^k ms early: at k = 12 over
+# 10 s, a fifth of the nacks) — what the filter keeps of forwarded and redelivered messages counts too;
+# the nothing-due-yet points above miss it.
+FORWARDING = ((1_000, 1, 1.0, 10, "fixed", 12), (1_000, 10, 0.1, 10, "fixed", 12))
 # The broker sample: delays short enough to consume in minutes (the consumer is paced at the rate).
 BROKER_POINTS = (
     (100, 10, 0.10, 60, "fixed", 8),
@@ -164,8 +169,8 @@ def grid() -> list[Point]:
 
 
 def choose(points: list[Point], sample: int | None, pattern: str | None) -> list[Point]:
-    """The fleet shape first, then ``sample`` more drawn with a fixed seed, then the sparse shapes not
-    drawn (all of the grid for None)."""
+    """The fleet shape first, then ``sample`` more drawn with a fixed seed, then the sparse and forwarding
+    shapes not drawn (all of the grid for None)."""
     fleet = Point(*FLEET)
     if pattern:
         return [p for p in points if pattern in p.name]
@@ -173,7 +178,8 @@ def choose(points: list[Point], sample: int | None, pattern: str | None) -> list
         return points
     rest = [p for p in points if p != fleet]
     drawn = [fleet, *random.Random(23).sample(rest, min(sample, len(rest)))]
-    return drawn + [p for p in (Point(*shape) for shape in SPARSE) if p not in drawn]
+    always = [Point(*shape) for shape in (*SPARSE, *FORWARDING)]
+    return drawn + [p for p in always if p not in drawn]
 
 
 def native_bytes_per_nack() -> tuple[float | None, str]:

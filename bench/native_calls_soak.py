@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 import report
-from nack_soak import steady
+from nack_soak import steady, warm_numpy_cache
 
 SCRIPT = Path(__file__).resolve()
 COLUMNS = ("t_s", "heap", "rss", "received", "nacked", "entry_acks", "sent")
@@ -147,6 +147,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
         tracemalloc.start(trace)
     rng = random.Random(7)
+    numpy_cache = warm_numpy_cache()  # (see there: numpy's cache of small buffers, filled before the run)
     table = np.zeros((int(minutes * 60 / round_s) + 2, len(COLUMNS)))
     taken = received = nacked = entry_acks = 0
     to_nack: dict[tuple[int, ...], Any] = {}  # (ledger, entry[, batch index]) → what to nack, per group
@@ -251,6 +252,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
         "entry_acks": entry_acks,
         "sent": sent[0],
         "closed": closed,
+        "numpy_cache": numpy_cache,
     }
 
 
@@ -303,6 +305,23 @@ def measure(args: argparse.Namespace, patterns: list[str]) -> dict[str, Any]:
     saved = {"machine": facts, "settings": settings, "runs": runs}
     report.save_json(result_name(args.trace), saved)
     return saved
+
+
+def numpy_cache_note(runs: dict[str, Any]) -> str:
+    """A sentence on numpy's cache of small freed buffers, filled in each probe before its run (see
+    ``nack_soak.warm_numpy_cache``), with the bytes it held in the wrapper's; empty for results saved
+    before the probes filled it."""
+    held = [run["numpy_cache"] for run in runs.values() if "numpy_cache" in run]
+    if not held:
+        return ""
+    wrapper = runs.get("wrapper", {}).get("numpy_cache")
+    return (
+        " Each probe first fills numpy's cache of small freed buffers (up to 7 per data size below "
+        "1 KiB, malloc-ed: in use to mallinfo2, unseen by tracemalloc; pulsar-nack's flush fills it over "
+        "minutes with arrays of every size, which read as heap growth before)"
+        + (f": {wrapper:,} B in the wrapper's process" if wrapper is not None else "")
+        + f" ({min(held):,}–{max(held):,} B over the probes)."
+    )
 
 
 def site_text(where: list[str]) -> str:
@@ -380,7 +399,7 @@ def main(argv: list[str]) -> int:
             "every 50 ms, native delay 100 ms; the wrapper's delay 1 s), everything else acked; after each "
             "round the traffic drains (every redelivery acked, 1.5 s quiet, grouped acks sent) and the heap "
             "(pymalloc off: every allocation) is read. Slopes after a "
-            f"{WARMUP_S:.0f} s warm-up, ± two standard errors.",
+            f"{WARMUP_S:.0f} s warm-up, ± two standard errors." + numpy_cache_note(runs),
             report.machine_line(saved["machine"]),
             report.table(
                 [

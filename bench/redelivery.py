@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
+import os
 import random
 import sys
 import time
@@ -118,20 +120,18 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
     client_type = pulsar.Client if official else pulsar_nack.Client
     client = client_type(broker.service_url, operation_timeout_seconds=30, logger=logger)
     forwards: list[tuple[float, int]] = []  # (time, entries) of each forward to the native client
-    # per entry, when it was last forwarded, and the closest two forwards of one entry came (ms)
-    entry_forwarded: dict[tuple[int, int], float] = {}
-    entry_gap = [float("inf")]
+    forward_log: ForwardLog = []
+    nack_log: NackLog = {}
 
     def on_redelivery(due: Any) -> None:
         now = time.monotonic()
         forwards.append((now, sum(len(d.entry_ids) for d in due)))
-        for ids in due:
-            for entry_id in ids.entry_ids.tolist():
-                key = (ids.ledger_id, entry_id)
-                last = entry_forwarded.get(key)
-                if last is not None:
-                    entry_gap[0] = min(entry_gap[0], (now - last) * 1000.0)
-                entry_forwarded[key] = now
+        taken = [
+            (ids.ledger_id, entry_id, tuple(ids.batch_indexes.get(entry_id, ())))
+            for ids in due
+            for entry_id in ids.entry_ids.tolist()
+        ]
+        forward_log.append((now * 1000.0, taken))
 
     fixed_ms = _fixed_delay_ms(workload)
     options: dict[str, Any] = {"negative_ack_redelivery_delay_ms": fixed_ms}
@@ -155,6 +155,7 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             producer.flush()
     producer.flush()
     plan = _decisions(messages, workload)
+    load_before = os.getloadavg()[0]  # the machine's 1-minute load average (2 cores, shared)
     expected = sum(len(rounds) for rounds in plan)  # hand-outs the application needs
     nacks = [0] * messages
     acked = bytearray(messages)
@@ -200,13 +201,17 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             consumer.acknowledge(message)
             continue
         nacks[index] += 1
+        message_id = message.message_id()
+        message_key = (message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         per_call = delay != BACKOFF
         if mode != "wrapper-per-message":
             delay, per_call = float(fixed_ms), False
         elif not per_call:  # what the consumer's backoff gives this message (as the demo computes it)
             delay = consumer.nack_options.delay_for(None, message.redelivery_count())
-        due_ms = time.monotonic() * 1000.0 + delay
+        nacked_ms = time.monotonic() * 1000.0
+        due_ms = nacked_ms + delay
         due[index] = due_ms
+        nack_log.setdefault(message_key, []).append((nacked_ms, due_ms))
         buckets.add(-(-int(due_ms) >> K))
         if per_call:
             consumer.negative_acknowledge(message, delay_ms=delay)
@@ -249,12 +254,18 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
         "broker_messages": out_messages,
         "broker_bytes": out_bytes,
         "nack_buckets": len(buckets),
+        "load_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # at the start and the end
     }
     if stats is not None:
         result.update(
             reported_p50_ms=None if stats.lateness_p50_ms is None else round(stats.lateness_p50_ms, 1),
             reported_p99_ms=None if stats.lateness_p99_ms is None else round(stats.lateness_p99_ms, 1),
             reported_early_share=stats.lateness_early_share,
+            # where the reported p50 and p99 fall among the application's lateness values (the share at
+            # or below them): a percentile in a sparse stretch of the distribution moves many ms for a
+            # fraction of a percent of the redeliveries
+            reported_p50_app_rank=_rank(lateness, stats.lateness_p50_ms),
+            reported_p99_app_rank=_rank(lateness, stats.lateness_p99_ms),
             reported_samples=stats.lateness_samples,
             held_redelivered=stats.chunked_redelivered,
             pending_at_end=stats.pending,
@@ -275,9 +286,110 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             forwards_closer_than_bucket=sum(
                 1 for a, b in itertools.pairwise(forwards) if (b[0] - a[0]) * 1000 < 1 << K
             ),
-            min_entry_forward_gap_ms=round(entry_gap[0], 1) if entry_gap[0] != float("inf") else None,
+            **_forward_gaps(forward_log, nack_log),
         )
     return result
+
+
+def _rank(values: list[float], value: float | None) -> float | None:
+    """The share of ``values`` at or below ``value``, to 4 places (None without either). O(values)."""
+    if value is None or not values:
+        return None
+    return round(sum(1 for v in values if v <= value) / len(values), 4)
+
+
+def _bucket(due_ms: float) -> int:
+    """The bucket (ceil rounding, k = :data:`K`) of a due time on the application's clock. O(1)."""
+    return -(-math.ceil(due_ms) >> K) << K
+
+
+#: What each forward took: (time ms, [(ledger, entry, the batch indexes due, or () for the whole entry)]).
+ForwardLog = list[tuple[float, list[tuple[int, int, tuple[int, ...]]]]]
+#: The application's nacks by message id: (ledger, entry, batch index) -> [(nack time ms, due ms)].
+NackLog = dict[tuple[int, int, int], list[tuple[float, float]]]
+
+
+def _forward_gaps(forward_log: ForwardLog, nack_log: NackLog) -> dict[str, Any]:
+    """Forwards closer than 2^k ms, told apart by the application's own due times (issue 24's "one
+    forward per due bucket per entry"). A forward's bucket: the latest due bucket (the latest nack before
+    the forward) among the messages it took (a whole entry: its messages nacked before it) — a forward
+    goes one native latency before its bucket, ``typical`` (the run's median of time − bucket; buckets more
+    than 2^k ms after the forward are not its: a whole entry's messages not due yet) — and its
+    timer lateness: time − bucket − typical. A forward less than 2^k ms after another either came before
+    the regular time of the bucket after the other's (10 ms of jitter allowed): an extra forward, the
+    defect (a nack filed for a bucket already forwarded re-arming the timer); or else the other ran late
+    by the shortfall at least (less 10 ms): the gap is the timer's. Counted between consecutive forwards,
+    and per entry between consecutive forwards of one entry. O(forwarded ids · nacks per message)."""
+    width = 1 << K
+    by_entry: dict[tuple[int, int], list[int]] = {}  # the batch indexes nacked, per entry
+    for ledger_id, entry_id, batch_index in nack_log:
+        by_entry.setdefault((ledger_id, entry_id), []).append(batch_index)
+    timeline: list[tuple[float, int]] = []  # (time, bucket) of each forward
+    whole: dict[float, int] = {}  # entries each forward took whole (no batch indexes)
+    per_entry: dict[tuple[int, int], list[tuple[float, int]]] = {}  # the forwards of each entry
+    for at, taken in forward_log:
+        found = []
+        whole[at] = sum(1 for _, _, indexes in taken if not indexes)
+        for ledger_id, entry_id, indexes in taken:
+            chosen = indexes or tuple(by_entry.get((ledger_id, entry_id), ()))
+            for index in chosen:
+                nacks = nack_log.get((ledger_id, entry_id, index), ())
+                before = [due for nacked, due in nacks if nacked <= at]
+                # (a forward takes buckets up to one native latency ahead: a later one is a message of an
+                # entry due as a whole that was not due yet)
+                if before and _bucket(before[-1]) <= at + width:
+                    found.append(((ledger_id, entry_id), _bucket(before[-1])))
+        if found:
+            bucket = max(bucket for _, bucket in found)
+            timeline.append((at, bucket))
+            for entry in {entry for entry, _ in found}:
+                per_entry.setdefault(entry, []).append((at, bucket))
+    if not timeline:
+        return {}
+    typical = float(np.median([at - bucket for at, bucket in timeline]))
+
+    def classify(pairs: list[tuple[tuple[float, int], tuple[float, int]]]) -> dict[str, Any]:
+        extra: list[float] = []  # gaps of extra forwards
+        examples: list[list[float]] = []  # the first few: what to look at
+        jitter = 0
+        late: list[float] = []  # how late the first ran, for gaps the timer's lateness explains
+        for (t1, b1), (t2, b2) in pairs:
+            gap = t2 - t1
+            if gap >= width:
+                continue
+            if t2 < b1 + width + typical - 10:
+                extra.append(gap)
+                if len(examples) < 5:  # gap, how early, its bucket after the other's, entries taken whole
+                    early = b1 + width + typical - t2
+                    examples.append([round(gap, 1), round(early, 1), b2 - b1, whole.get(t2, 0)])
+            elif gap > width - 10:
+                jitter += 1
+            else:
+                late.append(t1 - b1 - typical)
+        return {"extra": extra, "jitter": jitter, "late": late, "examples": examples}
+
+    closer = classify(list(itertools.pairwise(timeline)))
+    entry_pairs = [pair for forwards in per_entry.values() for pair in itertools.pairwise(forwards)]
+    entries = classify(entry_pairs)
+    entry_gaps = [b[0] - a[0] for a, b in entry_pairs if b[0] - a[0] < width]
+    lateness = [at - bucket - typical for at, bucket in timeline]
+    return {
+        "forward_timer_late_p50_ms": round(float(np.median(lateness)), 1),
+        "forward_timer_late_max_ms": round(max(lateness), 1),
+        "forwards_closer_counted": len(closer["extra"]) + closer["jitter"] + len(closer["late"]),
+        "forwards_closer_extra": len(closer["extra"]),
+        # [gap, ms before the regular time, its bucket - the other's, entries taken whole] of the first 5
+        "forwards_closer_extra_examples": closer["examples"],
+        "forwards_closer_by_under_10ms": closer["jitter"],
+        "forwards_closer_after_a_late_one": len(closer["late"]),
+        "entry_gaps_below_bucket": len(entry_gaps),
+        "min_entry_forward_gap_ms": round(min(entry_gaps), 1) if entry_gaps else None,
+        "entry_gaps_extra": len(entries["extra"]),
+        "entry_gaps_extra_min_ms": round(min(entries["extra"]), 1) if entries["extra"] else None,
+        "entry_gaps_by_under_10ms": entries["jitter"],
+        "entry_gaps_after_a_late_one": len(entries["late"]),
+        "entry_gaps_first_late_min_ms": round(min(entries["late"]), 1) if entries["late"] else None,
+    }
 
 
 MODES = ("wrapper-per-message", "wrapper-fixed", "official-fixed")
@@ -375,8 +487,18 @@ def render(saved: dict[str, Any]) -> str:
             "`nack_stats()` lateness (`pulsar_nack.lateness`) counts every redelivery once: its exact "
             "lateness if its due time is in the sample of due times (`DueSample`, 512 slots), else the "
             "time from its bucket time to its arrival (each forward labels its ids with their bucket "
-            "time) plus an offset drawn from where its own bucket's nacks' due times lie in it, earliest "
-            "due first (a bucket's copies come in about the order its nacks were filed). No weights."
+            "time) plus the offset of one of its own bucket's nacks, taken in the order they were filed "
+            "(a bucket's forwarded copies come in about that order; a copy the consumer kept takes any "
+            "of the bucket's), each nack's offset once (a sampled one's leaves the bucket's). No weights. "
+            "Forwards per due bucket: one forward per due bucket *per entry* is the goal. A forward's "
+            "bucket is the latest due bucket among the messages it took (the application's own due "
+            "times), its timer lateness its time minus that bucket, less the run's median of that (a "
+            f"forward goes one native latency early). A forward less than {1 << K} ms after another is "
+            "*extra* if it came before the regular time of the bucket after the other's — a nack filed "
+            "for a bucket already forwarded re-arming the timer, the defect (the issue saw forwards every "
+            "60–150 ms) — or else follows a forward the timer thread ran late (by the shortfall at "
+            "least; less than 10 ms: jitter). Counted between consecutive forwards, and between "
+            "consecutive forwards of one entry."
         )
     for workload in WORKLOADS:
         if workload in saved:
@@ -389,9 +511,15 @@ def _early(w: dict[str, Any], _: dict[str, Any]) -> str:
 
 
 def _lateness(w: dict[str, Any], _: dict[str, Any]) -> str:
+    ranks = ""
+    if w.get("reported_p50_app_rank") is not None and w.get("reported_p99_app_rank") is not None:
+        ranks = (
+            f" (the app's {100 * w['reported_p50_app_rank']:.1f}th / "
+            f"{100 * w['reported_p99_app_rank']:.1f}th percentile)"
+        )
     return (
         f"app {_ms(w['lateness_p50_ms'])} / {_ms(w['lateness_p99_ms'])}, "
-        f"nack_stats {_ms(w.get('reported_p50_ms'))} / {_ms(w.get('reported_p99_ms'))}; "
+        f"nack_stats {_ms(w.get('reported_p50_ms'))} / {_ms(w.get('reported_p99_ms'))}{ranks}; "
         f"early share {w.get('reported_early_share')}"
     )
 
@@ -400,16 +528,35 @@ def _forwards(w: dict[str, Any], _: dict[str, Any]) -> str:
     span = w.get("forward_span_s")
     if not span:
         return "–"
-    return (
+    text = (
         f"{w['forwards'] / span:.2f} forwards/s for {w['nack_buckets'] / span:.2f} buckets due/s; "
         f"closest two {_ms(w['min_forward_gap_ms'])} ms apart"
-        + (
-            f" ({w['forwards_closer_than_bucket']} of {w['forwards']:,} closer than {1 << K} ms); "
-            f"closest two of one entry {_ms(w.get('min_entry_forward_gap_ms'))} ms apart"
-            if "forwards_closer_than_bucket" in w
-            else ""
-        )
     )
+    if "forwards_closer_than_bucket" in w:
+        text += f" ({w['forwards_closer_than_bucket']} of {w['forwards']:,} closer than {1 << K} ms"
+        if "forwards_closer_extra" in w:
+            text += (
+                f": {w['forwards_closer_extra']} extra (before their bucket's time), "
+                f"{w['forwards_closer_by_under_10ms']} by less than 10 ms, "
+                f"{w['forwards_closer_after_a_late_one']} after a forward the timer ran late; "
+                f"timer lateness p50 {_ms(w['forward_timer_late_p50_ms'])}, "
+                f"max {_ms(w['forward_timer_late_max_ms'])} ms"
+            )
+        text += ")"
+    if "entry_gaps_extra" in w:
+        text += (
+            f"; per entry, {w['entry_gaps_below_bucket']} two forwards closer than {1 << K} ms: "
+            f"{w['entry_gaps_extra']} extra, {w['entry_gaps_by_under_10ms']} by less than 10 ms, "
+            f"{w['entry_gaps_after_a_late_one']} after a forward the timer ran late"
+            + (
+                f"; closest {_ms(w.get('min_entry_forward_gap_ms'))} ms"
+                if w.get("min_entry_forward_gap_ms") is not None
+                else ""
+            )
+        )
+    elif "min_entry_forward_gap_ms" in w:
+        text += f"; closest two of one entry {_ms(w.get('min_entry_forward_gap_ms'))} ms apart"
+    return text
 
 
 def _traffic(w: dict[str, Any], o: dict[str, Any]) -> str:
@@ -457,6 +604,14 @@ def _goal_rows(saved: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _reported(r: dict[str, Any]) -> str:
+    """nack_stats p50 / p99, and where they fall among the application's values when recorded."""
+    text = f"{_ms(r.get('reported_p50_ms'))} / {_ms(r.get('reported_p99_ms'))}"
+    if r.get("reported_p50_app_rank") is not None and r.get("reported_p99_app_rank") is not None:
+        text += f" (app's {100 * r['reported_p50_app_rank']:.1f} / {100 * r['reported_p99_app_rank']:.1f} %)"
+    return text
+
+
 def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, Any]) -> str:
     timing_rows = []
     traffic_rows = []
@@ -471,7 +626,8 @@ def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, An
                     f"{r['redeliveries']:,}",
                     f"{r['early']:,}" + (f" (by ≤ {r['early_max_ms']:.0f} ms)" if r["early"] else ""),
                     f"{_ms(r['lateness_p50_ms'])} / {_ms(r['lateness_p99_ms'])}",
-                    f"{_ms(r.get('reported_p50_ms'))} / {_ms(r.get('reported_p99_ms'))}" if wrapper else "–",
+                    "–" if "load_1min" not in r else f"{r['load_1min'][0]:.1f}–{r['load_1min'][1]:.1f}",
+                    _reported(r) if wrapper else "–",
                     (
                         f"{r['forwards'] / r['forward_span_s']:.2f} / "
                         f"{r['nack_buckets'] / r['forward_span_s']:.2f} "
@@ -529,6 +685,7 @@ def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, An
                     "redeliveries",
                     "early",
                     "app lateness p50 / p99 ms",
+                    "load (1 min, start–end)",
                     "nack_stats p50 / p99 ms",
                     "forwards/s / buckets due/s",
                 ],

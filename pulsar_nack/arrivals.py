@@ -38,21 +38,22 @@ from __future__ import annotations
 
 import enum
 import itertools
+import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap
+from pyroaring import BitMap, BitMap64
 
 from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import DueIds, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
-from pulsar_nack.memory import bitmap_heap_bytes, python_bytes
+from pulsar_nack.memory import python_bytes
 
 __all__ = [
     "ACK_TIMEOUT_SLACK_MS",
@@ -102,6 +103,20 @@ _NEVER = float("inf")
 _NEVER_FORWARDED = -float("inf")
 # The filter's sets of entries (one EntrySets, see __init__)
 _PENDING, _QUIET, _WATCH = 0, 1, 2
+# _Recent's: two generations (the current one at offset _Recent.current) of each of three sets
+_RECENT = 3
+_SENT, _SENT_ACKED, _SETTLED = _RECENT, _RECENT + 2, _RECENT + 4  # (sent: delivered)
+_SETS = _RECENT + 6
+# An emptied dict keeps its hash table (590 KB for `_flights` after one forward at 1,000 topics): a table
+# emptied above this size is released at once, not at the next sweep (smaller ones are kept: no churn)
+_KEPT_TABLE_BYTES = 4_096
+
+
+def _release(emptied: dict[Any, Any]) -> None:
+    """Free an emptied dict's hash table if it is larger than :data:`_KEPT_TABLE_BYTES` (the callers
+    check ``not table`` first: no call while it holds anything). O(1)."""
+    if sys.getsizeof(emptied) > _KEPT_TABLE_BYTES:
+        emptied.clear()
 
 
 class _Flight:
@@ -161,58 +176,49 @@ class _Entry:
         return (self.acked | self.pending) & full == full
 
 
-Generation = dict[tuple[str, int], BitMap]  # (topic, ledger) → entry ids
-
-
 class _Recent:
     """Non-batched messages handed out for a forward in the last ``linger_ms`` (and which of them the
     application acked since): a later copy of one — the broker re-dispatching after a reconnect, or a
-    second redelivery request — is not handed out again. Two generations of per-ledger bitmaps, each
-    lasting half of ``linger_ms``: a few bytes per message, O(1) per lookup. Batched entries whose
-    messages were all acked after a recent forward are kept the same way (``settled``): a late copy of
-    one is acked, not handed out."""
+    second redelivery request — is not handed out again. Two generations, each lasting half of
+    ``linger_ms``, of three sets — delivered, acked, and batched entries whose messages were all acked
+    after a recent forward (``settled``: a late copy of one is acked, not handed out) — kept in the
+    filter's :class:`~pulsar_nack.entry_sets.EntrySets` (sets :data:`_RECENT` on): a few bytes a message,
+    no object per ledger (a bitmap per ledger and set cost ~300 B a ledger: 608 KB at 1,000 topics after
+    one forward). O(1) per lookup; the caller's lock held throughout."""
 
-    __slots__ = ("acked", "delivered", "settled", "started", "times")
+    __slots__ = ("current", "sets", "started", "times")
 
-    def __init__(self, now: float) -> None:
+    def __init__(self, sets: EntrySets, now: float) -> None:
+        self.sets = sets
         self.started = now
-        # [current, previous] generations: (topic, ledger) → entry ids
-        self.delivered: list[Generation] = [{}, {}]
-        self.acked: list[Generation] = [{}, {}]
-        self.settled: list[Generation] = [{}, {}]  # batched entries all acked after a recent forward
+        self.current = 0  # the current generation's offset; the previous one's is 1 - current
         # with an ack timeout: when each delivered one was handed out (clock ms), by generation
         self.times: list[dict[Key, float]] = [{}, {}]
 
     def __bool__(self) -> bool:
-        delivered, acked, settled = self.delivered, self.acked, self.settled
-        return bool(delivered[0] or delivered[1] or acked[0] or acked[1] or settled[0] or settled[1])
+        bitmaps = self.sets.layout.bitmaps
+        return any(bitmaps[which] for which in range(_RECENT, _SETS))
 
-    @staticmethod
-    def _add(generation: Generation, ledger: tuple[str, int], entry_id: int) -> None:
-        bitmap = generation.get(ledger)
-        if bitmap is None:
-            bitmap = generation[ledger] = BitMap()
-        bitmap.add(entry_id)
-
-    @staticmethod
-    def _holds(generations: list[Generation], ledger: tuple[str, int], entry_id: int) -> bool:
-        for generation in generations:
-            bitmap = generation.get(ledger)
-            if bitmap is not None and entry_id in bitmap:
-                return True
-        return False
+    def _holds(self, kind: int, ledger: tuple[str, int], entry_id: int) -> bool:
+        sets = self.sets
+        return sets.contains(kind, ledger, entry_id) or sets.contains(kind + 1, ledger, entry_id)
 
     def settle(self, ledger: tuple[str, int], entry_id: int) -> None:
-        self._add(self.settled[0], ledger, entry_id)
+        self.sets.add(_SETTLED + self.current, ledger, entry_id)
 
     def is_settled(self, ledger: tuple[str, int], entry_id: int) -> bool:
-        return self._holds(self.settled, ledger, entry_id)
+        return self._holds(_SETTLED, ledger, entry_id)
 
     def deliver(self, ledger: tuple[str, int], entry_id: int, now: float | None = None) -> None:
         """Handed out (``now``: when, kept with an ack timeout)."""
-        self._add(self.delivered[0], ledger, entry_id)
+        self.sets.add(_SENT + self.current, ledger, entry_id)
         if now is not None:
             self.times[0][(ledger[0], ledger[1], entry_id)] = now
+
+    def delivered(self) -> BitMap64:
+        """The codes of every delivered message (both generations; a new bitmap). O(values)."""
+        bitmaps = self.sets.layout.bitmaps
+        return bitmaps[_SENT] | bitmaps[_SENT + 1]
 
     def handed_at(self, key: Key) -> float | None:
         """When a delivered one was last handed out, if kept. O(1)."""
@@ -223,44 +229,47 @@ class _Recent:
         return None
 
     def ack(self, ledger: tuple[str, int], entry_id: int) -> None:
-        if self._holds(self.delivered, ledger, entry_id):
-            self._add(self.acked[0], ledger, entry_id)
+        if self._holds(_SENT, ledger, entry_id):
+            self.sets.add(_SENT_ACKED + self.current, ledger, entry_id)
 
     def verdict(self, ledger: tuple[str, int], entry_id: int) -> Verdict | None:
         """ACKED or DUPLICATE for a copy of a recently handed-out message, else None."""
-        if not self._holds(self.delivered, ledger, entry_id):
+        if not self._holds(_SENT, ledger, entry_id):
             return None
-        return _ACKED if self._holds(self.acked, ledger, entry_id) else _DUPLICATE
+        return _ACKED if self._holds(_SENT_ACKED, ledger, entry_id) else _DUPLICATE
 
-    def rotate(self, now: float, half_linger_ms: float) -> Generation | None:
-        """Start a new generation once the current one is ``half_linger_ms`` old; returns the delivered
-        generation dropped then (None if not rotated)."""
+    def rotate(self, now: float, half_linger_ms: float) -> BitMap64 | None:
+        """Start a new generation once the current one is ``half_linger_ms`` old; returns the codes of
+        the delivered generation dropped then (None if not rotated). O(values dropped)."""
         if now - self.started < half_linger_ms:
             return None
-        dropped = self.delivered[1]
-        self.delivered = [{}, self.delivered[0]]
-        self.acked = [{}, self.acked[0]]
-        self.settled = [{}, self.settled[0]]
+        previous = 1 - self.current
+        bitmaps = self.sets.layout.bitmaps
+        dropped = bitmaps[_SENT + previous].copy()
+        for kind in (_SENT, _SENT_ACKED, _SETTLED):
+            bitmaps[kind + previous].clear()  # (in place: the layout's bitmaps are never swapped alone)
+        self.current = previous
         self.times = [{}, self.times[0]]
         self.started = now
         return dropped
 
-    def forget_unacked(self) -> Generation:
-        """The application's copies are void: only acked ones stay known. Returns the delivered ids
-        forgotten (per ledger)."""
-        forgotten: Generation = {}
-        for generation, acked in zip(self.delivered, self.acked, strict=True):
-            for ledger, bitmap in generation.items():
-                gone = bitmap - acked[ledger] if ledger in acked else bitmap
-                if gone:
-                    have = forgotten.get(ledger)
-                    forgotten[ledger] = gone if have is None else have | gone
-        self.delivered = [dict(self.acked[0]), dict(self.acked[1])]
+    def forget_unacked(self) -> BitMap64:
+        """The application's copies are void: only acked ones stay known. Returns the codes of the
+        delivered messages forgotten. O(values)."""
+        bitmaps = self.sets.layout.bitmaps
+        forgotten = BitMap64()
+        for generation in (0, 1):
+            delivered, acked = bitmaps[_SENT + generation], bitmaps[_SENT_ACKED + generation]
+            forgotten |= delivered - acked
+            delivered.clear()  # (in place, as in rotate)
+            delivered.update(acked)
         return forgotten
 
-    def bitmaps(self) -> Iterator[BitMap]:
-        for generation in (*self.delivered, *self.acked, *self.settled):
-            yield from generation.values()
+    def reset(self, now: float) -> None:
+        """Forget everything (the sets are the caller's to clear)."""
+        self.started = now
+        self.current = 0
+        self.times = [{}, {}]
 
 
 def _dropped_copy(entry: _Entry, acked: int) -> Verdict:
@@ -331,7 +340,6 @@ class ArrivalFilter:
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
         self._entries: dict[Key, _Entry] = {}  # batched entries
-        self._recent = _Recent(clock())  # non-batched messages recently handed out for a forward
         self._flights: dict[Key, _Flight] = {}  # non-batched messages in flight
         # Three sets of entries in shared 64-bit bitmaps (no bitmap per ledger: a few bytes a value at
         # 1,000 sparse ledgers, where a bitmap per ledger cost ~15): _PENDING, non-batched entries whose
@@ -340,7 +348,8 @@ class ArrivalFilter:
         # or recently handed out for a forward (in `_flights` or `_recent`) — an arrival or an ack of an
         # entry in neither _PENDING nor _WATCH is a plain one, decided with one dict and two bitmap
         # lookups (the per-message path while anything else is tracked).
-        self._sets = EntrySets(3)
+        self._sets = EntrySets(_SETS)
+        self._recent = _Recent(self._sets, clock())  # non-batched messages recently handed out for a forward
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
         # (one entry id: an int — 1 id per ledger and forward is the sparse case: the record ~120 B, where
         # a numpy array of one id made it ~290 B)
@@ -364,6 +373,13 @@ class ArrivalFilter:
         # (topic, ledger): still pending as far as a quiet entry's rebuilt record and a copy of a quiet
         # entry are concerned (:meth:`_popped_mask`). Empty but during a flush.
         self._popped: dict[tuple[str, int], DueIds] = {}
+        # Batch messages :meth:`forwarded` made wait for a copy of their entry on its way
+        # (:meth:`_wait_for_copy`), and still pending: the time (bucket) each was filed for when it first
+        # waited. Each later flush files it again there, not at that flush's limit: its kept copy is handed
+        # out at that bucket, and its lateness measured from it (filed at each limit, rounded up, it went
+        # one bucket later per flush). Emptied as each leaves pending (forwarded, taken, acked). Empty but
+        # then.
+        self._waiting: dict[tuple[Key, int], int] = {}
         # A copy of a message the application has held this long (ms) is an ack timeout's: handed out.
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
@@ -395,8 +411,8 @@ class ArrivalFilter:
     @property
     def idle(self) -> bool:
         """Nothing pending, in flight or followed: every arrival of a non-batched message is new. O(1)."""
-        pending, quiet, watch = self._sets.layout.bitmaps
-        return not (self._entries or self._flights or pending or quiet or watch or self._recent)
+        bitmaps = self._sets.layout.bitmaps
+        return not (self._entries or self._flights or any(bitmaps))
 
     # -- what the tracker tells it -------------------------------------------------------------------
 
@@ -407,12 +423,17 @@ class ArrivalFilter:
         with self._lock:
             return self._record((topic, ledger_id, entry_id), ledger_id, entry_id, batch_index, topic)
 
-    def file(self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> int | None:
+    def file(
+        self, due_ms: int, ledger_id: int, entry_id: int, batch_index: int, topic: str, nacked: bool = True
+    ) -> int | None:
         """A nack: recorded (:meth:`pending`) and filed in the index (``add``, with its ``fresh``) under
         this filter's lock, so that an ack or an arrival of the message sees both or neither — an ack
         between the two left the index holding a nack of a message the application had acked, and its
         copy was handed out again. Returns the bucket time, or None (nothing filed) for a batch message
-        the application acked; if ``add`` raises, the record is undone. O(1) plus the index's add.
+        the application acked; if ``add`` raises, the record is undone. ``nacked`` False: an id filed
+        again (a forward repeated, a kept copy given back), not a nack — its due time is not the one the
+        application asked for, so it adds nothing to the lateness estimate (:mod:`pulsar_nack.lateness`).
+        O(1) plus the index's add.
 
         The nack path: one lock round-trip, one dict lookup and a few int operations besides the add
         (no lookup of whole pending entries when none are, no call to test whether the entry became
@@ -429,6 +450,8 @@ class ArrivalFilter:
             except BaseException:
                 self._unrecord(ledger_id, entry_id, batch_index, topic)
                 raise
+            if not nacked:  # filed again (a forward repeated, a kept copy given back): no new due time
+                return bucket
             self.lateness.offset(bucket, bucket - due_ms)  # where its due time lies in its bucket
             dues = self.dues  # the exact due time, for the lateness of a sample of redeliveries
             every = dues.every
@@ -448,7 +471,8 @@ class ArrivalFilter:
         code = 0
         if base is not None:
             code = base | entry_id << layout.low
-            pending_set, quiet_set, _ = layout.bitmaps
+            bitmaps = layout.bitmaps
+            pending_set, quiet_set = bitmaps[_PENDING], bitmaps[_QUIET]
             if entry is None and quiet_set and code in quiet_set:  # (an empty set answers faster)
                 entry = self._expand(key, 0)
                 base = None  # (its ledger's number may have gone with the bit)
@@ -535,7 +559,8 @@ class ArrivalFilter:
 
         With :attr:`coalesce`, returns the entries not to forward (None: forward them all): those whose
         due messages (some of a batch) are waiting for the copy of a forward of their entry made less than
-        :data:`COALESCE_WITHIN_MS` ago. Those messages stay pending, filed again for ``target``: when the
+        :data:`COALESCE_WITHIN_MS` ago. Those messages stay pending, filed again for ``target`` (for the
+        bucket they first waited at, if earlier): when the
         copy comes, the consumer keeps theirs until due (:meth:`take_pending_message`); if it does not,
         a later flush forwards them."""
         deferred: set[int] | None = None
@@ -563,6 +588,8 @@ class ArrivalFilter:
                     due = take(hash(key) ^ -1, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
+                        if due is not None:  # counted exactly: its offset is not drawn for another
+                            self.lateness.taken(due)
                     sets.add(_WATCH, ledger, entry_id)
                     # no longer pending only now that it is watched: the lock-free first look of
                     # admit_entry and acked_entry (pending, then watched) sees it in one or the other
@@ -600,11 +627,16 @@ class ArrivalFilter:
                 flights = entry.flights if entry.flights is not None else {}
                 entry.flights = flights
                 code = hash(key)
+                waiting = self._waiting
                 for index in batch_index_bits(mask & ~entry.acked):
-                    flight = flights[index] = _Flight(now, target, flights.get(index))
+                    # one that waited for a copy that did not come: labelled with its own bucket
+                    due_at = waiting.pop((key, index), target) if waiting else target
+                    flight = flights[index] = _Flight(now, min(due_at, target), flights.get(index))
                     due = take(code ^ index, target) if dues.used else None
                     if flight.due is None:
                         flight.due = due
+                        if due is not None:  # counted exactly: its offset is not drawn for another
+                            self.lateness.taken(due)
                 entry.last_forward = now
         return deferred
 
@@ -613,7 +645,8 @@ class ArrivalFilter:
     ) -> bool:
         """:meth:`forwarded`'s coalescing (lock held): if these due messages of ``entry`` are pending on
         their own, none in flight, while a forward of the entry made less than :data:`COALESCE_WITHIN_MS`
-        ago has not brought its copy, file them again for ``target`` (never earlier than their bucket) and
+        ago has not brought its copy, file them again for ``target`` — on later flushes, for the bucket each
+        first waited at (``_waiting``: never earlier than their bucket, not a bucket later per flush) — and
         return True; else False. O(flights + indexes)."""
         flights = entry.flights
         assert flights is not None  # (the caller checked)
@@ -625,8 +658,15 @@ class ArrivalFilter:
         if not any(0.0 <= now - flight.at < COALESCE_WITHIN_MS for flight in flights.values()):
             return False
         topic, ledger_id, entry_id = key
+        waiting = self._waiting
         for index in indexes:
-            self._add(target, ledger_id, entry_id, index, topic, False)
+            # at the bucket it first waited at (past: the flush's next-bucket floor keeps the timer from
+            # firing again before the next bucket, when the next flush checks it again)
+            held = (key, index)
+            due_at = waiting.get(held)
+            due_at = waiting[held] = target if due_at is None else due_at
+            # (the time asked for is kept, not the bucket returned: a segment store may return a lower bound)
+            self._add(due_at, ledger_id, entry_id, index, topic, False)
         return True
 
     # -- arrivals and acks ---------------------------------------------------------------------------
@@ -823,7 +863,8 @@ class ArrivalFilter:
         base = layout.bases.get(ledger)
         if base is None:
             return _DELIVER  # a first delivery (the common case: no lock, no call)
-        pending_set, _, watch_set = layout.bitmaps
+        bitmaps = layout.bitmaps
+        pending_set, watch_set = bitmaps[_PENDING], bitmaps[_WATCH]
         code = base | entry_id << layout.low
         if code not in pending_set and (not watch_set or code not in watch_set):
             return _DELIVER
@@ -840,7 +881,10 @@ class ArrivalFilter:
                 if verdict is _DELIVER:
                     # (stays watched; with an ack timeout, the time counts for the next copy)
                     self._recent.deliver(ledger, entry_id, None if held_ms is None else now)
-                    del self._flights[key]
+                    flights = self._flights
+                    del flights[key]
+                    if not flights:
+                        _release(flights)
             else:
                 if self._sets.contains(_PENDING, ledger, entry_id):
                     verdict = _HOLD
@@ -915,8 +959,18 @@ class ArrivalFilter:
             return self._nack_free()
 
     def _nack_free(self) -> bool:
-        pending, quiet, watch = self._sets.layout.bitmaps
-        if self._flights or pending or quiet or watch or self._recent or self._popped or self._taken:
+        bitmaps = self._sets.layout.bitmaps
+        pending, quiet, watch = bitmaps[_PENDING], bitmaps[_QUIET], bitmaps[_WATCH]
+        if (
+            self._flights
+            or pending
+            or quiet
+            or watch
+            or self._recent
+            or self._popped
+            or self._taken
+            or self._waiting
+        ):
             return False
         for entry in self._entries.values():
             if (
@@ -947,6 +1001,8 @@ class ArrivalFilter:
                 elif unseen:
                     entry.acked |= unseen
                     self.inferred[key] = self.inferred.get(key, 0) | unseen
+            if not self._entries:
+                _release(self._entries)
             return True
 
     def infer(self, key: Key, size: int, held: int) -> None:
@@ -1060,6 +1116,8 @@ class ArrivalFilter:
             entry.pending &= ~bit
             if was_pending and self._remove is not None:
                 self._remove(ledger_id, entry_id, batch_index, topic)
+            if self._waiting:
+                self._waiting.pop((key, batch_index), None)
             flight = entry.flights.get(batch_index) if entry.flights else None
             if flight is not None:
                 flight.acked = True
@@ -1091,6 +1149,39 @@ class ArrivalFilter:
         (``out``): a later copy of it is a duplicate, acked along with it. False (nothing changed) if it is
         not pending on its own any more — forwarded meanwhile, or pending as part of a whole-entry nack.
         O(1) plus the index's removal."""
+        remove = self._remove
+        return remove is not None and self._take_message(ledger_id, entry_id, batch_index, topic, remove)
+
+    def take_pending_due(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int,
+        topic: str,
+        take: Callable[[int, int, int, str], tuple[int | None, bool]],
+    ) -> int | None:
+        """:meth:`take_pending_message` through ``take``, the index's ``due_of`` and ``remove`` in one call
+        (:meth:`SegmentStore.take <pulsar_nack.snapshot.segments.SegmentStore.take>`): the nack's due time
+        (bucket) if it was taken, else None. A restart's re-dispatch keeps a copy of every restored batch
+        message, and the two index calls walked the entry's buckets twice each time. O(1) plus ``take``."""
+        dues: list[int | None] = []
+
+        def taking(ledger_id: int, entry_id: int, batch_index: int, topic: str) -> bool:
+            due, removed = take(ledger_id, entry_id, batch_index, topic)
+            dues.append(due)
+            return removed
+
+        return dues[0] if self._take_message(ledger_id, entry_id, batch_index, topic, taking) else None
+
+    def _take_message(
+        self,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int,
+        topic: str,
+        remove: Callable[[int, int, int, str], object],
+    ) -> bool:
+        """:meth:`take_pending_message`'s work with ``remove`` as the index's removal."""
         key = (topic, ledger_id, entry_id)
         bit = 1 << batch_index
         with self._lock:
@@ -1101,10 +1192,12 @@ class ArrivalFilter:
                 return False  # (with an ack timeout the native client would redeliver a kept copy)
             if self._sets.contains(_PENDING, (topic, ledger_id), entry_id):
                 return False  # a whole-entry nack covers it: that forward fetches the entry anyway
-            if not self._remove(ledger_id, entry_id, batch_index, topic):
+            if not remove(ledger_id, entry_id, batch_index, topic):
                 return False  # popped by a flush under way: its forward's copy decides
             entry.pending &= ~bit
             entry.out |= bit
+            if self._waiting:
+                self._waiting.pop((key, batch_index), None)
             if entry.last_forward == _NEVER_FORWARDED:
                 # The copy came with a redelivery of the entry that this record has not seen as a forward
                 # (a quiet entry's, expanded here, or a reconnect's): its other copies may not all be acked
@@ -1148,6 +1241,8 @@ class ArrivalFilter:
                 self._taken[key] = self._taken.get(key, 0) | bit
             entry.pending &= ~bit
             entry.out |= bit
+            if self._waiting:
+                self._waiting.pop((key, batch_index), None)
             if entry.last_forward == _NEVER_FORWARDED:
                 entry.last_forward = self._clock()
             return True
@@ -1161,7 +1256,10 @@ class ArrivalFilter:
             if not self.dues.used:
                 return None
             due = self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
-            return None if due is None else (due, True)
+            if due is None:
+                return None
+            self.lateness.taken(due)  # counted exactly: its offset is not drawn for another redelivery
+            return (due, True)
 
     def held_out(self, due_ms: Sampled | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
@@ -1179,7 +1277,7 @@ class ArrivalFilter:
                 if due_ms[1]:
                     self.lateness.add(now - due_ms[0])
                 else:
-                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0])
+                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0], kept=True)
             if len(key) == 3:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)
@@ -1243,6 +1341,9 @@ class ArrivalFilter:
                         del entry.parked[index]
                 if mask == -1 or entry.all_acked:
                     self._forget(key)  # settled (a late copy of a recent forward: acked, not handed out)
+            for held in [h for h in self._waiting if h[0][0] == topic and h[0][1:] <= position]:
+                if held[0][1:] < position or boundary >> held[1] & 1:
+                    del self._waiting[held]  # acked: waits no more
         return dropped
 
     def acked_entry(self, ledger_id: int, entry_id: int, topic: str) -> bool:
@@ -1254,7 +1355,8 @@ class ArrivalFilter:
         base = layout.bases.get(ledger)
         if base is None:
             return False  # nothing to record: an ack of a message tracked in no way
-        pending_set, _, watch_set = layout.bitmaps
+        bitmaps = layout.bitmaps
+        pending_set, watch_set = bitmaps[_PENDING], bitmaps[_WATCH]
         code = base | entry_id << layout.low
         if code not in pending_set and (not watch_set or code not in watch_set):
             return False
@@ -1298,7 +1400,10 @@ class ArrivalFilter:
             full = (1 << entry.size) - 1
             if not pending:
                 if acked == full:
-                    del self._entries[key]  # settled, never forwarded: nothing more can come
+                    entries = self._entries
+                    del entries[key]  # settled, never forwarded: nothing more can come
+                    if not entries:
+                        _release(entries)
                     if self.inferred:
                         self.inferred.pop(key, None)
             elif acked | pending == full and self._pending_mask is not None:
@@ -1321,7 +1426,10 @@ class ArrivalFilter:
         :attr:`inferred` messages (a bit cannot tell those from acked ones)."""
         if self.inferred and key in self.inferred:
             return
-        del self._entries[key]
+        entries = self._entries
+        del entries[key]
+        if not entries:
+            _release(entries)
         self._sets.add(_QUIET, key[:2], key[2])
 
     def _expand(self, key: Key, forwarded: int) -> _Entry:
@@ -1385,26 +1493,26 @@ class ArrivalFilter:
                     table.clear()  # an emptied dict keeps its hash table (2.6 MB after a big forward)
         return again
 
-    def _unwatch(self, entries: Generation) -> None:
-        """Stop watching these non-batched entries, but those still in flight or recently redelivered
-        (lock held). O(entries)."""
-        delivered = self._recent.delivered
+    def _unwatch(self, codes: BitMap64) -> None:
+        """Stop watching these non-batched entries (codes of the filter's sets), but those still in
+        flight or recently redelivered (lock held). O(entries)."""
+        gone = codes - self._recent.delivered()
+        if not gone:
+            return
         sets = self._sets
-        for ledger, bitmap in entries.items():
-            gone = bitmap
-            for generation in delivered:
-                kept = generation.get(ledger)
-                if kept is not None:
-                    gone = gone - kept
+        for ledger, bitmap in sets.decode(gone):
             topic, ledger_id = ledger
-            for entry_id in gone:
+            for entry_id in bitmap:
                 if (topic, ledger_id, entry_id) not in self._flights:
                     sets.discard(_WATCH, ledger, entry_id)
 
     def _forget(self, key: Key) -> None:
         """A settled entry (lock held): gone, or one bit for ``linger_ms`` if it was forwarded lately
         (a late copy of it is acked, not handed out)."""
-        entry = self._entries.pop(key)
+        entries = self._entries
+        entry = entries.pop(key)
+        if not entries:
+            _release(entries)
         # (its inferred messages stay in `inferred` while it is settled: a copy of one that is a first
         # delivery is still handed out, see first_copy; dropped at the sweep's next rotation)
         if entry.last_forward != _NEVER_FORWARDED and self._clock() - entry.last_forward < self.linger_ms:
@@ -1450,11 +1558,12 @@ class ArrivalFilter:
             self._forwards.clear()
             self._sets.clear()
             self.dues.clear()
-            self._recent = _Recent(self._clock())
+            self._recent.reset(self._clock())
             self.has_parked = False
             self._taken.clear()
             self._popped.clear()
             self.inferred.clear()
+            self._waiting.clear()
 
     def counts(self) -> FilterCounts:
         return FilterCounts(
@@ -1474,8 +1583,7 @@ class ArrivalFilter:
         with self._lock:
             tables = (self._entries, self._flights, self._forwards)
             total = sum(python_bytes(t) for t in tables) + self._sets.memory_bytes()
-            for bitmap in self._recent.bitmaps():
-                total += _TUPLE2 + python_bytes(bitmap) + bitmap_heap_bytes(bitmap)
+            total += sum(python_bytes(times) for times in self._recent.times)
             at: object = None
             for record in self._forwards:  # (at, topic, ledger, ids): the ids dominate
                 total += _TUPLE4 + _int_bytes(record[2]) + _ids_bytes(record[3])
@@ -1488,7 +1596,6 @@ class ArrivalFilter:
         return total
 
 
-_TUPLE2 = python_bytes((1 << 40, "t"))
 _TUPLE3 = python_bytes(("t", 1 << 40, 1 << 40))
 _TUPLE4 = python_bytes(("t", 1 << 40, 1 << 40, 1))
 

@@ -116,15 +116,20 @@ class EntrySets:
 
     def ledgers(self, which: int) -> Iterator[tuple[LedgerKey, BitMap]]:
         """Each ledger of set ``which`` with its entry ids (a snapshot). O(values log values) numpy."""
+        return self.decode(self.layout.bitmaps[which])
+
+    def decode(self, codes: BitMap64) -> Iterator[tuple[LedgerKey, BitMap]]:
+        """Each ledger of ``codes`` (codes of the current layout, e.g. the difference of two sets) with
+        its entry ids. O(values log values) numpy."""
         layout = self.layout
-        codes = np.frombuffer(layout.bitmaps[which].to_array(), np.uint64)
-        if not len(codes):
+        values = np.frombuffer(codes.to_array(), np.uint64)
+        if not len(values):
             return
         low = np.uint64(layout.low)
-        ordinals = (codes >> np.uint64(_ENTRY_BITS + layout.low)) << low | codes & np.uint64(
+        ordinals = (values >> np.uint64(_ENTRY_BITS + layout.low)) << low | values & np.uint64(
             (1 << layout.low) - 1
         )
-        entries = ((codes >> low) & np.uint64(_ENTRY_MASK)).astype(np.uint32)
+        entries = ((values >> low) & np.uint64(_ENTRY_MASK)).astype(np.uint32)
         order = np.argsort(ordinals, kind="stable")
         ordinals, entries = ordinals[order], entries[order]
         starts = np.flatnonzero(np.concatenate(([True], ordinals[1:] != ordinals[:-1])))

@@ -9,12 +9,13 @@ nack is filed. Three fixed-size structures:
 * :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (512 slots, two-way,
   8 bytes a slot, 4 KiB), read when the id's forward is recorded: those redeliveries count their exact
   lateness (in tests with few nacks, all of them);
-* :class:`_BucketOffsets` counts, per bucket (the 64 nacked most recently), where its nacks' due times
-  lie in it (32 bins: 8 ms at k = 8; 4.8 KiB): a redelivery not sampled counts its time since its bucket
-  plus an offset drawn from its own bucket's, earliest due first (a bucket's copies come in about the
-  order its nacks were filed); per bucket, because nack times follow the forwards (an application nacks
-  in bursts just after each forward), so where due times lie in a bucket differs from bucket to bucket,
-  and with it how long the redeliveries wait;
+* :class:`_BucketOffsets` counts, per bucket (up to 40 at once), where its nacks' due times lie in it,
+  in the order they were filed (8 segments of consecutive nacks × 8 bins: 32 ms at k = 8; 5.8 KiB): a
+  redelivery not sampled counts its time since its bucket plus the next offset of its own bucket's nacks
+  in filing order (a bucket's copies come in about the order its nacks were filed), and a sampled one
+  takes its own offset out, so that each nack's offset is counted once; per bucket, because nack times
+  follow the forwards (an application nacks in bursts just after each forward), so where due times lie
+  in a bucket differs from bucket to bucket, and with it how long the redeliveries wait;
 * :class:`LatenessHistogram` counts those lateness values in log buckets (an HDR-histogram shape: 64
   sub-buckets per power of two, so ≤ 1.6 % of the value wide, interpolated within; ~6.2 KiB), early
   ones (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds
@@ -26,7 +27,7 @@ sample thinned while many were pending) missed the application's p50 by up to 20
 20,000 messages (pulsar-lite, p50 242 vs 228 ms): its few heavy samples made it noisy; every nack's
 offsets paired with every redelivery missed by 7–12 ms (the bursts above).
 
-None grows with pending nacks or run time (~15 KiB in all, each part allocated at its first use). Not
+None grows with pending nacks or run time (~18 KiB in all, each part allocated at its first use). Not
 thread-safe: the arrival filter calls them under its lock.
 """
 
@@ -211,37 +212,61 @@ class _Buckets:
         return float(low), float(low + (1 << exponent))
 
 
-#: Offset bins a bucket keeps (:class:`_BucketOffsets`), and the most buckets kept at once (a 10 s
-#: spread of delays is 40 buckets of 256 ms).
-OFFSET_BINS = 32
-MAX_OFFSET_BUCKETS = 64
+#: Offset bins a bucket keeps per segment (:class:`_BucketOffsets`), the segments of its nacks in filing
+#: order, and the most buckets kept at once (a 10 s spread of delays is 40 buckets of 256 ms).
+OFFSET_BINS = 8
+OFFSET_SEGMENTS = 8
+MAX_OFFSET_BUCKETS = 40
+_CELLS = OFFSET_BINS * OFFSET_SEGMENTS
+# per bucket: [filed in its last segment, segments used, log2 of a segment's capacity, draws]
+_META = 4
+_GOLDEN = 0.6180339887498949  # spreads the draws of one bin over it (a low-discrepancy sequence)
+_NO_BUCKET = -(1 << 63)
+#: A bucket this many bucket widths before the latest one redelivered is past: its row may give way.
+_PAST_BUCKETS = 8
 
 
 class _BucketOffsets:
-    """Where the due times of the nacks filed in each bucket lie in it — ``|bucket − due|`` in
-    :data:`OFFSET_BINS` bins of ``1 << shift`` ms (widened as larger offsets come: 1 ms up to 32 ms
-    buckets, 8 ms for k = 8) — for at most :data:`MAX_OFFSET_BUCKETS` buckets: a bucket leaves once it
-    has had as many draws as nacks, or, the earliest, when a new one needs its row. Offsets are ≥ 0 with
-    ceil rounding, ≤ 0 with floor (``sign``). One flat table: 68 bytes a bucket and 8 for its key (4.8 KiB).
+    """Where the due times of the nacks filed in each bucket lie in it (``|bucket − due|``, in
+    :data:`OFFSET_BINS` bins of ``1 << shift`` ms, widened as larger offsets come: 32 ms for k = 8), in
+    the order the nacks were filed: a bucket's nacks are counted in up to :data:`OFFSET_SEGMENTS`
+    segments of consecutive filings (a segment holds ``2**c`` nacks; when all are used, neighbours merge
+    and ``c`` grows), for at most :data:`MAX_OFFSET_BUCKETS` buckets. Offsets are ≥ 0 with ceil rounding,
+    ≤ 0 with floor (``sign``). One flat table of 16-bit counts: 128 bytes a bucket, 16 for its key and
+    state (5.8 KiB); it does not grow with the nacks.
 
-    Why per bucket: nack times are not independent of the forwards — an application that nacks what it
-    is handed nacks in bursts just after each forward, and with a fixed delay or a backoff those nacks'
-    due times fall at one place in their bucket, while their redeliveries are the ones that wait for the
-    busy receive queue. The offsets of all nacks taken together, paired with every redelivery, missed the
-    application's p50 by 7–12 ms in the demo workload."""
+    A redelivery not sampled draws an offset of its bucket's nacks in filing order — one of the first
+    segment with nacks left (evenly over it: the order within a segment is lost) — and that nack leaves the
+    counts; a copy the consumer kept draws one of the whole bucket's (kept copies are handed out at the
+    bucket time, before the forwarded ones arrive: no order ties them to the filing); a sampled one
+    (:meth:`taken`) takes its own offset out, so that the offsets drawn are those of the nacks not
+    sampled. Why filing order: a forward's entries come back in entry order, and an application nacks
+    what it is handed in that order, so a bucket's forwarded copies come in about the order its nacks
+    were filed, whatever their delays. Measured on the demo's 20,000 messages (per-message delays and a
+    backoff, both brokers), per redelivery against the application's own due times: the
+    earliest-due-first draw over all of a bucket's nacks read p50 6–16 ms high — the kept copies drew
+    the largest offsets (+45–56 ms each on average), and the sampled redeliveries' offsets were never
+    drawn, so the draws stopped short of a bucket's smallest offsets.
 
-    __slots__ = ("counts", "keys", "shift", "sign")
+    A redelivery whose label is not a bucket kept (ids a flush popped up to its limit, a forward repeated)
+    draws from the latest bucket kept at or before it. When every row is taken, a past bucket (one before
+    a bucket already drawn from) gives way first, else the latest bucket if the new one is earlier, else
+    the new bucket is not kept (its redeliveries draw from the bucket before it). Past: more than
+    :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from."""
+
+    __slots__ = ("cells", "drawn_upto", "keys", "meta", "shift", "sign")
 
     def __init__(self) -> None:
         self.keys: array[int] = array("q", [_NO_BUCKET]) * MAX_OFFSET_BUCKETS  # a row's bucket time
-        # per row: OFFSET_BINS counts, then the draws so far (two 16-bit halves)
-        self.counts: array[int] = array("H", bytes(2 * _ROW * MAX_OFFSET_BUCKETS))
+        self.cells: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))  # nacks left
+        self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
         self.shift = 0
         self.sign = 1
+        self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
 
     def add(self, bucket: int, offset_ms: int) -> None:
-        """A nack filed in ``bucket``, ``offset_ms`` before it. O(1) (a C scan of 64 keys); O(table) when
-        the bins widen."""
+        """A nack filed in ``bucket``, ``offset_ms`` before it. O(1) (a C scan of the keys); O(table) when
+        the bins widen, O(row) when a bucket's segments merge (each doubling of its nacks)."""
         if offset_ms < 0:
             self.sign, offset_ms = -1, -offset_ms
         while offset_ms >> self.shift >= OFFSET_BINS:
@@ -249,62 +274,148 @@ class _BucketOffsets:
         keys = self.keys
         try:
             row = keys.index(bucket)
-        except ValueError:  # a new bucket: a free row, else the earliest bucket's
-            row = keys.index(_NO_BUCKET) if _NO_BUCKET in keys else keys.index(min(keys))
-            keys[row] = bucket
-            start = row * _ROW
-            self.counts[start : start + _ROW] = array("H", bytes(2 * _ROW))
-        at = row * _ROW + (offset_ms >> self.shift)
-        if self.counts[at] < 0xFFFF:
-            self.counts[at] += 1
+        except ValueError:
+            found = self._new_row(bucket)
+            if found is None:
+                return
+            row = found
+        meta, at = self.meta, row * _META
+        filled, used, log = meta[at], meta[at + 1], meta[at + 2]
+        if filled >= 1 << log or not used:
+            if used == OFFSET_SEGMENTS:
+                self._merge(row)
+                used, log = meta[at + 1], meta[at + 2]
+            used += 1
+            filled = 0
+            meta[at + 1] = used
+        meta[at] = filled + 1
+        cell = row * _CELLS + (used - 1) * OFFSET_BINS + (offset_ms >> self.shift)
+        if self.cells[cell] < 0xFFFF:
+            self.cells[cell] += 1
+
+    def _new_row(self, bucket: int) -> int | None:
+        """A row for a bucket not kept: free, else one given way (see the class docstring), else None."""
+        keys = self.keys
+        if _NO_BUCKET in keys:
+            row = keys.index(_NO_BUCKET)
+        else:
+            earliest = min(keys)
+            latest = max(keys)
+            if earliest < self.drawn_upto - (_PAST_BUCKETS * OFFSET_BINS << self.shift):
+                row = keys.index(earliest)
+            elif bucket < latest:
+                row = keys.index(latest)
+            else:
+                return None
+        keys[row] = bucket
+        self._clear(row)
+        return row
+
+    def _clear(self, row: int) -> None:
+        start = row * _CELLS
+        self.cells[start : start + _CELLS] = array("H", bytes(2 * _CELLS))
+        self.meta[row * _META : (row + 1) * _META] = array("H", bytes(2 * _META))
+
+    def _merge(self, row: int) -> None:
+        """Neighbouring segments of a full row merge in pairs; a segment holds twice the nacks. O(row)."""
+        cells, start = self.cells, row * _CELLS
+        for segment in range(OFFSET_SEGMENTS // 2):
+            into = start + segment * OFFSET_BINS
+            first, second = start + 2 * segment * OFFSET_BINS, start + (2 * segment + 1) * OFFSET_BINS
+            for index in range(OFFSET_BINS):
+                cells[into + index] = min(cells[first + index] + cells[second + index], 0xFFFF)
+        cells[start + _CELLS // 2 : start + _CELLS] = array("H", bytes(_CELLS))
+        at = row * _META
+        self.meta[at + 1] = OFFSET_SEGMENTS // 2
+        self.meta[at + 2] += 1
+        self.meta[at] = 1 << self.meta[at + 2]  # the last merged segment is full
 
     def _widen(self) -> None:
         self.shift += 1
-        counts = self.counts
-        for start in range(0, len(counts), _ROW):
+        cells = self.cells
+        for start in range(0, len(cells), OFFSET_BINS):
             for index in range(OFFSET_BINS):
-                count, counts[start + index] = counts[start + index], 0
+                count, cells[start + index] = cells[start + index], 0
                 if count:
-                    counts[start + (index >> 1)] = min(counts[start + (index >> 1)] + count, 0xFFFF)
+                    cells[start + (index >> 1)] = min(cells[start + (index >> 1)] + count, 0xFFFF)
 
-    def draw(self, bucket: int) -> float | None:
-        """The next offset (ms, signed) drawn from the nacks of ``bucket``, earliest due first, spread
-        evenly within its bin; None if the bucket is not kept. In that order because a bucket's copies
-        come in about the order its nacks were filed: the broker redelivers a forward's entries in entry
-        order, and an application that nacks what it is handed nacked them in that order — paired at
-        random (or stratified), the demo's p50 read 5–34 ms low and its p99 up to 134 ms high. O(bins)."""
-        keys = self.keys
-        if bucket == _NO_BUCKET or bucket not in keys:
+    def _row_at_or_before(self, bucket: int) -> int | None:
+        """The row of ``bucket`` if it has nacks left, else the latest earlier bucket that has. O(rows)."""
+        keys, cells = self.keys, self.cells
+        best: int | None = None
+        for row, key in enumerate(keys):
+            if key == _NO_BUCKET or key > bucket or (best is not None and key <= keys[best]):
+                continue
+            if any(cells[row * _CELLS : (row + 1) * _CELLS]):
+                best = row
+                if key == bucket:
+                    break
+        return best
+
+    def draw(self, bucket: int, kept: bool = False) -> float | None:
+        """The offset (ms, signed) of a nack of ``bucket`` (see the class docstring), which leaves the
+        counts: one of the first segment with nacks left — or, for a ``kept`` copy, of the whole bucket —
+        chosen evenly over them (a low-discrepancy sequence: the n-th draw takes the nack at rank
+        ``frac(n · φ)`` of them, spread within its bin). None if no bucket at or before it has nacks left.
+        O(rows + cells)."""
+        if bucket == _NO_BUCKET:
             return None
-        row = keys.index(bucket)
-        start = row * _ROW
-        counts = self.counts[start : start + _ROW]
-        total = sum(counts[:OFFSET_BINS])
-        draws = counts[OFFSET_BINS] | counts[OFFSET_BINS + 1] << 16
-        rank = draws + 0.5
-        target = total - rank if self.sign > 0 else rank  # (a larger offset: due earlier, with ceil)
-        draws += 1
-        if draws >= total:
-            keys[row] = _NO_BUCKET  # as many redeliveries as nacks: done with (a later one draws anew)
-        else:
-            self.counts[start + OFFSET_BINS] = draws & 0xFFFF
-            self.counts[start + OFFSET_BINS + 1] = draws >> 16
+        row = self._row_at_or_before(bucket)
+        if row is None:
+            return None
+        if bucket > self.drawn_upto:
+            self.drawn_upto = bucket
+        cells, start = self.cells, row * _CELLS
+        first, last = start, start + _CELLS
+        if not kept:  # the first segment with nacks left: the copies come in the order nacks were filed
+            while not any(cells[first : first + OFFSET_BINS]):
+                first += OFFSET_BINS
+            last = first + OFFSET_BINS
+        at = row * _META + 3
+        draws = self.meta[at]
+        self.meta[at] = (draws + 1) & 0xFFFF
+        target = (draws * _GOLDEN) % 1.0 * sum(cells[first:last])
         seen = 0
-        for index in range(OFFSET_BINS):
-            count = counts[index]
-            if target < seen + count:
+        for cell in range(first, last):
+            count = cells[cell]
+            if count and target < seen + count:
+                self._take(row, cell)
+                index = (cell - start) % OFFSET_BINS
                 return self.sign * (index + (target - seen) / count) * (1 << self.shift)
             seen += count
-        return None  # (no nack counted: a row taken by a bucket whose counts saturated at 0)
+        return None  # (not reached: the cells counted have nacks left)
+
+    def _take(self, row: int, cell: int) -> None:
+        """One nack leaves ``cell``; the row is freed once none is left. O(row) then."""
+        cells = self.cells
+        cells[cell] -= 1
+        if not cells[cell] and not any(cells[row * _CELLS : (row + 1) * _CELLS]):
+            self.keys[row] = _NO_BUCKET  # every nack of it drawn or taken: the row is free
+
+    def taken(self, due_ms: float) -> None:
+        """A nack due at ``due_ms`` whose redelivery counts its exact lateness (it was sampled): its offset
+        leaves its bucket's (the bucket within 2**k ms of it: after it with ceil, before with floor), from
+        the first segment that counts one there. O(rows + segments)."""
+        span = OFFSET_BINS << self.shift
+        keys = self.keys
+        for row, key in enumerate(keys):
+            if key == _NO_BUCKET:
+                continue
+            offset = (key - due_ms) * self.sign
+            if 0 <= offset < span:  # (not a sign of the bucket redelivered: a kept copy's is taken early)
+                index = min(int(offset) >> self.shift, OFFSET_BINS - 1)
+                start = row * _CELLS
+                for cell in range(start + index, start + _CELLS, OFFSET_BINS):
+                    if self.cells[cell]:
+                        self._take(row, cell)
+                        return
+                return
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the two arrays and this object. O(1)."""
-        return python_bytes(self) + python_bytes(self.keys) + python_bytes(self.counts)
-
-
-_ROW = OFFSET_BINS + 2
-_NO_BUCKET = -(1 << 63)
+        """Bytes held: the three arrays and this object. O(1)."""
+        held = (self.keys, self.cells, self.meta)
+        return python_bytes(self) + sum(python_bytes(part) for part in held)
 
 
 class LatenessHistogram:
@@ -348,12 +459,20 @@ class LatenessHistogram:
             offsets = self._offsets = _BucketOffsets()
         offsets.add(bucket, offset_ms)
 
-    def add_after_bucket(self, bucket: int, since_bucket_ms: float) -> None:
+    def taken(self, due_ms: float) -> None:
+        """A nack due at ``due_ms`` was sampled (:meth:`DueSample.take`): its redelivery counts its exact
+        lateness, so its offset leaves its bucket's, not to be drawn for another redelivery
+        (:meth:`_BucketOffsets.taken`). O(buckets kept)."""
+        if self._offsets is not None:
+            self._offsets.taken(due_ms)
+
+    def add_after_bucket(self, bucket: int, since_bucket_ms: float, kept: bool = False) -> None:
         """Count a redelivery whose exact due time was not sampled, ``since_bucket_ms`` after its bucket
-        time ``bucket``: its lateness is that plus an offset drawn from its bucket's nacks', in their
-        order (:meth:`_BucketOffsets.draw`; 0 if the bucket's are not kept: a restored snapshot's nack).
-        O(bins)."""
-        drawn = self._offsets.draw(bucket) if self._offsets is not None else None
+        time ``bucket``: its lateness is that plus the offset of one of its bucket's nacks, taken in the
+        order they were filed — or any of them for a copy the consumer ``kept`` (handed out at the bucket
+        time, before the forwarded copies arrive) — :meth:`_BucketOffsets.draw`; 0 if no bucket's are kept
+        (a restored snapshot's nack). O(buckets kept + cells)."""
+        drawn = self._offsets.draw(bucket, kept) if self._offsets is not None else None
         self.add(since_bucket_ms + (drawn if drawn is not None else 0.0))
 
     def _halve(self) -> None:

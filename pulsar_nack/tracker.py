@@ -270,20 +270,32 @@ class NackTracker:
     # -- the nack path ----------------------------------------------------------------------------
 
     def schedule(
-        self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
+        self,
+        due_ms: float,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int = -1,
+        topic: str = "",
+        *,
+        refiled: bool = False,
     ) -> int | None:
         """File one id for redelivery at ``due_ms`` (clock ms); returns its bucket time, or None for a batch
         message the application has acked (nothing to redeliver). O(1) typically.
 
         ``due_ms`` must be finite (else ``ValueError``); the timer waits for one far ahead in steps. A
         fraction of a ms rounds up (truncating it let floor rounding fire up to 2**k ms early, not 2**k - 1).
+        ``refiled``: an id filed again (a forward repeated, a kept copy given back), whose ``due_ms`` is not
+        the application's: it adds nothing to the lateness estimate.
         """
         if self._closed:
             raise RuntimeError("the consumer is closed")
         if type(due_ms) is not float or due_ms - due_ms != 0.0:  # (the common case: a finite float)
             check_finite(due_ms, "due_ms")
         # recorded in the arrival filter and filed in the index under the filter's lock (see its `file`)
-        bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic)
+        if refiled:
+            bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic, False)
+        else:
+            bucket = self._file(_ceil(due_ms), ledger_id, entry_id, batch_index, topic)
         if bucket is None:
             return None
         # Most nacks land at or after the armed bucket, or in one the next forward takes along: no lock
@@ -303,7 +315,7 @@ class NackTracker:
     def _refile(self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """The arrival filter wants a forward repeated (its copy came early, or never came)."""
         if not self._closed:
-            self.schedule(max(due_ms, self._clock()), ledger_id, entry_id, batch_index, topic)
+            self.schedule(max(due_ms, self._clock()), ledger_id, entry_id, batch_index, topic, refiled=True)
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""

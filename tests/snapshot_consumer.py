@@ -6,11 +6,11 @@ SIGKILL by the test.
 It subscribes twice to the topic: with ``pulsar_nack.Client`` and ``snapshot_dir`` (subscription
 ``wrapped``) and with the official ``pulsar.Client`` (subscription ``official``); receives ``count``
 messages on each and nacks every one — the wrapper with its own delay, the official consumer with its one
-delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms}`` per wrapped nack to
-``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if given) it prints
-``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription ``wrapped``);
-``official: false`` skips the official consumer; ``batched: true``: the topic's messages are batched (A
-waits for every id the index has pending to be on storage, batched or not); ``alive_client`` /
+delay for all (it has no other) — and writes ``{"data": ..., "due_ms": epoch ms, "nacked_ms": epoch ms}``
+per wrapped nack to ``dues``. Once every nack is in the snapshot on disk (or on ``snapshot_topic``, if
+given) it prints ``ready``. ``consumer_name``: the wrapped consumer's (a member of the Shared subscription
+``wrapped``); ``official: false`` skips the official consumer; ``batched: true``: the topic's messages are
+batched (A waits for every id the index has pending to be on storage, batched or not); ``alive_client`` /
 ``probe_client``: give the topic storage those clients (``TopicSnapshotStorage``).
 With ``stall``: then acks the
 first ``ack`` nacked messages and makes the next snapshot write (the rewrite without them) stop half-way
@@ -102,7 +102,9 @@ def main(config: dict[str, Any]) -> None:
     with open(config["dues"], "w") as dues:
         for message in messages:
             delay = rng.uniform(low, high)
-            dues.write(json.dumps({"data": message.data().decode(), "due_ms": time.time() * 1000 + delay}))
+            now_ms = time.time() * 1000
+            row = {"data": message.data().decode(), "due_ms": now_ms + delay, "nacked_ms": now_ms}
+            dues.write(json.dumps(row))
             dues.write("\n")
             consumer.negative_acknowledge(message, delay_ms=delay)
     deadline = time.monotonic() + READY_TIMEOUT_S

@@ -7,6 +7,7 @@ import random
 import sys
 import threading
 import time
+import tracemalloc
 import weakref
 from typing import Any
 
@@ -542,6 +543,35 @@ def test_watched_entries_are_forgotten_once_neither_in_flight_nor_recent() -> No
     assert admit(arrivals, 1) is Verdict.DELIVER, "beyond linger_ms: not known any more"
     arrivals.clear()
     assert not arrivals._sets.any(_WATCH) and arrivals.idle
+
+
+def test_redeliveries_over_many_ledgers_keep_no_object_per_ledger() -> None:
+    """One forwarded nack on each of 1,000 ledgers (1,000 topics, the sparse case), its copy handed out
+    and acked: what the filter keeps for the late copies (recently delivered and acked, for linger_ms)
+    holds no Python object per ledger (it was a bitmap per ledger and set: ~600 KB), and the emptied
+    flights table is released at once (an emptied dict kept its table: 590 KB until the next sweep).
+    Late copies are still caught."""
+    arrivals, clock, _ = make()
+    ledgers = range(1_000)
+    for ledger in ledgers:
+        arrivals.pending(ledger, 5, -1, f"t{ledger}")
+    for ledger in ledgers:
+        arrivals.forwarded(f"t{ledger}", ledger, [5], {}, clock.now, int(clock.now))
+    clock.now += NATIVE_MIN_DELAY_MS
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for ledger in ledgers:
+            assert arrivals.admit(ledger, 5, -1, f"t{ledger}", 1) is Verdict.DELIVER
+            arrivals.acked(ledger, 5, -1, f"t{ledger}")
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 20 * len(ledgers), f"{kept} B of Python objects kept for 1,000 ledgers' redeliveries"
+    assert sys.getsizeof(arrivals._flights) < 1_000, "the emptied flights table is released"
+    assert arrivals.admit(3, 5, -1, "t3", 1) is Verdict.ACKED, "a late copy of an acked redelivery"
 
 
 def test_acked_plain_records_acks_beside_pending_nacks() -> None:

@@ -412,6 +412,33 @@ def test_a_message_due_while_its_entry_is_on_its_way_waits_for_that_copy() -> No
     assert _learn(arrivals, index, 2_000 + COALESCE_WITHIN_MS, late) is None, "m0's copy is overdue"
 
 
+def test_a_message_that_waits_again_after_its_kept_copy_waits_at_its_new_bucket() -> None:
+    """A message made to wait for its entry's copy is filed again at the bucket it first waited at
+    (ArrivalFilter._waiting), on every flush until it leaves pending. Once its copy is kept, or it is
+    acked, that bucket is forgotten: nacked again and made to wait again, it waits at its new bucket — the
+    old one would hand its next copy out early."""
+    now = [1_000.0]
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_100, 7, 1, 1, "t")
+    assert _learn(arrivals, index, 2_000, 1_900.0) is None, "m0 goes"
+    assert _learn(arrivals, index, 2_150, 2_050.0) == {1}, "m1 waits for m0's copy"
+    assert _learn(arrivals, index, 2_400, 2_300.0) == {1}, "a later flush: m1 still waits"
+    assert index.due_of(7, 1, 1, "t") == 2_150, "at the bucket it first waited at, not the later flush's"
+    now[0] = 2_320.0  # m0's copy comes, with m1's: kept
+    assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD
+    assert arrivals.take_pending_message(7, 1, 1, "t") is True
+    arrivals.file(2_900, 7, 1, 0, "t")  # both nacked again
+    arrivals.file(3_000, 7, 1, 1, "t")
+    assert _learn(arrivals, index, 2_900, 2_800.0) is None, "m0 goes"
+    assert _learn(arrivals, index, 3_000, 2_950.0) == {1}, "m1 waits for m0's copy again"
+    assert index.due_of(7, 1, 1, "t") == 3_000, "at its new bucket"
+    now[0] = 3_100.0
+    assert arrivals.acked(7, 1, 1, "t")[1] is True, "acked while waiting: no longer pending"
+    assert index.pop_due(10_000) == []
+
+
 def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> None:
     """The race of a flush: m1 popped from the index, its copy (with m0's forward) comes before the flush
     tells forwarded(): take_popped_message keeps it and forwarded() leaves m1 out (not forwarded, not in

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -1078,3 +1079,28 @@ def test_packed_pops_of_few_rows_in_python_give_what_numpy_gives(
         return seen
 
     assert run(10**9) == run(-1)
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+def test_take_answers_as_due_of_then_remove(compacted: bool) -> None:
+    """take (one walk of an entry's buckets) answers what due_of then remove did and leaves the index as
+    they do: whole entries and batch members due at many times, in the live tier and (compacted) the
+    packed one."""
+    rng = random.Random(3)
+    ids = [(entry, index) for entry in range(80) for index in (-1, *range(8))]
+    added = [(rng.randrange(1_000, 40_000), entry, index) for entry, index in rng.sample(ids, 300)]
+    one, other = TimeBucketIndex(precision_bits=8), TimeBucketIndex(precision_bits=8)
+    for index in (one, other):
+        for due, entry, batch_index in added:
+            index.add(due, 1, entry, batch_index, "t")
+            index.add(due + 700, 2, entry, batch_index, "t")  # (another ledger: its slots beside)
+        if compacted:
+            assert index.compact() > 0
+    removed = 0
+    rng.shuffle(ids)
+    for entry, batch_index in ids:
+        expected = (one.due_of(1, entry, batch_index, "t"), one.remove(1, entry, batch_index, "t"))
+        assert other.take(1, entry, batch_index, "t") == expected, (entry, batch_index)
+        assert other.pending_mask(1, entry, "t") == one.pending_mask(1, entry, "t") and len(other) == len(one)
+        removed += expected[1]
+    assert removed >= 150 and len(one) == len(other) and drain(one, 10**6) == drain(other, 10**6)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import hypothesis.strategies as st
 import numpy as np
 import pytest
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from pulsar_nack.index import PROMOTE_AT
@@ -393,16 +393,7 @@ for machine in (IndexMachine, SegmentStoreMachine, CrowdedSegmentStoreMachine):
     )
 TestIndexAgainstModel = IndexMachine.TestCase
 TestSegmentStoreAgainstModel = SegmentStoreMachine.TestCase
-# Known open: on the merge of 2026-11-27 this machine found three SegmentStore faults in one run (remove()
-# True where the model has nothing pending; pop_due() missing a message; due_of() later than the model's),
-# --hypothesis-seed=120422543125071372164848468834067169138. Not strict: it runs, and is reported, every time;
-# no shrinking (it spent > 5 min shrinking) until the faults are fixed.
-CrowdedSegmentStoreMachine.TestCase.settings = settings(
-    CrowdedSegmentStoreMachine.TestCase.settings, phases=(Phase.explicit, Phase.reuse, Phase.generate)
-)
-TestCrowdedSegmentStoreAgainstModel = pytest.mark.xfail(
-    reason="SegmentStore faults the crowded machine finds (seed above): to fix", strict=False
-)(CrowdedSegmentStoreMachine.TestCase)
+TestCrowdedSegmentStoreAgainstModel = CrowdedSegmentStoreMachine.TestCase
 
 
 #: One entry's calls: adds of the whole entry or message 0 at three due times, removes, seals.

@@ -116,11 +116,12 @@ def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_
     a burst of 20,000 nacks pending at once (200–400 ms after it: the 512 slots thin to 1 in 64) and a
     quiet phase again, filed and received as the nack path and the arrival filter do, on a fake clock:
     a sampled redelivery counts its exact lateness, the others their time since their bucket, and every
-    nack's offset in its bucket is counted, and drawn for those. The reported p50 and p99 are every
-    redelivery's (within 3 ms and 1 %) — unweighted, the sample alone read p50 25 ms where every
-    redelivery's is 270 ms; weighted, it missed by up to 20 ms in the demo. Buckets of 2^k ms, ceil or
-    floor (offsets negative: early). A bucket's copies come in the order its nacks were filed (earliest
-    due first), as a broker redelivers a forward's entries, and as an application nacks what it gets."""
+    nack's offset in its bucket is counted, and drawn for those (a sampled one's taken out). The reported
+    p50 and p99 are every redelivery's (within 3 ms and 1 %, 1.5 % at k = 12) — unweighted, the sample
+    alone read p50 25 ms where every redelivery's is 270 ms; weighted, it missed by up to 20 ms in the demo.
+    Buckets of 2^k ms, ceil or floor (offsets negative: early). A bucket's copies come in the order its
+    nacks were filed, as a broker redelivers a forward's entries, and as an application nacks what it
+    gets."""
     clock = FakeClock()
     rng = random.Random(24)
     sample = DueSample()
@@ -144,22 +145,21 @@ def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_
                 sample.note(key, due)
             thinned.append(sample.every)
             filed.append((bucket + rng.uniform(after_from, after_to), due, bucket, key))
-        # each bucket's copies in the order of its due times
+        # each bucket's copies in the order its nacks were filed
         by_bucket: dict[int, list[tuple[float, int, int, int]]] = {}
         for item in filed:
             by_bucket.setdefault(item[2], []).append(item)
         filed = [
             (arrival, due, bucket, key)
             for items in by_bucket.values()
-            for arrival, (_, due, bucket, key) in zip(
-                sorted(item[0] for item in items), sorted(items, key=lambda item: item[1]), strict=True
-            )
+            for arrival, (_, due, bucket, key) in zip(sorted(item[0] for item in items), items, strict=True)
         ]
         for arrival, due, bucket, key in sorted(filed):
             clock.now = arrival
             measured.append(arrival - due)
             sampled = sample.take(key, arrival)
             if sampled is not None:
+                histogram.taken(sampled)  # (the arrival filter: when it takes the sampled due time)
                 histogram.add(arrival - sampled)
             else:
                 histogram.add_after_bucket(bucket, arrival - bucket)
@@ -175,8 +175,9 @@ def test_a_thinned_sample_and_the_offsets_of_every_nack_give_every_redelivery_s_
     reported = histogram.percentiles([0.5, 0.99])
     assert reported is not None
     wanted = np.percentile(measured, [50, 99])
-    assert reported[0] == pytest.approx(wanted[0], abs=3.0, rel=0.01), (reported, wanted)
-    assert reported[1] == pytest.approx(wanted[1], abs=3.0, rel=0.01), (reported, wanted)
+    rel = 0.01 if k == 8 else 0.015  # (8 offset bins a bucket: 512 ms wide at k = 12)
+    assert reported[0] == pytest.approx(wanted[0], abs=3.0, rel=rel), (reported, wanted)
+    assert reported[1] == pytest.approx(wanted[1], abs=3.0, rel=rel), (reported, wanted)
     early = float(np.mean(np.array(measured) < 0))
     assert histogram.early_share == pytest.approx(early, abs=0.01)
 
@@ -196,9 +197,9 @@ def test_each_redelivery_draws_an_offset_of_its_own_bucket() -> None:
     """Nacks come in bursts tied to the forwards, so where their due times lie in a bucket differs from
     bucket to bucket, and with it how long their redeliveries wait: bucket 1,024's nacks 10 ms before it,
     its copies 300 ms after it (310 ms late); bucket 1,280's 200 ms before it, its copies at once (200 ms
-    late). Drawn from their own bucket, the percentiles are those (within the 8-ms bins); drawn from all
-    the nacks', half would read 300-500 ms. At most 64 buckets are kept, a bucket's offsets leave once
-    drawn as often as it had nacks, and the bytes stay bounded."""
+    late). Drawn from their own bucket, the percentiles are those (within the 32-ms bins at k = 8); drawn
+    from all the nacks', half would read 300-500 ms. A bucket's nacks leave as they are drawn, at most
+    40 buckets are kept, and the bytes stay bounded."""
     histogram = LatenessHistogram()
     for _ in range(500):
         histogram.offset(1_024, 10)
@@ -208,9 +209,49 @@ def test_each_redelivery_draws_an_offset_of_its_own_bucket() -> None:
         histogram.add_after_bucket(1_280, 0.0)
     reported = histogram.percentiles([0.01, 0.49, 0.51, 0.99])
     assert reported is not None
-    assert 200 <= reported[0] <= reported[1] <= 208, reported
-    assert 308 <= reported[2] <= reported[3] <= 316, reported
+    assert 192 <= reported[0] <= reported[1] <= 224, reported
+    assert 300 <= reported[2] <= reported[3] <= 332, reported
     empty = histogram.nbytes
     for bucket in range(0, 256_000, 256):
         histogram.offset(bucket, 100)
-    assert histogram.nbytes == empty < 12_288 + 5_000, "a fixed table: 64 buckets at most"
+    assert histogram.nbytes == empty < 12_288 + 6_500, "a fixed table: 40 buckets at most"
+
+
+def test_kept_and_sampled_redeliveries_leave_the_drawn_offsets_those_of_the_others() -> None:
+    """The bias the demo showed (``nack_stats()`` p50 6–16 ms above the application's): in each bucket,
+    the consumer hands out the copies it kept at the bucket time, before the forwarded copies arrive, and
+    the redeliveries whose due time was sampled count exactly. Here, per bucket of 256 ms, 300 nacks
+    filed in a steady stream (offsets spread over the bucket, in filing order), a third kept (handed out
+    1 ms after the bucket time, first), a fifth sampled, the rest forwarded (arriving 100–200 ms after it,
+    in filing order). Drawn earliest due first from all of a bucket's nacks, the kept copies took the
+    largest offsets and the draws never reached the smallest ones (the sampled nacks' share): p50 read
+    252.6 ms for 240.4. Each nack's own offset counted once: p50 and p99 within 5 ms of the true ones."""
+    rng = random.Random(5)
+    histogram = LatenessHistogram(window=100_000)
+    measured: list[float] = []
+    for bucket in range(10_240, 10_240 + 30 * 256, 256):
+        nacks = sorted(bucket - rng.uniform(0, 255) for _ in range(300))
+        kinds = [rng.choices(("kept", "sampled", "forwarded"), (0.33, 0.2, 0.47))[0] for _ in nacks]
+        for due in nacks:
+            histogram.offset(bucket, bucket - int(due))
+        copies: list[tuple[float, float, str]] = []
+        forwarded = [due for due, kind in zip(nacks, kinds, strict=True) if kind == "forwarded"]
+        arrivals = sorted(bucket + rng.uniform(100, 200) for _ in forwarded)
+        for due, kind in zip(nacks, kinds, strict=True):
+            if kind == "sampled":
+                histogram.taken(int(due))  # (the filter takes its due time at the forward)
+                copies.append((bucket + rng.uniform(100, 200), due, kind))
+            elif kind == "kept":
+                copies.append((bucket + 1.0, due, kind))
+        copies += [(arrival, due, "forwarded") for arrival, due in zip(arrivals, forwarded, strict=True)]
+        for arrival, due, kind in sorted(copies):
+            measured.append(arrival - due)
+            if kind == "sampled":
+                histogram.add(arrival - int(due))
+            else:  # (the arrival filter: held_out for a kept copy, _landed for a forwarded one)
+                histogram.add_after_bucket(bucket, arrival - bucket, kept=kind == "kept")
+    reported = histogram.percentiles([0.5, 0.99])
+    assert reported is not None
+    wanted = np.percentile(measured, [50, 99])
+    assert reported[0] == pytest.approx(wanted[0], abs=5.0), (reported, wanted)
+    assert reported[1] == pytest.approx(wanted[1], abs=5.0), (reported, wanted)

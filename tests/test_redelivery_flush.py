@@ -118,3 +118,41 @@ def test_a_late_forward_does_not_delay_the_buckets_after_it() -> None:
         buckets[2] - tracker.lead_ms,
     ]
     assert sorted(e for ids in forwards for _, e in ids) == [0, 1, 2, 10, 11, 12, 20, 21, 22]
+
+
+def test_a_message_waiting_for_its_entrys_copy_keeps_its_own_bucket_across_flushes() -> None:
+    """Entry 1's m0 is forwarded; m1 falls due while m0's copy is on its way, and the copy takes three
+    buckets to come. Each flush meanwhile makes m1 wait again (ArrivalFilter.forwarded): it stays filed at
+    its own bucket — where its kept copy is handed out, and its lateness measured from — never earlier
+    (ceil: not before its due time). Filing it again at each flush's limit pushed it one bucket later per
+    flush (the 1 % of kept copies handed out one to six buckets late, issue 24). Its bucket being past does
+    not make the timer spin: one forward timeout per bucket."""
+    tracker, clock, forwards = _tracker()
+    wheel = tracker._wheel
+    flushes: list[float] = []
+    flush = tracker.flush
+
+    def counted(now: float | None = None, everything: bool = False) -> int:
+        flushes.append(clock.now)
+        return flush(now, everything)
+
+    tracker.flush = counted  # type: ignore[method-assign]
+    start = clock.now
+    for index in range(10):
+        assert tracker.arrivals.admit(7, 1, index, "", None) is Verdict.DELIVER
+    tracker.schedule(start + 500, 7, 1, 0)  # bucket start + 512
+    tracker.schedule(start + 700, 7, 1, 1)  # bucket start + 768
+    clock.now = start + 300
+    wheel.run_due()
+    while clock.now < start + 1_500:  # m0's copy takes ~1 s: flushes at 768, 1,024 and 1,280 pass
+        clock.now += 1
+        wheel.run_due()
+    assert forwards == [[(7, 1)]], "m0 forwarded once; m1 waits for its copy"
+    assert len(flushes) <= 6, f"the timer spun: {len(flushes)} flushes"
+    bucket = tracker.index.due_of(7, 1, 1)
+    assert bucket == start + 768, f"m1 drifted {(bucket or 0) - (start + 768):.0f} ms past its bucket"
+    # m0's copy comes with m1's: m1's is kept (the consumer hands it out at that bucket: at once)
+    assert tracker.arrivals.admit(7, 1, 0, "", None) is Verdict.DELIVER
+    assert tracker.arrivals.admit(7, 1, 1, "", None) is Verdict.HOLD
+    assert tracker.arrivals.take_pending_message(7, 1, 1, "") is True
+    assert tracker.index.next_due_ms() is None

@@ -7,13 +7,16 @@ goes on. (The same through a real broker and a killed process: test_snapshot_res
 from __future__ import annotations
 
 import random
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
+import pytest
 from fake_clock import FakeClock
 
 from pulsar_nack.lowlevel import DueIds, TimerWheel
-from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentStore
+from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.redispatch import REDISPATCH_QUIET_MS, SETTLE_MS, RedispatchStore
 from pulsar_nack.tracker import NackTracker, Verdict
 
@@ -213,3 +216,138 @@ def test_the_redispatch_does_not_make_the_timer_pop_per_copy(tmp_path: Path) -> 
     b.store.pop_due = counted  # type: ignore[method-assign]
     b.run_until(restart + 3_000, redispatch(restart, sorted(due), 5.0))  # 400 copies over 2 s, then 1 s
     assert pops <= 3 * 2 * 3_000 // 2**K, pops
+
+
+def adopted(tmp_path: Path, count: int, plain: bool = False) -> tuple[Consumer, dict[int, float], float]:
+    """As :func:`restarted`, but B is another member of the subscription: it restores nothing of its own
+    and adopts A's snapshot (a takeover) 3 s after the nacks."""
+    rng = random.Random(5)
+    a = Consumer(tmp_path / "a", EPOCH)
+    due = {entry: EPOCH + rng.uniform(2_000, 10_000) for entry in range(count)}
+    for entry, at in due.items():
+        a.tracker.schedule(at, 1, entry, -1, TOPIC)
+    a.run_until(EPOCH + 1_500)
+    adoption = EPOCH + 3_000
+    b = Consumer(tmp_path / "b", adoption, plain=plain)
+    assert b.tracker.restore().ids == 0
+    assert b.tracker.adopt(LocalDirectoryStorage(tmp_path / "a", fsync=False)) == count
+    return b, due, adoption
+
+
+def test_adopted_nacks_wait_for_the_redispatched_copies_as_restored_ones_do(tmp_path: Path) -> None:
+    """A takeover: the broker hands the dead member's messages to B at once; B adopted its nacks. The
+    ids due before their copy came are not forwarded (the plain store forwards them: below); every one is
+    handed out from its copy, once, never early."""
+    b, due, adoption = adopted(tmp_path, 400)
+    b.run_until(EPOCH + 12_000, redispatch(adoption, sorted(due), 5.0))
+    assert b.forwarded == [], f"{len(b.forwarded)} forwarded"
+    assert set(b.handed) == set(due) and all(len(t) == 1 for t in b.handed.values())
+    arrival = {entry: adoption + 1 + i * 5.0 for i, entry in enumerate(sorted(due))}
+    for entry, (at,) in b.handed.items():
+        assert at >= due[entry], (entry, at - due[entry])
+        assert at <= max(due[entry] + 2**K, arrival[entry] + 1), (entry, at - max(due[entry], arrival[entry]))
+    assert isinstance(b.store, RedispatchStore) and b.store.deferred_total > 0 and not b.store.waiting
+
+
+def test_the_plain_store_forwards_adopted_ids_due_before_their_copy_came(tmp_path: Path) -> None:
+    b, due, adoption = adopted(tmp_path, 400, plain=True)
+    b.run_until(EPOCH + 12_000, redispatch(adoption, sorted(due), 5.0))
+    assert b.forwarded
+
+
+def test_an_adoption_after_the_restores_wait_ended_waits_again(tmp_path: Path) -> None:
+    """B restored a snapshot of its own long ago (its wait is over); a member dies later and B adopts its
+    nacks: those wait for their copies too (the wait is timed from the adoption, not from the restore)."""
+    b, _, adoption = adopted(tmp_path, 200)
+    b.run_until(adoption + REDISPATCH_QUIET_MS + 1_000)  # no copy came: the wait is over, ids forwarded
+    assert isinstance(b.store, RedispatchStore) and not b.store.waiting
+    rng = random.Random(6)
+    c = Consumer(tmp_path / "c", b.clock.now)
+    later = {1_000 + entry: b.clock.now + rng.uniform(2_000, 10_000) for entry in range(200)}
+    for entry, at in later.items():
+        c.tracker.schedule(at, 1, entry, -1, TOPIC)
+    c.run_until(b.clock.now + 1_500)  # sealed; c dies, B adopts its nacks 1.5 s after them
+    b.clock.now = c.clock.now
+    b.forwarded.clear()
+    assert b.tracker.adopt(LocalDirectoryStorage(tmp_path / "c", fsync=False)) == 200
+    start = b.clock.now
+    b.run_until(start + 12_000, redispatch(start, sorted(later), 5.0))
+    assert [e for e in b.forwarded if e in later] == []
+    assert all(len(b.handed[e]) == 1 and b.handed[e][0] >= later[e] for e in later)
+
+
+def test_an_id_adopted_while_the_timer_pops_waits_for_its_copy(tmp_path: Path) -> None:
+    """The timer thread may pop between two adds of an adoption: an adopted id due already is held back
+    from that pop too (its entry waits from before it is added), not forwarded."""
+    a = RedispatchStore(
+        LocalDirectoryStorage(tmp_path / "a", fsync=False), precision_bits=K, clock=FakeClock(EPOCH)
+    )
+    for entry in range(50):
+        a.add(int(EPOCH) + 1_000 + entry, 1, entry, -1, TOPIC)
+    a.checkpoint(int(EPOCH))
+    clock = FakeClock(EPOCH + 5_000)  # every adopted id is due
+
+    class Popping(RedispatchStore):
+        """Pops after every add, as a timer thread may."""
+
+        popped: ClassVar[list[DueIds]] = []
+
+        def add(self, *args: object, **kwargs: object) -> int:
+            due = super().add(*args, **kwargs)  # type: ignore[arg-type]
+            self.popped.extend(self.pop_due(int(clock.now)))
+            return due
+
+    b = Popping(LocalDirectoryStorage(tmp_path / "b", fsync=False), precision_bits=K, clock=clock)
+    b.restore(int(clock.now))
+    assert b.adopt(LocalDirectoryStorage(tmp_path / "a", fsync=False), int(clock.now)) == 50
+    assert b.popped == [] and len(b) == 50 and b.waiting
+
+
+def _twins(tmp_path: Path, seed: int) -> tuple[RedispatchStore, RedispatchStore, list[tuple[int, int]]]:
+    """Two stores restored from copies of one snapshot (batch members and whole entries of 60 entries, due
+    at many times, a few in two buckets; some segments left unloaded), popped at once (ids due deferred),
+    and the (entry, batch index) ids to ask about."""
+    rng = random.Random(seed)
+    a = RedispatchStore(
+        LocalDirectoryStorage(tmp_path / "a", fsync=False),
+        SegmentConfig(min_ids_per_segment=40),
+        precision_bits=K,
+        clock=FakeClock(EPOCH),
+    )
+    ids = [(entry, index) for entry in range(60) for index in (-1, *range(8))]
+    for entry, index in rng.sample(ids, 200):
+        a.add(int(EPOCH) + rng.randrange(1_000, 20_000), 1, entry, index, TOPIC)
+        if a.unsealed >= 40:  # several segments
+            a.checkpoint(int(EPOCH))
+    a.checkpoint(int(EPOCH))
+    stores = []
+    for name in ("b", "c"):
+        shutil.copytree(tmp_path / "a", tmp_path / name)
+        clock = FakeClock(EPOCH + 4_000)
+        store = RedispatchStore(
+            LocalDirectoryStorage(tmp_path / name, fsync=False),
+            SegmentConfig(max_loaded_ids=50, load_ahead_ms=0),
+            precision_bits=K,
+            clock=clock,
+        )
+        store.restore(int(clock.now))
+        store.pop_due(int(clock.now))  # (the ids due by now are deferred: their copies have not come)
+        stores.append(store)
+    rng.shuffle(ids)
+    return stores[0], stores[1], ids
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_take_answers_as_due_of_then_remove(tmp_path: Path, seed: int) -> None:
+    """The one call a kept copy makes (take) answers what due_of then remove did, and leaves the store as
+    they do — ids in memory, on storage and deferred, whole entries and batch members."""
+    one, other, ids = _twins(tmp_path, seed)
+    assert len(one) == len(other) > 0 and one.deferred_total > 0
+    removed = 0
+    for entry, index in ids:
+        expected = (one.due_of(1, entry, index, TOPIC), one.remove(1, entry, index, TOPIC))
+        assert other.take(1, entry, index, TOPIC) == expected, (entry, index)
+        assert other.pending_mask(1, entry, TOPIC) == one.pending_mask(1, entry, TOPIC)
+        assert len(other) == len(one)
+        removed += expected[1]
+    assert removed >= 100

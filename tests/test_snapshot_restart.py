@@ -343,6 +343,26 @@ def test_restored_batched_nacks_are_handed_out_from_the_redispatched_copies(
 
 
 @pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_a_member_taking_over_batched_nacks_hands_them_out_from_the_redispatched_copies(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same as a takeover: A is ``worker-a`` of the Shared subscription and is killed; B, ``worker-b``
+    on the same snapshot directory, adopts A's snapshot at subscribe while the broker hands it A's
+    unacked messages at once. B keeps each copy and hands it out when due, forwarding none: an adopted
+    id due before its copy came used to be forwarded at once (a restored one waited for its copy)."""
+    broker: Broker = request.getfixturevalue("pulsar_lite" if kind == "lite" else "apache_pulsar")
+    topic = f"persistent://public/default/snap-{uuid.uuid4().hex[:8]}"
+    produce_batched(broker, topic, 1_000, 100)
+    due = run_consumer_a(
+        broker, topic, tmp_path, 1_000, batched=True, delay_ms=[200, 20_000], consumer_name="worker-a"
+    )
+    restored = restart_and_check(
+        broker, topic, tmp_path, due, consumer_name="worker-b", late_ms=5_000, forwards=False
+    )
+    assert restored.pending > 0, "B took over A's pending nacks at subscribe"
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
 def test_nacks_kept_on_a_topic_come_back_on_another_machine(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

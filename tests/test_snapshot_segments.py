@@ -726,3 +726,96 @@ def test_a_load_keeps_the_earlier_of_two_copies_once(storage: SnapshotStorage) -
     assert [(d.ledger_id, d.entry_ids.tolist()) for d in first] == [(1, [0])]
     later = [e for d in store.pop_due(20_000) for e in d.entry_ids.tolist()]
     assert sorted(later) == list(range(1, 100)) and len(store) == 0
+
+
+def _on_storage(storage: SnapshotStorage) -> SegmentStore:
+    """1-ms buckets, every segment left on storage until due."""
+    config = SegmentConfig(min_ids_per_segment=2, max_loaded_ids=0, load_ahead_ms=0)
+    return SegmentStore(storage, config, precision_bits=0)
+
+
+def test_a_message_nack_covered_by_its_whole_entry_on_storage_is_not_pending_on_its_own(
+    storage: SnapshotStorage,
+) -> None:
+    """The whole entry due at 2 and its message 0 at 1 sealed on storage, then message 1 nacked due at 2:
+    the whole entry covers it (the index's rule), so an ack of message 1 removes nothing (remove() said
+    True: the store had filed it on its own beside a segment with batch members), the entry stays
+    pending whole, and it comes out as message 0 at 1, whole at 2."""
+    store = _on_storage(storage)
+    store.add(2, 1, 0)
+    store.add(1, 1, 0, 0)
+    store.checkpoint(0)
+    assert store.stats().segments_loaded == 0
+    store.add(2, 1, 0, 1)
+    assert store.remove(1, 0, 1) is False
+    assert store.pending_mask(1, 0) == -1
+    assert [dict(d.batch_indexes) for d in store.pop_due(1)] == [{0: (0,)}]
+    assert [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in store.pop_due(2)] == [([0], {})]
+    assert len(store) == 0
+
+
+def test_a_whole_entry_on_storage_keeps_its_bucket_beside_an_earlier_message_and_a_later_copy(
+    storage: SnapshotStorage,
+) -> None:
+    """The whole entry due at 2 and its message 0 at 1 sealed on storage; then message 0 re-nacked due at
+    0 and the whole entry due at 3. The whole entry is due at 2 (earliest wins): after the pop at 1 (the
+    segment loaded, message 0 popped) due_of said 3 and the pop at 2 handed out nothing — the load took
+    the earliest part pending in the mutable index (message 0 at 0) for its whole copy's bucket, and
+    dropped the segment's whole entry for the later copy."""
+    store = _on_storage(storage)
+    store.add(2, 1, 0)
+    store.add(1, 1, 0, 0)
+    store.checkpoint(0)
+    store.add(0, 1, 0, 0)
+    store.add(3, 1, 0)
+    assert store.due_of(1, 0) == 0 and store.due_of(1, 0, 0) == 0
+    assert [dict(d.batch_indexes) for d in store.pop_due(1)] == [{0: (0,)}]
+    assert store.due_of(1, 0) == 2 and store.due_of(1, 0, 1) == 2
+    assert [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in store.pop_due(2)] == [([0], {})]
+    assert store.pop_due(10) == [] and len(store) == 0
+
+
+def test_a_load_compares_a_second_copy_with_the_whole_copy_not_the_earliest_message(
+    storage: SnapshotStorage,
+) -> None:
+    """Entry 0 due whole at 2 sealed on storage (with entry 1 at 5: the segment spans 2-5), re-nacked
+    whole due at 3 (a second copy: either may be the earlier), then its message 0 nacked due at 0. The
+    pop at 2 loads the segment: the whole entry is due at 2 and comes whole. The load compared the
+    segment's copy with the earliest part in the mutable index (message 0 at 0), dropped it, and handed
+    out message 0 alone at 2, the whole entry again at 3."""
+    store = _on_storage(storage)
+    store.add(2, 1, 0)
+    store.add(5, 1, 1)
+    store.checkpoint(0)
+    store.add(3, 1, 0)
+    store.add(0, 1, 0, 0)
+    assert store.due_of(1, 0) == 0 and store.pending_mask(1, 0) == -1
+    assert [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in store.pop_due(2)] == [([0], {})]
+    assert store.due_of(1, 0) is None
+    assert [d.entry_ids.tolist() for d in store.pop_due(10)] == [[1]] and len(store) == 0
+
+
+def test_a_message_renack_inside_a_stored_segments_range_is_filed_by_its_whole_entrys_bucket(
+    storage: SnapshotStorage,
+) -> None:
+    """Entries 0 (due whole at 1), 2 (at 4) and 1 (at 5) in one segment on storage; message 1 of entries 0
+    and 2 nacked due at 3 — inside the segment's range, so only the file says whether the whole entry is
+    due earlier. The store reads it (a forced load): entry 0's message is covered (an ack of it removes
+    nothing; it was filed on its own beside the segment and remove() said True), entry 2's is pending on
+    its own before its whole entry."""
+    config = SegmentConfig(max_loaded_ids=0, load_ahead_ms=0)
+    store = SegmentStore(storage, config, precision_bits=0)
+    for due, entry in ((1, 0), (4, 2), (5, 1)):
+        store.add(due, 1, entry)
+    store.checkpoint(0)
+    assert store.stats().segments_loaded == 0
+    store.add(3, 1, 0, 1)
+    store.add(3, 1, 2, 1)
+    assert store.remove(1, 0, 1) is False and store.pending_mask(1, 0) == -1
+    assert store.stats().forced_loads == 1
+    assert store.due_of(1, 0, 1) == 1 and store.due_of(1, 2, 1) == 3 and store.due_of(1, 2) == 3
+    popped = {
+        t: [(d.entry_ids.tolist(), dict(d.batch_indexes)) for d in store.pop_due(t)] for t in range(1, 6)
+    }
+    assert popped == {1: [([0], {})], 2: [], 3: [([2], {2: (1,)})], 4: [([2], {})], 5: [([1], {})]}
+    assert store.remove(1, 2, 1) is False and len(store) == 0

@@ -17,8 +17,10 @@ last seal; sealing cuts it into segments of at most that many ids / that time st
 300 s) and writes each through a :class:`~pulsar_nack.snapshot.storage.SnapshotStorage`. Segments due
 within ``load_ahead_ms`` are loaded while the loaded ids stay under ``max_loaded_ids``; a segment whose
 earliest bucket is due is loaded whatever the budget (its ids are due: a memory bound never makes a nack
-late). A loaded segment whose last bucket has been popped is deleted. When more than ``max_segments``
-segments are unloaded, up to ``max_merge_inputs`` (4) adjacent ones with the fewest ids are merged; the
+late), as is one holding a copy of a re-nacked batch message, or of the whole entry of one, at a bucket
+that may be earlier or later than the re-nack's (see :meth:`SegmentStore.add`). A loaded segment whose
+last bucket has been popped is deleted. When more than ``max_segments`` segments are unloaded, up to
+``max_merge_inputs`` (4) adjacent ones with the fewest ids are merged; the
 merged file names the segments it *supersedes*, and the old files are deleted only after it is written —
 a crash at any point leaves either the old files or the new one in charge (restore deletes superseded
 files). A failed write falls back to memory (the ids stay loaded, a warning is logged, the write is
@@ -342,6 +344,12 @@ class SegmentStore:
 
         The new due time is compared with each unloaded segment's time range *before* its membership is
         consulted (#26230): membership alone says neither when nor whether the copy is still pending.
+        Inside the range the order is unknown: a whole entry then stays pending twice (the first copy
+        popped retires the other), but where batch messages are involved — the nack is one, or the
+        segment or the mutable index holds messages of the entry — the order decides which messages are
+        pending on their own (``remove``, ``pending_mask``, what ``pop_due`` hands out), so the segment is
+        loaded (a read under the lock, whatever the memory budget; counted in ``forced_loads``) and the
+        nack filed among its parts.
 
         ``fresh``: as :meth:`TimeBucketIndex.add <pulsar_nack.index.TimeBucketIndex.add>` — the caller
         knows the id is pending nowhere (the consumer's arrival filter knows it for every first nack of a
@@ -351,7 +359,8 @@ class SegmentStore:
         mutable index has its own, and a seal or load running meanwhile cannot hold a copy of an id that
         is pending nowhere). Else O(S_l) bitmap probes, plus — when the loaded index holds a part of the
         entry later than this nack — moving the entry's loaded parts to the mutable index (the index's
-        rule then files the nack among them; a segment cannot drop a whole entry and keep its messages).
+        rule then files the nack among them; a segment cannot drop a whole entry and keep its messages),
+        plus the loads above (O(ids of the segments loaded)).
         """
         if fresh:
             return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic, fresh=True)
@@ -360,34 +369,65 @@ class SegmentStore:
             if key not in self._by_key:
                 return self._mutable.add(due_ms, ledger_id, entry_id, batch_index, topic)
             bucket = (int(due_ms) + self._round_up) & self._mask
-            parts = self._loaded.parts(ledger_id, entry_id, topic)
-            for due, mask in parts:
-                if due <= bucket and (mask is None or (batch_index >= 0 and mask >> batch_index & 1)):
-                    return due  # a copy no later (or the whole entry, no later) covers this nack
-            if parts:
-                # Some loaded part of the entry is later than this nack: the entry's loaded parts move to
-                # the mutable index, where the index's own rule files the nack among them (a segment can
-                # drop a whole entry and keep its earlier messages only by dropping the entry: the whole
-                # entry loaded at 30 and its message 0 at 10, then the whole entry nacked at 20).
-                self._loaded.remove(ledger_id, entry_id, -1, topic)
-                self._mark_deleted(key, entry_id, -1, "loaded")
-                for due, mask in parts:
-                    for index in batch_indexes(mask) if mask is not None else (-1,):
-                        self._mutable.add(due, ledger_id, entry_id, index, topic)
-                        self._moved += 1
-            covered: int | None = None
-            for rec in self._holding(key):
-                if rec.loaded or not rec.holds(key, entry_id):
-                    continue  # the loaded index answered for it (membership may be stale: popped ids)
-                if rec.max_due <= bucket and not rec.has_members:
-                    covered = rec.min_due if covered is None else min(covered, rec.min_due)
-                elif bucket < rec.min_due or (batch_index < 0 and bucket == rec.min_due):
-                    self._delete_in(rec, key, entry_id, batch_index)  # due no earlier there: this one wins
-                else:  # maybe earlier, maybe later: keep both, the first popped retires the other
-                    self._dupes.setdefault(key, BitMap()).add(entry_id)
-            if covered is not None:
-                return covered
-            return self._mutable.add(bucket, ledger_id, entry_id, batch_index, topic)
+            return self._add(bucket, ledger_id, entry_id, batch_index, topic, may_load=True)
+
+    def _add(
+        self, bucket: int, ledger_id: int, entry_id: int, batch_index: int, topic: str, may_load: bool
+    ) -> int:
+        """(Lock held.) :meth:`add` of a nack of a ledger some segment holds, at its bucket; ``may_load``:
+        segments that hold a copy of it at an unknown bucket may be loaded to decide."""
+        key = (topic, ledger_id)
+        parts = self._loaded.parts(ledger_id, entry_id, topic)
+        for due, mask in parts:
+            if due <= bucket and (mask is None or (batch_index >= 0 and mask >> batch_index & 1)):
+                return due  # a copy no later (or the whole entry, no later) covers this nack
+        if parts:
+            # Some loaded part of the entry is later than this nack: the entry's loaded parts move to
+            # the mutable index, where the index's own rule files the nack among them (a segment can
+            # drop a whole entry and keep its earlier messages only by dropping the entry: the whole
+            # entry loaded at 30 and its message 0 at 10, then the whole entry nacked at 20).
+            self._move_to_mutable(ledger_id, entry_id, topic, [])
+        covered: int | None = None
+        unsure: list[_Record] = []
+        for rec in self._holding(key):
+            if rec.loaded or not rec.holds(key, entry_id):
+                continue  # the loaded index answered for it (membership may be stale: popped ids)
+            mask = rec.member_mask(key, entry_id)  # -1: the whole entry is pending there
+            if batch_index >= 0 and mask != -1 and not mask >> batch_index & 1:
+                continue  # other messages of the entry only: no copy of this one, none covers it
+            if bucket < rec.min_due or (batch_index < 0 and bucket == rec.min_due):
+                self._delete_in(rec, key, entry_id, batch_index)  # due no earlier there: this one wins
+            elif rec.max_due <= bucket and (mask == -1 or batch_index >= 0):
+                # the whole entry (or this message) there is due no later: it covers this nack
+                covered = rec.min_due if covered is None else min(covered, rec.min_due)
+            elif batch_index >= 0 or rec.max_due >= bucket:
+                # maybe earlier, maybe later (only the file knows the buckets): see below. (A whole
+                # entry due after every message of it there is filed beside them: not this branch.)
+                unsure.append(rec)
+        if covered is not None:
+            return covered
+        if unsure and may_load and self._involves_messages(key, entry_id, batch_index, unsure):
+            # Which copy wins decides which of the entry's messages are pending on their own (what
+            # remove() and pending_mask() answer, what pop_due() hands out); the segments' files say
+            # it: they are loaded (a read, whatever the budget), and the nack is filed among their
+            # parts as above. Only for batch messages: for whole entries a second copy is exact (the
+            # first popped retires the other).
+            for rec in unsure:
+                if len(self._loaded) + rec.live > self.config.max_loaded_ids:
+                    self._stats.forced_loads += 1
+                self._load(rec)
+            return self._add(bucket, ledger_id, entry_id, batch_index, topic, may_load=False)
+        if unsure:  # keep both, the first popped retires the other
+            self._dupes.setdefault(key, BitMap()).add(entry_id)
+        return self._mutable.add(bucket, ledger_id, entry_id, batch_index, topic)
+
+    def _involves_messages(self, key: Key, entry_id: int, batch_index: int, unsure: list[_Record]) -> bool:
+        """(Lock held.) Whether a nack of an entry whose copy's bucket is unknown (in ``unsure``, on
+        storage) involves batch messages: it is one, or one of those segments or the mutable index holds
+        some of the entry's messages. O(segments + the entry's parts)."""
+        if batch_index >= 0 or any(rec.own_mask(key, entry_id) for rec in unsure):
+            return True
+        return any(mask is not None for _, mask in self._mutable.parts(key[1], entry_id, key[0]))
 
     def remove(self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = "") -> bool:
         """Forget a pending id (acked) wherever it is; True if it was pending somewhere. O(S_l)."""
@@ -399,6 +439,30 @@ class SegmentStore:
             if batch_index < 0 and key in self._dupes:
                 self._dupes[key].discard(entry_id)
             return removed
+
+    def take(
+        self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
+    ) -> tuple[int | None, bool]:
+        """:meth:`due_of` then :meth:`remove`, both answers (the due time before the removal; whether the
+        id was pending somewhere), in one call: a kept copy of a pending message asks both, and each walked
+        the entry's buckets in the indexes — one walk here (:meth:`TimeBucketIndex.take
+        <pulsar_nack.index.TimeBucketIndex.take>`). Complexity as :meth:`remove`."""
+        with self._lock:
+            key = (topic, ledger_id)
+            due, removed = self._mutable.take(ledger_id, entry_id, batch_index, topic)
+            known = [] if due is None else [due]
+            due, removed_loaded = self._loaded.take(ledger_id, entry_id, batch_index, topic)
+            if due is not None:
+                known.append(due)
+            for rec in self._holding(key):  # (as due_of; before _mark_deleted changes the members)
+                if not rec.loaded and rec.holds(key, entry_id):
+                    mask = rec.member_mask(key, entry_id)
+                    if mask == -1 or (mask >> batch_index & 1 if batch_index >= 0 else mask):
+                        known.append(rec.min_due)
+            removed = self._mark_deleted(key, entry_id, batch_index, "all") or removed_loaded or removed
+            if batch_index < 0 and key in self._dupes:
+                self._dupes[key].discard(entry_id)
+            return (min(known) if known else None), removed
 
     def pop_due(self, now_ms: int) -> list[DueIds]:
         """Remove and return every id due by ``now_ms``: segments that are due are loaded first (whatever
@@ -888,14 +952,14 @@ class SegmentStore:
         other.restore(now_ms, visit=groups.append)
         adopted = 0
         for group in groups:
+            if visit is not None:  # (before its ids are pending: a subclass may hold them back from pops)
+                visit(group)
             masks = group.batch_masks()
             for entry in group.entries:
                 mask = masks.get(entry)
                 for index in batch_indexes(mask) if mask is not None else (-1,):
                     self.add(group.bucket_ms, group.ledger_id, entry, index, group.topic)
                     adopted += 1
-            if visit is not None:
-                visit(group)
         self.checkpoint(now_ms)  # the adopted ids are in this store's files ...
         other.clear()  # ... before the other's go
         return adopted
@@ -1073,10 +1137,13 @@ class SegmentStore:
         return True
 
     def _fill(self, rec: _Record, segment: Segment) -> None:
-        """Put a segment's ids (deletions applied, second copies resolved) into the loaded index."""
-        # entries this call put into the loaded index whole (an entry filed as some of its messages is not
-        # here: a later whole copy of it in this segment is no copy of those, and is matched as any is)
-        filled: dict[Key, BitMap] = {}
+        """Put a segment's ids (deletions applied) into the loaded index, where its rule files them among
+        the parts there (earliest wins); an entry with a second copy (``_dupes``) that the mutable index
+        holds parts of goes there instead, with its loaded parts (:meth:`_move_to_mutable`).
+        O(ids of the segment)."""
+        # entries with a second copy (``_dupes``) → this segment's parts of them, as (bucket, mask or None)
+        # when the mutable index holds parts of them too, else None
+        meet: dict[tuple[str, int, int], list[tuple[int, int | None]] | None] = {}
         # whole entries, filed with one add_many per topic at the end: the index's dedupe then gathers a
         # ledger's pending ids once per segment, not once per (bucket, ledger) group
         wholes: dict[str, list[tuple[int, int, npt.NDArray[np.uint32]]]] = {}
@@ -1092,8 +1159,7 @@ class SegmentStore:
                 or self._dupes.get(key)
             ):
                 # The common group (a fresh seal's): whole entries, nothing removed, no second copy to
-                # resolve — filed as they are, without copying the bitmap (``filled`` is consulted only
-                # for keys with second copies).
+                # resolve — filed as they are, without copying the bitmap.
                 if g.entries:
                     array = np.frombuffer(g.entries.to_array(), dtype=np.uint32)
                     wholes.setdefault(g.topic, []).append((g.bucket_ms, g.ledger_id, array))
@@ -1107,29 +1173,18 @@ class SegmentStore:
                         del masks[entry]
                         entries.discard(entry)
             dup = self._dupes.get(key)
-            if dup:  # a second copy may be pending in the mutable or the loaded index: earliest wins
-                for entry in list(dup & entries):
-                    if entry in filled.get(key, _EMPTY):
-                        continue  # an earlier whole copy in this very segment: the loaded index keeps it
-                    if entry in masks:  # pending in part here: a second copy is of the same message
-                        self._resolve_members(rec, g, entry, masks, entries)
-                        continue
-                    for place in (self._mutable, self._loaded):
-                        if place.pending_mask(g.ledger_id, entry, g.topic) not in (-1, 0):
-                            continue  # only messages of it there: none is a copy of this whole entry
-                        other = place.due_of(g.ledger_id, entry, -1, g.topic)
-                        if other is None:
-                            continue
-                        if other <= g.bucket_ms:
-                            entries.discard(entry)
-                            masks.pop(entry, None)
-                            self._delete_in(rec, key, entry, -1)  # trimmed from this file too
-                            break
-                        place.remove(g.ledger_id, entry, -1, g.topic)
-                        if place is self._loaded:
-                            self._mark_deleted(key, entry, -1, "loaded")  # rec is not loaded yet
+            if dup:  # a second copy may be in the mutable index: the entry's parts meet there
+                for entry in dup & entries:
+                    entry_key = (g.topic, g.ledger_id, entry)
+                    if entry_key not in meet:  # first seen in this segment: none of its parts here filed yet
+                        # None: no part of it in the mutable index, filed as any id (the loaded index's
+                        # rule files it among the parts there: a restore's copies, never moved)
+                        meet[entry_key] = [] if self._mutable.parts(g.ledger_id, entry, g.topic) else None
+                    found = meet[entry_key]
+                    if found is not None:
+                        entries.discard(entry)
+                        found.append((g.bucket_ms, masks.pop(entry, None)))
             whole = entries - BitMap(masks) if masks else entries
-            filled.setdefault(key, BitMap()).update(whole)
             if whole:
                 array = np.frombuffer(whole.to_array(), dtype=np.uint32)
                 wholes.setdefault(g.topic, []).append((g.bucket_ms, g.ledger_id, array))
@@ -1144,33 +1199,33 @@ class SegmentStore:
                 np.concatenate([ids for _, _, ids in runs]),
                 topic=topic,
             )
+        for (topic, ledger_id, entry), found in meet.items():
+            if found is None:
+                continue
+            # Every part of the entry in memory (this segment's, the loaded index's, the mutable
+            # index's) in one index: its rule keeps the earliest copy of each, and drops the messages a
+            # whole entry no later covers — exact where comparing copies one by one was not (the whole
+            # entry's copy taken for due at its earliest message's bucket: whole at 2 dropped beside
+            # message 0 at 0 and a later whole copy at 3). The segment's copies are deleted in it.
+            self._delete_in(rec, (topic, ledger_id), entry, -1)
+            self._move_to_mutable(ledger_id, entry, topic, found)
         rec.loaded = True
 
-    def _resolve_members(
-        self, rec: _Record, g: Group, entry: int, masks: dict[int, int], entries: BitMap
+    def _move_to_mutable(
+        self, ledger_id: int, entry_id: int, topic: str, found: list[tuple[int, int | None]]
     ) -> None:
-        """Second copies of the batch members of ``entry`` that group ``g`` of ``rec`` holds (its mask
-        in ``masks``, updated; the entry leaves ``entries`` when no member is left): per message, the
-        earliest copy wins — one pending in the mutable or the loaded index (or its whole entry) no
-        later than this group's bucket drops this one, a later one goes. Members of the entry that are
-        pending elsewhere are other messages, not copies: they stay (an entry-level
-        match dropped every member of a batch whose other members sat in an earlier segment: 577 of
-        10,000 batched nacks never came back after a restart). O(members × places)."""
-        key = (g.topic, g.ledger_id)
-        for index in batch_indexes(masks[entry]):
-            for place in (self._mutable, self._loaded):
-                other = place.due_of(g.ledger_id, entry, index, g.topic)
-                if other is None:
-                    continue
-                if other <= g.bucket_ms:
-                    masks[entry] &= ~(1 << index)
-                    self._delete_in(rec, key, entry, index)  # trimmed from this file too
-                    break
-                if place.remove(g.ledger_id, entry, index, g.topic) and place is self._loaded:
-                    self._mark_deleted(key, entry, index, "loaded")  # rec is not loaded yet
-        if not masks[entry]:
-            del masks[entry]
-            entries.discard(entry)
+        """(Lock held.) File ``found`` parts of an entry — (bucket, batch mask or None for the whole
+        entry) — and the entry's loaded parts in the mutable index, where the index's rule files them
+        among its own (earliest wins); the loaded copies are deleted in their segments. Moves, not
+        adds (``added`` does not count them). O(the entry's parts)."""
+        parts = self._loaded.parts(ledger_id, entry_id, topic)
+        if parts:
+            self._loaded.remove(ledger_id, entry_id, -1, topic)
+            self._mark_deleted((topic, ledger_id), entry_id, -1, "loaded")
+        for due, mask in parts + found:
+            for index in batch_indexes(mask) if mask is not None else (-1,):
+                self._mutable.add(due, ledger_id, entry_id, index, topic)
+                self._moved += 1
 
     def _retire(self, rec: _Record) -> None:
         """A segment all of whose ids were popped or deleted: forget it; its file (and any it supersedes
