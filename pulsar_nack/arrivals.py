@@ -1005,24 +1005,34 @@ class ArrivalFilter:
                 _release(self._entries)
             return True
 
-    def infer(self, key: Key, size: int, held: int) -> None:
+    def infer(self, key: Key, size: int, held: int, queued: int = 0) -> None:
         """Follow a batched entry of ``size`` messages from a consumer that handed its messages out
         without telling this filter (nothing was tracked then): the application holds the batch indexes in
-        ``held`` (a mask); every other message of it was acked by the application or has not reached it
-        yet (it is still in the receiver queue). Those are marked acked and remembered in
-        :attr:`inferred`: a copy of one is dropped as acked unless :meth:`first_copy` says it is the
-        first. O(1) under the lock."""
+        ``held`` (a mask), and those in ``queued`` are known to be still in the receiver queue (never
+        handed out: any copy of one is handed out, whatever its redelivery count). Of a new record, every
+        other message was acked by the application or has not reached it yet: those are marked acked and
+        remembered in :attr:`inferred` — a copy of one is dropped as acked unless :meth:`first_copy` says
+        it is the first. A followed entry infers nothing more (its other messages were classified when
+        they came, or by :meth:`unwatch_arrivals`); an acked or inferred message in ``queued`` is queued
+        again, one handed out or pending is left as it is. O(1) under the lock."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None:
-                entry = self._entries[key] = _Entry(size, self._since())
-            elif entry.size is None:
-                entry.size = size
+            inferred = self.inferred.get(key, 0)
             full = (1 << size) - 1
+            if entry is None:
+                if not held:
+                    return  # not followed, nothing held: every copy of it is a first delivery anyway
+                entry = self._entries[key] = _Entry(size, self._since())
+                queued &= ~held
+                unknown = full & ~(held | queued)
+            else:
+                if entry.size is None:
+                    entry.size = size
+                queued &= ~(held | entry.out | entry.pending | (entry.acked & ~inferred))
+                unknown = 0
             entry.out |= held
-            unknown = full & ~(entry.out | entry.acked | entry.pending)
-            entry.acked = (entry.acked & ~held) | unknown
-            bits = (self.inferred.get(key, 0) & ~held) | unknown
+            entry.acked = (entry.acked & ~(held | queued)) | unknown
+            bits = (inferred & ~(held | queued)) | unknown
             if bits:
                 self.inferred[key] = bits
             else:

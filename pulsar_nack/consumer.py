@@ -107,6 +107,10 @@ MAX_FAST_HELD = 65_536
 #: How often (admissions) a consumer checks whether it can admit without reading ids again, and whether it
 #: remembers too many unacked messages to go on doing so.
 _FAST_CHECK_EVERY = 1024
+#: The last messages handed out in fast mode that a take-over reads (a ring indexed by number): the receiver
+#: queue is one FIFO, so only the entry those came from can still have messages queued, above the highest
+#: batch index handed out (more than one slot: receiving threads may number messages out of queue order).
+_FAST_RECENT = 16
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
@@ -380,6 +384,7 @@ class NackBridge:
         self.fast = False
         self._fast_held: dict[int, Any] = {}
         self._number = itertools.count().__next__
+        self._fast_recent: list[Any] = [None] * _FAST_RECENT  # number % _FAST_RECENT → _pulsar.Message
         self._fast_check = 0  # admissions until the next check (_check_fast)
         self._taking_over = threading.Lock()
         self.fast_takeovers = 0  # times fast mode ended (a metric: the cost of a take-over is its reads)
@@ -513,6 +518,7 @@ class NackBridge:
             message._pulsar_nack_ids = number
             inner = message._message
             self._fast_held[number] = inner
+            self._fast_recent[number % _FAST_RECENT] = inner
             if not self.fast or not number % _FAST_CHECK_EVERY:
                 self._fast_admitted((number,))
             self.received += 1  # (Java: received.count/.size, what the application gets)
@@ -639,11 +645,11 @@ class NackBridge:
         per run of its messages). O(messages)."""
         if self.fast:
             # nothing can be withheld (as in admit): every message handed out, numbered and remembered
-            held, number = self._fast_held, self._number
+            held, number, recent = self._fast_held, self._number, self._fast_recent
             for message in messages:
                 message._pulsar_nack_by = self
                 message._pulsar_nack_ids = numbered = number()
-                held[numbered] = message._message
+                held[numbered] = recent[numbered % _FAST_RECENT] = message._message
             if not self.fast or len(held) > MAX_FAST_HELD:
                 self._fast_admitted([m._pulsar_nack_ids for m in messages])
             self.count_received(messages)
@@ -748,8 +754,9 @@ class NackBridge:
 
     def _take_over(self) -> None:
         """End fast mode (a nack, a cumulative ack, too many unacked messages): read the ids of the
-        messages the application holds, and tell the filter that it holds them (:meth:`ArrivalFilter.infer
-        <pulsar_nack.arrivals.ArrivalFilter.infer>`: every other message of their entries was acked or
+        messages the application holds and of the last ones handed out, and tell the filter that it holds
+        them (:meth:`ArrivalFilter.infer <pulsar_nack.arrivals.ArrivalFilter.infer>`: the messages of the
+        last ones' entries above them are still queued; every other message of their entries was acked or
         has not come yet). O(messages held), native calls for each."""
         with self._taking_over:
             if not self.fast:
@@ -760,7 +767,9 @@ class NackBridge:
             taken = list(held.items())
             for number, _ in taken:
                 del held[number]
-            self._follow([inner for _, inner in taken])
+            recent = [inner for inner in self._fast_recent if inner is not None]
+            self._fast_recent = [None] * _FAST_RECENT
+            self._follow([inner for _, inner in taken], recent)
 
     def _fast_admitted(self, numbers: Sequence[int]) -> None:
         """After messages were admitted in fast mode: if it ended meanwhile (the take-over may not have
@@ -772,15 +781,22 @@ class NackBridge:
         with self._taking_over:
             held = self._fast_held
             inners = [held.pop(number) for number in numbers if number in held]
-            self._follow(inners)
+            self._follow(inners, inners)  # (numbered before the take-over, admitted after it)
 
-    def _follow(self, inners: Sequence[Any]) -> None:
+    def _follow(self, inners: Sequence[Any], recent: Sequence[Any]) -> None:
         """Tell the filter the application holds these batch messages (taken over from fast mode; lock
-        held). O(messages): their ids, and each entry's batch size once."""
+        held), and which messages of the entries of the ``recent`` ones (the last handed out) are still in
+        the receiver queue: those above the highest batch index handed out. The receiver queue is one FIFO
+        and a batch enters it whole, in batch-index order, so no other entry has messages queued; a
+        message wrongly taken as queued is handed out again if a copy comes (a duplicate), one wrongly
+        taken as acked would be dropped after a reconnect (whose copies come with a redelivery count
+        above 0, the receiver queue dropped: see docs/receive_cost.md). O(messages): their ids, and each
+        entry's batch size once."""
         topic = self._fixed_topic
         assert topic is not None  # (fast mode needs one)
         held: dict[tuple[str, int, int], int] = {}
         sizes: dict[tuple[str, int, int], int] = {}
+        top: dict[tuple[str, int, int], int] = {}  # entry → the highest batch index handed out lately
         for inner in inners:
             message_id = inner.message_id()
             batch_index = message_id.batch_index()
@@ -791,9 +807,26 @@ class NackBridge:
             if mask is None:
                 mask, sizes[key] = 0, batch_size(message_id)
             held[key] = mask | 1 << batch_index
-        for key, mask in held.items():
-            if sizes[key] > 0:
-                self._arrivals.infer(key, sizes[key], mask)
+        for inner in recent:
+            message_id = inner.message_id()
+            batch_index = message_id.batch_index()
+            if batch_index < 0:
+                continue
+            key = (topic, message_id.ledger_id(), message_id.entry_id())
+            if key not in sizes:
+                sizes[key] = batch_size(message_id)
+            if batch_index > top.get(key, -1):
+                top[key] = batch_index
+        for key, size in sizes.items():
+            if size <= 0:
+                continue
+            mask = held.get(key, 0)
+            highest = top.get(key)
+            queued = 0
+            if highest is not None:
+                highest = max(highest, mask.bit_length() - 1)
+                queued = ((1 << size) - 1) & ~((2 << highest) - 1)
+            self._arrivals.infer(key, size, mask, queued)
 
     def _first_copy(self, inner: Any, key: tuple[str, int, int], batch_index: int) -> bool:
         """A copy dropped as acked whose ack was inferred (:meth:`_follow`): the first delivery of the

@@ -221,3 +221,31 @@ def test_unwatch_arrivals_marks_what_was_not_handed_out_and_settles_done_entries
     arrivals.admit(7, 3, 0, "t", 10)
     arrivals.file(int(clock.now) + 10, 7, 3, 0, "t")
     assert not arrivals.nack_free() and not arrivals.unwatch_arrivals()
+
+
+def test_messages_known_queued_at_the_take_over_are_handed_out_whatever_their_copy() -> None:
+    """m0..m4 handed out last (the highest index handed out is 4), m3 held: m5..m9 are still queued, so
+    any copy of one (after a reconnect the receiver queue is gone and the broker's copy may carry a
+    redelivery count above 0) is handed out, once; m0..m2 and m4 are inferred acked. A second take-over
+    of the entry queues inferred messages again, but no message handed out meanwhile."""
+    arrivals, _ = _filter()
+    queued = 0b1111100000
+    arrivals.infer(KEY, 10, 1 << 3, queued)
+    assert arrivals.inferred == {KEY: 0b0000010111}
+    assert {arrivals.admit(7, 1, i, "t", 10) for i in range(5, 10)} == {Verdict.DELIVER}
+    assert arrivals.admit(7, 1, 6, "t", 10) is Verdict.DUPLICATE, "then it is the application's"
+    assert arrivals.admit(7, 1, 1, "t", 10) is Verdict.ACKED
+    arrivals.infer(KEY, 10, 0, 0b1111111110)  # m1, m2, m4 inferred: queued again; m3, m5..m9 out: kept
+    assert arrivals.inferred == {KEY: 0b0000000001}
+    assert arrivals.admit(7, 1, 2, "t", 10) is Verdict.DELIVER
+    assert arrivals.admit(7, 1, 7, "t", 10) is Verdict.DUPLICATE
+
+
+def test_a_followed_entry_infers_nothing_more() -> None:
+    """A message numbered in fast mode but admitted after the take-over (another receiving thread) is
+    followed alone: messages of its entry not seen yet are not inferred acked."""
+    arrivals, _ = _filter()
+    assert arrivals.admit(7, 1, 0, "t", 10) is Verdict.DELIVER
+    arrivals.infer(KEY, 10, 1 << 1)
+    assert arrivals.inferred == {}
+    assert arrivals.admit(7, 1, 2, "t", 10) is Verdict.DELIVER
