@@ -160,3 +160,71 @@ def test_a_reconnect_after_the_first_nack_loses_no_queued_sibling(
         assert wrapper["fast"] is True, ("premise: the wrapper received m0..m4 in fast mode", summary)
         extra = set(wrapper["after"]) - set(official["after"])
         assert not extra, (f"{shape}: handed out by the wrapper only: {sorted(extra)[:10]}", summary)
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_copies_the_broker_sends_while_nothing_is_nacked_are_handed_out_as_the_official_consumer_does(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The behaviour change of fast mode (docs/receive_cost.md): two batches of 10 received, m0..m4 and
+    m10..m14 acked, the rest held, nothing nacked; then the broker sends every unacked entry again —
+    asked by ``redeliver_unacknowledged_messages()``, or after a reconnect (the connections cut). The
+    official consumer hands the acked siblings out again with the held ones; so does the wrapper now (it
+    used to withhold copies of messages acked or held in a partly acked batch): the same messages as the
+    official consumer, and nothing left unacked."""
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    acked = {f"m{i}".encode() for i in (*range(5), *range(10, 15))}
+    with own_broker(kind, request) as broker:
+        clients = {
+            "official": pulsar.Client(broker.service_url, operation_timeout_seconds=30, logger=logger),
+            "wrapper": Client(broker.service_url, operation_timeout_seconds=30, logger=logger),
+        }
+        runs: dict[tuple[str, str], dict[str, Any]] = {}
+        for trigger in ("redeliver", "cut"):
+            for name, client in clients.items():
+                topic = f"persistent://public/default/copies-{trigger}-{name}-{uuid.uuid4().hex[:8]}"
+                consumer = client.subscribe(topic, SUB, consumer_type=pulsar.ConsumerType.Shared)
+                produce_bursts(client, topic, 20, batch_size=10)
+                first = receive_all(consumer, 20)
+                held = [m for m in first if m.data() not in acked]
+                for message in first:
+                    if message.data() in acked:
+                        consumer.acknowledge(message)
+                fast = getattr(getattr(consumer, "_nacks", None), "fast", None)
+                runs[name, trigger] = {"topic": topic, "consumer": consumer, "held": held, "fast": fast}
+            time.sleep(0.6)  # the acks reach the broker (grouped for 100 ms)
+            if trigger == "redeliver":
+                for name in clients:
+                    runs[name, trigger]["consumer"].redeliver_unacknowledged_messages()
+            else:
+                assert _cut_connections(int(broker.service_url.rsplit(":", 1)[1])) >= 2, "premise: cut"
+            for name in clients:
+                run = runs[name, trigger]
+                again: Counter[bytes] = Counter()
+                deadline = time.monotonic() + 30
+                while time.monotonic() < deadline:
+                    try:
+                        message = run["consumer"].receive(2_000)
+                    except pulsar.Timeout:
+                        break
+                    again[message.data()] += 1
+                    run["consumer"].acknowledge(message)
+                for message in run["held"]:
+                    run["consumer"].acknowledge(message)
+                run["again"] = again
+                run["consumer"].close()
+                run["leftover"] = leftover(clients[name], run["topic"], SUB)
+        for client in clients.values():
+            client.close()
+    summary = {
+        key: (run["fast"], dict(sorted(run["again"].items())), run["leftover"]) for key, run in runs.items()
+    }
+    for trigger in ("redeliver", "cut"):
+        official, wrapper = runs["official", trigger], runs["wrapper", trigger]
+        assert wrapper["fast"] is True, ("premise: the wrapper in fast mode", summary)
+        assert set(official["again"]) & acked, (
+            "premise: the official consumer hands acked ones out",
+            summary,
+        )
+        assert set(wrapper["again"]) == set(official["again"]), (trigger, summary)
+        assert wrapper["leftover"] == [] and official["leftover"] == [], (trigger, summary)
