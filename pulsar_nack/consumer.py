@@ -1072,6 +1072,7 @@ class NackBridge:
         self.tracker.clear()
         self.hold.clear()
         self._fast_held.clear()
+        self._fast_recent = [None] * _FAST_RECENT
 
     def keep_copies(self) -> None:
         """This consumer hands kept copies out (receive, a listener's HeldDelivery, the asyncio receive):
@@ -1086,6 +1087,7 @@ class NackBridge:
         so do held chunked messages (the broker still has them unacked: they come back whole). Copies kept
         for pending nacks are pending again: their new copies are held until due."""
         self._fast_held.clear()  # (the application's copies come again, numbered again)
+        self._fast_recent = [None] * _FAST_RECENT  # (the last handed out come again: no longer the last)
         copies = self.hold.drain_copies()
         self.hold.clear()
         for key, due in copies:  # kept copies of pending nacks: pending again, held when they come again
@@ -1102,6 +1104,7 @@ class NackBridge:
         self.hold.clear()  # unacked at the broker: it redelivers them when the consumer goes
         self.fast = False
         self._fast_held.clear()
+        self._fast_recent = [None] * _FAST_RECENT
         if self.delivery is not None:
             self.delivery.stop()
         if self.tracker.closed:
