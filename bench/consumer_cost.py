@@ -108,6 +108,41 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _lost(consumer: Any, acked: bytearray, nacked_ids: dict[int, tuple[int, int, int]]) -> dict[str, Any]:
+    """On a timeout: the nacked payloads that never came back, and where the wrapper has each — kept in
+    memory (``held``), pending in its index, in flight (forwarded, no copy handed out yet), handed out
+    (``out``: the filter takes a copy for the application's), or none of these — with its counters.
+    Diagnostic only: reads the wrapper's internals."""
+    lost = sorted(i for i in nacked_ids if not acked[i])
+    found: dict[str, Any] = {"count": len(lost), "payloads": lost[:50]}
+    nacks = getattr(consumer, "_nacks", None)
+    if nacks is None or not lost:
+        return found
+    arrivals, topic = nacks.tracker.arrivals, nacks._fixed_topic
+    states = dict.fromkeys(("held", "pending", "in_flight", "out", "none"), 0)
+    for i in lost:
+        ledger_id, entry_id, batch_index = nacked_ids[i]
+        entry = arrivals._entries.get((topic, ledger_id, entry_id))
+        if (topic, ledger_id, entry_id, batch_index) in nacks.hold.held:
+            state = "held"
+        elif nacks.tracker.index.due_of(ledger_id, entry_id, batch_index, topic) is not None:
+            state = "pending"
+        elif entry is not None and batch_index in (entry.flights or ()):
+            state = "in_flight"
+        elif entry is not None and entry.out >> batch_index & 1:
+            state = "out"
+        else:
+            state = "none"
+        states[state] += 1
+    stats = consumer.nack_stats()
+    found["states"] = states
+    found["nack_stats"] = {
+        name: getattr(stats, name)
+        for name in ("pending", "forwarded", "redelivered", "reforwarded", "abandoned", "chunked_held")
+    }
+    return found
+
+
 def consume(spec: dict[str, Any]) -> dict[str, Any]:
     """Drain ``spec['messages']`` messages with one consumer kind in one mode; returns the figures.
 
@@ -118,6 +153,7 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     wrapper = kind == "wrapper"
     acked = bytearray(count)
     nacked = bytearray(count)
+    nacked_ids: dict[int, tuple[int, int, int]] = {}  # payload -> (ledger, entry, batch index): see _lost
     left = count
     duplicates = nacks = handled = 0
     started = False
@@ -136,6 +172,9 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
         if nack_every and not i % nack_every and not nacked[i]:
             nacked[i] = 1
             nacks += 1
+            if spec.get("diagnose"):
+                mid = message.message_id()
+                nacked_ids[i] = (mid.ledger_id(), mid.entry_id(), mid.batch_index())
             if wrapper:
                 consumer.negative_acknowledge(message, delay_ms=0)
             else:
@@ -173,7 +212,13 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
 
     def watchdog() -> None:
         if not done.wait(spec["timeout_s"]):
-            print(json.dumps({**figures(), "error": f"timeout after {spec['timeout_s']} s"}), flush=True)
+            failed = {**figures(), "error": f"timeout after {spec['timeout_s']} s"}
+            if spec.get("diagnose"):
+                try:
+                    failed["lost"] = _lost(consumer, acked, nacked_ids)
+                except Exception as error:  # a diagnostic must not hide the timeout
+                    failed["lost"] = repr(error)
+            print(json.dumps(failed), flush=True)
             os._exit(3)
 
     threading.Thread(target=watchdog, daemon=True).start()
@@ -182,6 +227,7 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     if not pulsar_nack.__file__.startswith(spec["wrapper_path"]):
         raise RuntimeError(f"imported {pulsar_nack.__file__}, not the snapshot in {spec['wrapper_path']}")
     client = report.client(kind, spec["service_url"])
+    consumer: Any = None
     args = _subscribe_args(mode)
     if mode == "listener":
         args["message_listener"] = handle
@@ -351,7 +397,12 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
     client = pulsar.Client(
         service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     )
-    base = {"service_url": service_url, "timeout_s": args.timeout, "wrapper_path": args.wrapper_path}
+    base = {
+        "service_url": service_url,
+        "timeout_s": args.timeout,
+        "wrapper_path": args.wrapper_path,
+        "diagnose": args.diagnose,
+    }
     try:
         # warm-up, not recorded: the broker's caches, JIT (Apache Pulsar) and the page cache
         for batch in (1, 100):
@@ -674,6 +725,12 @@ def main(argv: list[str]) -> int:
         default="HEAD",
         help="git revision of pulsar_nack to measure, or 'worktree' (default HEAD)",
     )
+    parser.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="a run that times out records which nacked messages never came back and where the wrapper "
+        "has them (held, pending, in flight, handed out; 'lost' in the JSON); reads each nacked id",
+    )
     parser.add_argument("--consume", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.consume:
@@ -727,6 +784,7 @@ def run(args: argparse.Namespace, argv: list[str], wrapper: dict[str, Any]) -> d
             "goals": GOALS,
             "quiet_cores": QUIET_CORES,
             "quiet_wait_s": args.quiet_wait,
+            "diagnose": args.diagnose,
             "command_options": "".join(f" {a}" for a in argv),
         },
         "brokers": {},

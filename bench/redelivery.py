@@ -219,6 +219,12 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             consumer.negative_acknowledge(message)
     elapsed = time.monotonic() - started
     stats = None if official else consumer.nack_stats()
+    # the lateness estimator's bytes (its histogram, the buckets' offsets and the sample of due times):
+    # fixed, whatever the pending nacks
+    estimator = None
+    if not official:
+        arrivals = consumer._nacks.tracker.arrivals  # (no public getter: a bench's look inside)
+        estimator = arrivals.lateness.nbytes + arrivals.dues.nbytes
     # Messages the application still waited for: (index, hand-outs so far, ms past their due time or None
     # when never nacked) — what a lost message looked like, for the report.
     end_ms = time.monotonic() * 1000.0
@@ -267,6 +273,7 @@ def run(broker: Any, mode: str, messages: int, timeout_s: float, workload: str =
             reported_p50_app_rank=_rank(lateness, stats.lateness_p50_ms),
             reported_p99_app_rank=_rank(lateness, stats.lateness_p99_ms),
             reported_samples=stats.lateness_samples,
+            lateness_estimator_bytes=estimator,
             held_redelivered=stats.chunked_redelivered,
             pending_at_end=stats.pending,
             reforwarded=stats.reforwarded,
@@ -489,7 +496,11 @@ def render(saved: dict[str, Any]) -> str:
             "time from its bucket time to its arrival (each forward labels its ids with their bucket "
             "time) plus the offset of one of its own bucket's nacks, taken in the order they were filed "
             "(a bucket's forwarded copies come in about that order; a copy the consumer kept takes any "
-            "of the bucket's), each nack's offset once (a sampled one's leaves the bucket's). No weights. "
+            "of the bucket's): in a segment of a bucket's nacks whose offsets fell as they were filed (one "
+            "fixed delay) the one filed first of those left, else one drawn evenly over the segment; each "
+            "nack's offset once (a sampled one's leaves the bucket's). No weights. Its size (estimator, "
+            "`nbytes` of the histogram, the buckets' offsets and the sample) is fixed, whatever the "
+            "pending nacks. "
             "Forwards per due bucket: one forward per due bucket *per entry* is the goal. A forward's "
             "bucket is the latest due bucket among the messages it took (the application's own due "
             "times), its timer lateness its time minus that bucket, less the run's median of that (a "
@@ -517,10 +528,11 @@ def _lateness(w: dict[str, Any], _: dict[str, Any]) -> str:
             f" (the app's {100 * w['reported_p50_app_rank']:.1f}th / "
             f"{100 * w['reported_p99_app_rank']:.1f}th percentile)"
         )
+    size = w.get("lateness_estimator_bytes")
     return (
         f"app {_ms(w['lateness_p50_ms'])} / {_ms(w['lateness_p99_ms'])}, "
         f"nack_stats {_ms(w.get('reported_p50_ms'))} / {_ms(w.get('reported_p99_ms'))}{ranks}; "
-        f"early share {w.get('reported_early_share')}"
+        f"early share {w.get('reported_early_share')}" + ("" if size is None else f"; estimator {size:,} B")
     )
 
 

@@ -575,7 +575,8 @@ def render(payload: dict[str, Any]) -> None:
             "",
             "Restore from a local directory (fresh process each; the default memory bound: segments due "
             "within 60 s loaded up to 1M ids, the rest kept as per-ledger membership bitmaps), s. The "
-            "tracker's includes teaching the arrival filter every id (one bitmap OR per ledger). Peak = RSS "
+            "tracker's includes teaching the arrival filter every id (one bitmap update per ledger, the "
+            "ledgers numbered together). Peak = RSS "
             "high-water mark over the restore minus RSS before; retained = heap in use after minus before "
             "(memory.heap_in_use): what the restored consumer holds. Goals (issue 12): 10M ids in ≤ 1 s, "
             "peak ≤ 2× retained; ≤ 1 B per id on disk dense, ≤ 4 B sparse"

@@ -53,6 +53,7 @@ from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import DueIds, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
+from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import python_bytes
 
 __all__ = [
@@ -314,7 +315,8 @@ class ArrivalFilter:
     record — the state of PIP-393's use case, one nack in a batch whose other messages are acked.
     ``add`` and ``remove`` are the index's: :meth:`file` files a nack and :meth:`acked` removes one under
     the filter's lock, so that no ack, nack or arrival of the message sees the filter and the index
-    disagree (lock order: this filter's lock, then the index's).
+    disagree (lock order: this filter's lock, then the index's). ``ledgers``: the tracker's numbering of
+    ledgers, shared with its index (the filter's own if None).
     """
 
     def __init__(
@@ -329,6 +331,7 @@ class ArrivalFilter:
         linger_ms: float = 30_000.0,
         max_reforwards: int = 3,
         lateness_window: int = 4096,
+        ledgers: LedgerRegistry | None = None,
     ) -> None:
         self._reschedule = reschedule
         self._clock = clock
@@ -348,7 +351,7 @@ class ArrivalFilter:
         # or recently handed out for a forward (in `_flights` or `_recent`) — an arrival or an ack of an
         # entry in neither _PENDING nor _WATCH is a plain one, decided with one dict and two bitmap
         # lookups (the per-message path while anything else is tracked).
-        self._sets = EntrySets(_SETS)
+        self._sets = EntrySets(_SETS, ledgers)
         self._recent = _Recent(self._sets, clock())  # non-batched messages recently handed out for a forward
         # one record per forward call, in order: (at, topic, ledger id, entry ids)
         # (one entry id: an int — 1 id per ledger and forward is the sparse case: the record ~120 B, where
@@ -466,25 +469,30 @@ class ArrivalFilter:
         entry = self._entries.get(key)
         sets = self._sets
         layout = sets.layout
-        base = layout.bases.get((topic, ledger_id)) if layout.bases else None
+        bitmaps = layout.bitmaps
+        pending_set, quiet_set = bitmaps[_PENDING], bitmaps[_QUIET]
         whole_pending = False  # the whole (non-batched) entry pending: never on a batched topic
         code = 0
-        if base is not None:
-            code = base | entry_id << layout.low
-            bitmaps = layout.bitmaps
-            pending_set, quiet_set = bitmaps[_PENDING], bitmaps[_QUIET]
+        # A batch message needs the entry's code only to test the pending and quiet sets: with both
+        # empty (a batched topic with no quiet entry) the ledger's ordinal is not looked up (~0.2 µs).
+        ordinals = layout.ordinals if batch_index < 0 or pending_set or quiet_set else None
+        ordinal = ordinals.get((topic, ledger_id) if topic else ledger_id) if ordinals else None
+        if ordinal is not None:  # (the ledger's ordinal: a structure holds it, maybe not the sets)
+            code = (ordinal >> layout.low) << layout.shift | entry_id << layout.low | ordinal & layout.mask
             if entry is None and quiet_set and code in quiet_set:  # (an empty set answers faster)
                 entry = self._expand(key, 0)
-                base = None  # (its ledger's number may have gone with the bit)
+                ordinal = None  # (its ledger's number may have gone with the bit)
             whole_pending = code in pending_set
         if batch_index < 0:  # fresh: no part of the entry pending (else the index merges)
             fresh = not whole_pending and (entry is None or not entry.pending)
             if whole_pending:
                 pass
-            elif base is None:
+            elif ordinal is None:
                 sets.add(_PENDING, (topic, ledger_id), entry_id)
-            else:  # EntrySets.add inlined (the nack path)
+            elif ordinal in sets.held_ordinals:  # EntrySets.add inlined (the nack path)
                 pending_set.add(code)
+            else:
+                sets.add(_PENDING, (topic, ledger_id), entry_id)
             return fresh
         if entry is None:
             entry = self._entries[key] = _Entry(None, self._since())
@@ -506,11 +514,39 @@ class ArrivalFilter:
         # fresh: neither this message nor its whole entry pending (other messages of it may be)
         return not whole_pending and not pending & bit
 
-    def pending_entries(self, ledger_id: int, entry_ids: BitMap, topic: str) -> None:
-        """:meth:`pending` for many whole (non-batched) entries of one ledger at once — a restored
-        snapshot's, taught to a filter that follows none of them yet. O(1) Python work (one bitmap OR)."""
+    def pending_entries(self, entries: Mapping[tuple[str, int], BitMap]) -> None:
+        """:meth:`pending` for many whole (non-batched) entries, ``(topic, ledger id)`` → entry ids — a
+        restored snapshot's, taught to a filter that follows none of them yet. One bitmap update a ledger
+        (the new ledgers numbered together: :meth:`EntrySets.update`). O(entries) numpy."""
         with self._lock:
-            self._sets.update(_PENDING, (topic, ledger_id), entry_ids)
+            self._sets.update(_PENDING, entries)
+
+    def pending_members(self, members: Mapping[Key, int]) -> None:
+        """:meth:`pending` for batch messages of many entries, ``(topic, ledger id, entry id)`` → the mask
+        of their batch indexes — a restored snapshot's partially pending batches: the state :meth:`pending`
+        leaves called for each of them (an acked message left out, an entry whose every message is then
+        acked or pending kept as one bit), one lock round-trip and one record update an entry.
+        O(entries)."""
+        entries = self._entries
+        with self._lock:
+            for key, mask in members.items():
+                if mask <= 0:
+                    continue
+                entry = entries.get(key)
+                if entry is None and self._is_quiet(*key):
+                    entry = self._expand(key, 0)
+                if entry is None:
+                    entry = entries[key] = _Entry(None, self._since())
+                acked = entry.acked
+                bits = mask & ~acked
+                if not bits:
+                    continue
+                entry.pending = now_pending = entry.pending | bits
+                entry.out |= bits
+                size = entry.size  # quiet: as _record tests it
+                maybe_quiet = acked < 0 or (size is not None and (now_pending | acked).bit_length() >= size)
+                if maybe_quiet and self._pending_mask is not None and entry.quiet:
+                    self._make_quiet(key)
 
     def _unrecord(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """Undo :meth:`_record` (lock held; the index rejected the id). O(1)."""
@@ -860,12 +896,12 @@ class ArrivalFilter:
         neither when it was read (a nack filed meanwhile is filed after this arrival, as with the lock)."""
         ledger = (topic, ledger_id)
         layout = self._sets.layout
-        base = layout.bases.get(ledger)
-        if base is None:
+        ordinal = layout.ordinals.get(ledger if topic else ledger_id)
+        if ordinal is None:
             return _DELIVER  # a first delivery (the common case: no lock, no call)
         bitmaps = layout.bitmaps
         pending_set, watch_set = bitmaps[_PENDING], bitmaps[_WATCH]
-        code = base | entry_id << layout.low
+        code = (ordinal >> layout.low) << layout.shift | entry_id << layout.low | ordinal & layout.mask
         if code not in pending_set and (not watch_set or code not in watch_set):
             return _DELIVER
         lock = self._lock
@@ -1101,6 +1137,14 @@ class ArrivalFilter:
                 entry.last_forward = self._clock()  # (as in take_pending_message)
             self._kept += 1
             return copy
+
+    def put_back(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, copy: Any) -> bool:
+        """Undo :meth:`take_parked` (the nack that took ``copy`` is filed after all): the copy is parked
+        again and not counted as kept. False if the application acked the message meanwhile (the caller
+        acks the copy now), as :meth:`park`. O(1)."""
+        with self._lock:
+            self._kept -= 1
+        return self.park(ledger_id, entry_id, batch_index, topic, copy)
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int, topic: str
@@ -1362,12 +1406,12 @@ class ArrivalFilter:
         :meth:`admit_entry`, unless the message is pending, in flight or was recently redelivered."""
         ledger = (topic, ledger_id)
         layout = self._sets.layout
-        base = layout.bases.get(ledger)
-        if base is None:
+        ordinal = layout.ordinals.get(ledger if topic else ledger_id)
+        if ordinal is None:
             return False  # nothing to record: an ack of a message tracked in no way
         bitmaps = layout.bitmaps
         pending_set, watch_set = bitmaps[_PENDING], bitmaps[_WATCH]
-        code = base | entry_id << layout.low
+        code = (ordinal >> layout.low) << layout.shift | entry_id << layout.low | ordinal & layout.mask
         if code not in pending_set and (not watch_set or code not in watch_set):
             return False
         lock = self._lock
@@ -1425,11 +1469,11 @@ class ArrivalFilter:
     def _is_quiet(self, topic: str, ledger_id: int, entry_id: int) -> bool:
         """Whether a batched entry is kept as one bit. O(1): one attribute read when nothing is kept."""
         layout = self._sets.layout
-        bases = layout.bases
-        if not bases:
+        quiet = layout.bitmaps[_QUIET]
+        if not quiet:
             return False
-        base = bases.get((topic, ledger_id))
-        return base is not None and base | entry_id << layout.low in layout.bitmaps[_QUIET]
+        code = layout.code((topic, ledger_id), entry_id)
+        return code is not None and code in quiet
 
     def _make_quiet(self, key: Key) -> None:
         """Keep an entry whose messages are all acked or pending as one bit (lock held); not one with
@@ -1469,8 +1513,9 @@ class ArrivalFilter:
         again: list[tuple[float, int, int, int, str]] = []
         with self._lock:
             dropped = self._recent.rotate(now, self.linger_ms / 2)
-            if dropped:
+            if dropped is not None:
                 self._unwatch(dropped)
+                self._sets.tidy()  # (rotate emptied sets in place: all empty, the ledgers go back)
             if dropped is not None and self.inferred:  # those of entries settled: while they are settled
                 recent = self._recent
                 for key in [k for k in self.inferred if k not in self._entries]:
@@ -1559,6 +1604,7 @@ class ArrivalFilter:
                 entry.out = entry.acked | entry.pending
                 entry.parked = None
             self._unwatch(self._recent.forget_unacked())
+            self._sets.tidy()
 
     def clear(self) -> None:
         """Forget everything (seek, close)."""

@@ -40,6 +40,7 @@ from pulsar_nack.chunks import (
     DeadLetters,
     HeldDelivery,
     HeldMessage,
+    Key,
 )
 from pulsar_nack.delay_limit import (
     DelayLimitedProducer,
@@ -360,6 +361,11 @@ class NackBridge:
         self.hold.on_handout = self._arrivals.held_out  # a kept copy's lateness counts in nack_stats()
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = False
+        # The synchronous receive() calls waiting in the native receive now (a token each: added before the
+        # wait, removed after). A thread blocked there cannot see the hold, so a nack from another thread
+        # keeps nothing in memory while one waits: it is filed, and the broker's redelivery wakes the wait
+        # (:meth:`_held_unseen`). A dict of tokens, not a counter: `+=` from two threads may lose a step.
+        self.waiting: dict[object, None] = {}
         self.delivery: HeldDelivery | None = None  # a message_listener's: stopped by close()
         self._chunk_firsts: dict[tuple[str, int, int], int] = {}
         # A dead member's snapshot being adopted (pulsar_nack.snapshot.takeover): arrivals wait for it.
@@ -460,9 +466,10 @@ class NackBridge:
         ledger_id, entry_id, _, topic = ids
         key = (topic, ledger_id, entry_id)
         holdable = inner is not None and isinstance(message, pulsar.Message) and not self.tracker.closed
-        if self.holding and holdable:
+        if self.holding and holdable and not self.waiting:
             due = self.tracker.now() + delay
-            if self.hold.hold(key, message, due, message.redelivery_count() + 1, inner.length()):
+            held = self.hold.hold(key, message, due, message.redelivery_count() + 1, inner.length())
+            if held and not self._held_unseen(key):  # (else filed at the broker: a receive waits)
                 return True
         self.hold.count("native")
         if first[0] != ledger_id:  # chunks across a ledger roll-over: the entries in between are unknown
@@ -866,7 +873,10 @@ class NackBridge:
         if hold.held_bytes + size > hold.max_bytes or self.tracker.closed:
             return False
         ledger_id, entry_id, batch_index, topic = ids
-        copy = self._arrivals.take_parked(ledger_id, entry_id, batch_index, topic)
+        if self.waiting:  # a receive() waits in the native receive: it would not see the copy
+            return False
+        arrivals = self._arrivals
+        copy = arrivals.take_parked(ledger_id, entry_id, batch_index, topic)
         if copy is None:
             return False
         kept = _MESSAGE()
@@ -875,7 +885,26 @@ class NackBridge:
         due = self.tracker.now() + delay
         key = (topic, ledger_id, entry_id, batch_index)
         # its exact due time is known: its lateness counts as it is
-        return hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=(due, True))
+        if not hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=(due, True)):
+            return False
+        if not self._held_unseen(key):
+            return True
+        if not arrivals.put_back(ledger_id, entry_id, batch_index, topic, copy):
+            self._native.acknowledge(copy)  # acked meanwhile: the copy goes with it (as admit's park)
+        return False
+
+    def _held_unseen(self, key: Key) -> bool:
+        """After the nack path put ``key`` in the hold: whether a ``receive()`` waits in the native receive
+        (it would not see the message until the broker sends another, maybe never); then the message leaves
+        the hold again (True: the caller files the nack instead). False if none waits, or if the message
+        was handed out or acked meanwhile.
+
+        Publish then check, on both sides: the nack puts the message in the hold, then reads
+        :attr:`waiting`; ``receive()`` adds its token to :attr:`waiting`, then reads the hold, then waits.
+        Each step is one dict operation, which the GIL runs whole and in order, so whichever thread runs its
+        second step later sees the other's first: either the receive sees the message (and hands it out
+        when due) or the nack sees the receive (and files the nack, whose redelivery wakes it). O(1)."""
+        return bool(self.waiting) and self.hold.discard(key)
 
     def _keep_sibling(
         self, message: pulsar.Message, ledger_id: int, entry_id: int, batch_index: int, topic: str
@@ -1168,50 +1197,85 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
         ``timeout_millis`` bounds the whole call, as the official one's does; 0 returns a message already
         queued (or raises ``pulsar.Timeout``), as the official call does.
+
+        A copy that an arrival leaves in the hold (a batch sibling kept until its nack is due) is handed
+        out by this call when due: once an arrival is not admitted and something is held, the call goes on
+        waiting no longer than until the next held message is due (:meth:`_receive_holding`). It used to
+        go back to the native receive, which without a timeout waits for the broker's next message — after
+        the last one, for ever, and the kept copies were never handed out.
+
+        While it waits in the native receive, the call is listed in ``waiting``: a nack from another
+        thread then files the nack instead of keeping a copy in memory that this wait would not see
+        (:meth:`NackBridge._held_unseen`).
         """
-        if self._nacks.held:
-            return self._receive_holding(timeout_millis)
-        admit = self._nacks.admit
+        nacks = self._nacks
+        held = nacks.held  # the dict itself: `if held` costs no call per message
+        waiting = nacks.waiting
+        admit = nacks.admit
         if timeout_millis is None:
             # The official receive's own work, inlined (its frame costs ~0.1 µs a message): the native
             # receive, wrapped in a pulsar.Message with the consumer's schema.
             receive, schema = self._consumer.receive, self._schema
             while True:
                 message = _MESSAGE()
-                message._message = receive()
+                waiting[message] = None  # listed first, then the hold read (NackBridge._held_unseen)
+                if held:  # kept (by an arrival or a nack) before this wait: hand it out when due
+                    del waiting[message]
+                    return self._receive_holding(None)
+                try:
+                    message._message = receive()
+                finally:
+                    del waiting[message]
                 message._schema = schema
                 if admit(message):
                     return message
-        deadline = time.monotonic() + timeout_millis / 1000.0
-        message = super().receive(timeout_millis)  # checks the argument as the official call does
-        while not admit(message):
-            # What is left of the timeout, rounded up: a message already queued is still returned.
-            message = super().receive(max(0, math.ceil((deadline - time.monotonic()) * 1000.0)))
-        return message
+        token = object()
+        waiting[token] = None  # (as above)
+        try:
+            if held:
+                return self._receive_holding(timeout_millis)
+            deadline = time.monotonic() + timeout_millis / 1000.0
+            message = super().receive(timeout_millis)  # checks the argument as the official call does
+            while not admit(message):
+                # What is left of the timeout, rounded up: a message already queued is still returned.
+                left_ms = max(0, math.ceil((deadline - time.monotonic()) * 1000.0))
+                if held:  # the arrival was kept (or another was meanwhile): hand it out when due
+                    return self._receive_holding(left_ms)
+                message = super().receive(left_ms)
+            return message
+        finally:
+            del waiting[token]
 
     def _receive_holding(self, timeout_millis: int | None) -> pulsar.Message:
         """``receive`` while nacked chunked messages are held: a held one when due, else the broker's next
         message; waits on the native ``receive`` no longer than until the next held one is due."""
         nacks = self._nacks
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
-        while True:
-            held = self._due_held()
-            if held is not None:
-                return held
-            wait = nacks.hold.wait_ms(nacks.tracker.now())
-            left_s = None if deadline is None else deadline - time.monotonic()
-            remaining = None if left_s is None else max(0, math.ceil(left_s * 1000.0))
-            if wait is None:  # nothing held any more: a plain receive for what is left of the timeout
-                return self.receive(remaining)
-            wait_ms = math.ceil(wait) if remaining is None else min(math.ceil(wait), remaining)
-            try:
-                message = super().receive(wait_ms)
-            except pulsar.Timeout:
-                if remaining is not None and wait_ms >= remaining:
-                    raise
-                continue
-            if nacks.admit(message):
-                return message
+        # Listed before it reads the hold (see receive): a nack meanwhile files rather than keep a copy
+        # due before a wait here would end.
+        token = object()
+        nacks.waiting[token] = None
+        try:
+            while True:
+                held = self._due_held()
+                if held is not None:
+                    return held
+                wait = nacks.hold.wait_ms(nacks.tracker.now())
+                left_s = None if deadline is None else deadline - time.monotonic()
+                remaining = None if left_s is None else max(0, math.ceil(left_s * 1000.0))
+                if wait is None:  # nothing held any more: a plain receive for what is left of the timeout
+                    return self.receive(remaining)
+                wait_ms = math.ceil(wait) if remaining is None else min(math.ceil(wait), remaining)
+                try:
+                    message = super().receive(wait_ms)
+                except pulsar.Timeout:
+                    if remaining is not None and wait_ms >= remaining:
+                        raise
+                    continue
+                if nacks.admit(message):
+                    return message
+        finally:
+            del nacks.waiting[token]
 
     def _due_held(self) -> pulsar.Message | None:
         """The next held chunked message that is due, as a :class:`~pulsar_nack.chunks.HeldMessage`; one
@@ -1244,7 +1308,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
     def batch_receive(self) -> list[pulsar.Message]:
         """Like ``pulsar.Consumer.batch_receive``, without messages that must not reach the application;
-        held chunked messages that are due come first, alone."""
+        held chunked messages that are due come first, alone. One held while this call waits in the native
+        ``batch_receive`` (a nack from another thread) comes with the next call: up to one
+        ``batch_receive_policy`` timeout late, as the native call returns by then."""
         if self._nacks.held:
             due: list[pulsar.Message] = []
             while (held := self._due_held()) is not None:

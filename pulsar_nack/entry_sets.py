@@ -8,30 +8,35 @@ container: 5 B a value at 1,000 ledgers of 100 values, 25 B at 10). Here every s
 its low ``low`` bits moved below the entry id — ``(ordinal >> low) << (32 + low) | entry_id << low |
 ordinal & (2**low - 1)`` — so that the entries of up to 2**low ledgers share a Roaring container (as the
 index's shared bitmaps do; ``low`` is the bits that number the ledgers, at most :data:`MAX_LOW_BITS`):
-~2 B a value at 1,000 ledgers of 100 values, ~3.5 B at 10, plus ~150 B a ledger for its ordinal.
+~2 B a value at 1,000 ledgers of 100 values, ~3.5 B at 10. The ordinals are the tracker's
+:class:`~pulsar_nack.ledgers.LedgerRegistry`'s, shared with the index's packed store: the sets add ~2 B a
+ledger of their own (a bit in a bitmap of the ordinals they hold), where a numbering of their own cost
+~150 B a ledger.
 
-Ordinals of ledgers none of the sets holds an entry of are collected and reused when a new ledger needs
-one and twice as many ledgers are numbered as held at the last collection (a pass over the values,
-O(values) numpy, amortized over the ledgers numbered since; no count per value, which cost the nack path
-~0.2 µs): ordinals stay below about twice the most ledgers held at once (+16), and nothing grows with run
-time. ``low`` grows with them (the bitmaps are then re-coded: O(values), at most :data:`MAX_LOW_BITS`
-times between two :meth:`EntrySets.clear`).
+The sets hold a ledger in the registry from the first value of it until a *sweep* finds none: when a new
+ledger comes and twice as many ledgers are held as at the last sweep (a pass over the values, O(values)
+numpy, amortized over the ledgers held since; no count per value, which cost the nack path ~0.2 µs), and
+whenever every set is empty (O(1) to see, checked on each removal) — so a drained consumer holds none,
+and nothing grows with run time. ``low`` follows the registry's ordinals (the bitmaps are then re-coded:
+O(values), at most :data:`MAX_LOW_BITS` times until the sets empty).
 
-Lookups without a lock: :attr:`EntrySets.layout` (the numbering, its ``low`` and the bitmaps) is replaced
-as a whole when re-coded, never changed in place but for the bitmaps' values: read it once, then look up
-(:meth:`Layout.code`). Changes need the caller's lock. Entry ids must be below 2**32 (as in a 32-bit
-bitmap). All operations O(1) but :meth:`EntrySets.ids` and :meth:`EntrySets.ledgers` (O(values)).
+Lookups without a lock: :attr:`EntrySets.layout` (``low`` and the bitmaps; the registry's key → ordinal
+dict, itself read without a lock) is replaced as a whole when re-coded, never changed in place but for
+the bitmaps' values: read it once, then look up (:meth:`Layout.code`). Changes need the caller's lock.
+Entry ids must be below 2**32 (as in a 32-bit bitmap). All operations O(1) but :meth:`EntrySets.ids` and
+:meth:`EntrySets.ledgers` (O(values)).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 from pyroaring import BitMap, BitMap64
 
-from pulsar_nack.memory import python_bytes, shared_bitmap64_heap_bytes
+from pulsar_nack.ledgers import LedgerRegistry
+from pulsar_nack.memory import bitmap_heap_bytes, python_bytes, shared_bitmap64_heap_bytes
 
 __all__ = ["MAX_LOW_BITS", "EntrySets", "Layout", "LedgerKey"]
 
@@ -42,51 +47,53 @@ LedgerKey = tuple[str, int]  # (topic, ledger id)
 MAX_LOW_BITS = 12
 _ENTRY_BITS = 32
 _ENTRY_MASK = (1 << _ENTRY_BITS) - 1
-#: Ledgers numbered before the first collection of unheld ordinals (then twice those held after one).
+#: Ledgers held before the first sweep of unheld ones (then twice those held after one).
 _COLLECT_MIN = 16
 
 
 class Layout:
-    """One numbering of the ledgers: ``bases`` (ledger → its code with entry id 0), ``low``, and the
-    sets' bitmaps. Replaced whole when re-coded (see the module)."""
+    """One coding of the sets: ``low``, the registry's ``ordinals`` (key → ordinal, see
+    :func:`~pulsar_nack.ledgers.ledger_key`), and the sets' bitmaps. Replaced whole when re-coded."""
 
-    __slots__ = ("bases", "bitmaps", "low", "mask", "shift")
+    __slots__ = ("bitmaps", "low", "mask", "ordinals", "shift")
 
-    def __init__(self, low: int, count: int) -> None:
+    def __init__(self, low: int, count: int, ordinals: dict[int | tuple[str, int], int]) -> None:
         self.low = low
         self.shift = _ENTRY_BITS + low  # a code's bits above the entry id: the ordinal's high bits
         self.mask = (1 << low) - 1  # a code's bits below the entry id: the ordinal's low bits
-        self.bases: dict[LedgerKey, int] = {}
+        self.ordinals = ordinals
         self.bitmaps: tuple[BitMap64, ...] = tuple(BitMap64() for _ in range(count))
 
     def base(self, ordinal: int) -> int:
-        low = self.low
-        return (ordinal >> low) << (_ENTRY_BITS + low) | ordinal & ((1 << low) - 1)
+        """The code of the ledger's entry 0. O(1)."""
+        return (ordinal >> self.low) << self.shift | ordinal & self.mask
 
     def ordinal(self, base: int) -> int:
         return (base >> self.shift) << self.low | base & self.mask
 
     def code(self, ledger: LedgerKey, entry_id: int) -> int | None:
-        """The code of an entry, or None if no set holds an entry of its ledger (or the id is out of
-        range). O(1)."""
-        base = self.bases.get(ledger)
-        if base is None or entry_id >> _ENTRY_BITS or entry_id < 0:
+        """The code of an entry, or None if no structure holds its ledger (or the id is out of range).
+        O(1)."""
+        ordinal = self.ordinals.get(ledger if ledger[0] else ledger[1])
+        if ordinal is None or entry_id >> _ENTRY_BITS or entry_id < 0:
             return None
-        return base | entry_id << self.low
+        return (ordinal >> self.low) << self.shift | entry_id << self.low | ordinal & self.mask
 
 
 class EntrySets:
-    """``count`` sets of ``(ledger, entry id)`` sharing one numbering of ledgers; see the module.
-    Not thread-safe for changes (the caller's lock); lookups through :attr:`layout` need none."""
+    """``count`` sets of ``(ledger, entry id)`` coded with the ordinals of one
+    :class:`~pulsar_nack.ledgers.LedgerRegistry` (a registry of their own if none is given); see the
+    module. Not thread-safe for changes (the caller's lock); lookups through :attr:`layout` need none."""
 
-    __slots__ = ("_collect_at", "_count", "_free", "_keys", "layout")
+    __slots__ = ("_collect_at", "_count", "_registry", "held_ordinals", "layout")
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, registry: LedgerRegistry | None = None) -> None:
         self._count = count
-        self.layout = Layout(0, count)
-        self._keys: list[LedgerKey | None] = []  # ordinal → ledger (None: free)
-        self._free: list[int] = []
-        self._collect_at = _COLLECT_MIN  # numbered ledgers at which the next new one collects the unheld
+        self._registry = registry if registry is not None else LedgerRegistry()
+        self.layout = Layout(0, count, self._registry.ordinals)
+        #: The ordinals these sets hold in the registry (read it under the caller's lock).
+        self.held_ordinals = BitMap()
+        self._collect_at = _COLLECT_MIN  # ledgers held at which the next new one sweeps the unheld
 
     # -- lookups ----------------------------------------------------------------------------------------
 
@@ -106,12 +113,12 @@ class EntrySets:
     def ids(self, which: int, ledger: LedgerKey) -> BitMap:
         """The entry ids set ``which`` holds of ``ledger``. O(values of the set) numpy."""
         layout = self.layout
-        base = layout.bases.get(ledger)
-        if base is None:
+        ordinal = layout.ordinals.get(ledger if ledger[0] else ledger[1])
+        if ordinal is None or ordinal not in self.held_ordinals:
             return BitMap()
         codes = np.frombuffer(layout.bitmaps[which].to_array(), np.uint64)
         low = np.uint64(layout.low)
-        mine = codes[(codes & ~(np.uint64(_ENTRY_MASK) << low)) == np.uint64(base)]
+        mine = codes[(codes & ~(np.uint64(_ENTRY_MASK) << low)) == np.uint64(layout.base(ordinal))]
         return BitMap(((mine >> low) & np.uint64(_ENTRY_MASK)).astype(np.uint32))
 
     def ledgers(self, which: int) -> Iterator[tuple[LedgerKey, BitMap]]:
@@ -134,103 +141,136 @@ class EntrySets:
         ordinals, entries = ordinals[order], entries[order]
         starts = np.flatnonzero(np.concatenate(([True], ordinals[1:] != ordinals[:-1])))
         ends = [*starts[1:].tolist(), len(ordinals)]
-        keys = self._keys
-        for start, end in zip(starts.tolist(), ends, strict=True):
-            key = keys[int(ordinals[start])]
-            assert key is not None  # (a held value's ordinal is not free)
-            yield key, BitMap(entries[start:end])
+        key_of = self._registry.key  # (a held value's ordinal is held)
+        # The keys are read before the first is yielded: the caller may empty the sets (and so release
+        # the ledgers) as it goes.
+        keys = [key_of(ordinal) for ordinal in ordinals[starts].tolist()]
+        for key, start, end in zip(keys, starts.tolist(), ends, strict=True):
+            yield (key if isinstance(key, tuple) else ("", key)), BitMap(entries[start:end])
 
     # -- changes (caller's lock held) -------------------------------------------------------------------
 
     def add(self, which: int, ledger: LedgerKey, entry_id: int) -> None:
         """Add an entry. Raises ValueError for an entry id out of [0, 2**32) (nothing changed). O(1);
-        O(values) when a new ledger collects ordinals or needs another ordinal bit (amortized O(1))."""
+        O(values) when a new ledger sweeps or needs another ordinal bit (amortized O(1))."""
         if entry_id >> _ENTRY_BITS or entry_id < 0:
             raise ValueError(f"entry_id must be in [0, 2**32), got {entry_id!r}")
         layout = self.layout
-        base = layout.bases.get(ledger)
-        if base is None:
-            base = self._number(ledger)
+        ordinal = layout.ordinals.get(ledger if ledger[0] else ledger[1])
+        if ordinal is None or ordinal not in self.held_ordinals:
+            ordinal = self._hold(ledger)
             layout = self.layout
-        layout.bitmaps[which].add(base | entry_id << layout.low)
+        layout.bitmaps[which].add(layout.base(ordinal) | entry_id << layout.low)
 
     def discard(self, which: int, ledger: LedgerKey, entry_id: int) -> bool:
-        """Remove an entry; True if it was in the set. O(1)."""
+        """Remove an entry; True if it was in the set. O(1) (the sets emptied: O(ledgers held), once)."""
         layout = self.layout
-        base = layout.bases.get(ledger)
-        if base is None or entry_id >> _ENTRY_BITS or entry_id < 0:
+        code = layout.code(ledger, entry_id)
+        if code is None:
             return False
-        code = base | entry_id << layout.low
         bitmap = layout.bitmaps[which]
         if code not in bitmap:
             return False
         bitmap.discard(code)
+        if not bitmap:
+            self.tidy()
         return True
 
-    def update(self, which: int, ledger: LedgerKey, entry_ids: BitMap) -> None:
-        """Add many entries of one ledger (a restored snapshot's). O(entries) numpy."""
-        if not entry_ids:
-            return
-        if entry_ids.max() >> _ENTRY_BITS:
-            raise ValueError(f"entry ids must be below 2**32, got {entry_ids.max()!r}")
+    def update(self, which: int, entries: Mapping[LedgerKey, BitMap]) -> None:
+        """Add the entries of many ledgers (a restored snapshot's): the ledgers not held yet are held
+        together first (:meth:`_hold_many`: one sweep and one re-code at most — held one by one as they
+        came, each new ordinal bit re-coded every value added so far, 8 passes at 200 ledgers: the restore
+        regression bench/snapshot_cost.py --restore saw), then each ledger's ids are added in one bitmap
+        update. Raises ValueError for an entry id of 2**32 or more (nothing changed). O(entries) numpy,
+        plus O(values held) for a sweep or re-code."""
+        entries = {ledger: ids for ledger, ids in entries.items() if ids}
+        for ids in entries.values():
+            if ids.max() >> _ENTRY_BITS:
+                raise ValueError(f"entry ids must be below 2**32, got {ids.max()!r}")
+        ordinals, held = self.layout.ordinals, self.held_ordinals
+        new = [
+            ledger
+            for ledger in entries
+            if (ordinal := ordinals.get(ledger if ledger[0] else ledger[1])) is None or ordinal not in held
+        ]
+        if new:
+            self._hold_many(new)
         layout = self.layout
-        base = layout.bases.get(ledger)
-        if base is None:
-            base = self._number(ledger)
-            layout = self.layout
-        bitmap = layout.bitmaps[which]
-        ids = np.frombuffer(entry_ids.to_array(), np.uint32).astype(np.uint64)
-        bitmap.update(array("Q", (ids << np.uint64(layout.low) | np.uint64(base)).tobytes()))
+        bitmap, low = layout.bitmaps[which], np.uint64(layout.low)
+        for ledger, ids in entries.items():
+            base = layout.base(layout.ordinals[ledger if ledger[0] else ledger[1]])
+            codes = np.frombuffer(ids.to_array(), np.uint32).astype(np.uint64) << low
+            bitmap.update(array("Q", (codes | np.uint64(base)).tobytes()))
+
+    def tidy(self) -> None:
+        """If every set is empty, release every ledger held (a caller that empties bitmaps in place calls
+        this after). O(sets), O(ledgers held) when releasing."""
+        if self.held_ordinals and not any(self.layout.bitmaps):
+            self.clear()
 
     def clear(self) -> None:
-        self.layout = Layout(0, self._count)
-        self._keys = []
-        self._free = []
+        release = self._registry.release
+        for ordinal in self.held_ordinals:
+            release(ordinal)
+        self.held_ordinals = BitMap()
+        self.layout = Layout(0, self._count, self._registry.ordinals)
         self._collect_at = _COLLECT_MIN
 
-    def _number(self, ledger: LedgerKey) -> int:
-        """Give ``ledger`` an ordinal (a free one first; re-coding the bitmaps when ordinals need
-        another low bit) and return its base in the (new) layout. O(1), or O(values) when it collects
-        or re-codes."""
-        if not self._free and len(self.layout.bases) >= self._collect_at:
+    def _hold(self, ledger: LedgerKey) -> int:
+        """Hold ``ledger`` in the registry (sweeping unheld ledgers first, re-coding the bitmaps when its
+        ordinal needs another low bit); its ordinal. O(1), or O(values) when it sweeps or re-codes."""
+        if len(self.held_ordinals) >= self._collect_at:
             self._collect()
-        if self._free:
-            ordinal = self._free.pop()
-            self._keys[ordinal] = ledger
-        else:
-            ordinal = len(self._keys)
-            self._keys.append(ledger)
-            if ordinal >> self.layout.low and self.layout.low < MAX_LOW_BITS:
-                self._recode(min(MAX_LOW_BITS, ordinal.bit_length()))
+        ordinal = self._registry.acquire(ledger if ledger[0] else ledger[1])
+        self.held_ordinals.add(ordinal)
         layout = self.layout
-        base = layout.bases[ledger] = layout.base(ordinal)
-        return base
+        if ordinal >> layout.low and layout.low < MAX_LOW_BITS:
+            self._recode(min(MAX_LOW_BITS, ordinal.bit_length()))
+        return ordinal
+
+    def _hold_many(self, ledgers: list[LedgerKey]) -> None:
+        """:meth:`_hold` for several ledgers none is held yet, each about to get an entry: a sweep first if
+        holding them one by one would have made one, then one re-code to the low bits the largest ordinal
+        needs (while the sets hold only what they held before). O(ledgers), plus O(values held) when it
+        sweeps or re-codes."""
+        swept = len(self.held_ordinals) + len(ledgers) > self._collect_at
+        if swept:
+            self._collect()
+        acquire, held = self._registry.acquire, self.held_ordinals
+        top = 0
+        for ledger in ledgers:
+            ordinal = acquire(ledger if ledger[0] else ledger[1])
+            held.add(ordinal)
+            top = max(top, ordinal)
+        layout = self.layout
+        if top >> layout.low and layout.low < MAX_LOW_BITS:
+            self._recode(min(MAX_LOW_BITS, top.bit_length()))
+        if swept:  # every ledger held now has entries (these are about to): as after a sweep
+            self._collect_at = max(_COLLECT_MIN, 2 * len(held))
 
     def _collect(self) -> None:
-        """Free the ordinals of ledgers none of the sets holds an entry of (their numbering goes; a lookup
-        without the lock that read it finds nothing, as it would have). O(values) numpy."""
+        """Release the ledgers none of the sets holds an entry of (a lookup without the lock that read one
+        finds nothing, as it would have). O(values) numpy."""
         layout = self.layout
-        held: set[int] = set()
+        held = BitMap()
         for bitmap in layout.bitmaps:
             codes = np.frombuffer(bitmap.to_array(), np.uint64)
             if len(codes):
                 ordinals = (codes >> np.uint64(layout.shift)) << np.uint64(layout.low) | codes & np.uint64(
                     layout.mask
                 )
-                held.update(np.unique(ordinals).tolist())
-        for ordinal, key in enumerate(self._keys):
-            if key is not None and ordinal not in held:
-                del layout.bases[key]
-                self._keys[ordinal] = None
-                self._free.append(ordinal)
-        self._collect_at = max(_COLLECT_MIN, 2 * len(layout.bases))
+                held.update(np.unique(ordinals).astype(np.uint32))
+        release = self._registry.release
+        for ordinal in self.held_ordinals - held:
+            release(ordinal)
+        self.held_ordinals = held
+        self._collect_at = max(_COLLECT_MIN, 2 * len(held))
 
     def _recode(self, low: int) -> None:
         """A new layout with ``low`` low ordinal bits: the bitmaps coded anew, swapped in whole (readers
         without the lock see the old layout or the new one). O(values) numpy."""
         old = self.layout
-        new = Layout(low, self._count)
-        new.bases = {key: new.base(old.ordinal(base)) for key, base in old.bases.items()}
+        new = Layout(low, self._count, self._registry.ordinals)
         shift_old, shift_new = np.uint64(_ENTRY_BITS + old.low), np.uint64(_ENTRY_BITS + low)
         old_low, new_low = np.uint64(old.low), np.uint64(low)
         for source, target in zip(old.bitmaps, new.bitmaps, strict=True):
@@ -249,19 +289,11 @@ class EntrySets:
 
     def memory_bytes(self) -> int:
         """Bytes held: the bitmaps (CRoaring's heap estimated, see
-        :func:`~pulsar_nack.memory.shared_bitmap64_heap_bytes`), the numbering (a dict entry, key tuple
-        and base a ledger) and the counts. O(ledgers)."""
+        :func:`~pulsar_nack.memory.shared_bitmap64_heap_bytes`) and the bitmap of ordinals held (its heap
+        measured); the registry is its owner's to count. O(sets)."""
         layout = self.layout
-        total = python_bytes(self) + python_bytes(layout) + python_bytes(layout.bases)
-        total += python_bytes(layout.bitmaps) + python_bytes(self._keys) + python_bytes(self._free)
+        total = python_bytes(self) + python_bytes(layout) + python_bytes(layout.bitmaps)
+        total += python_bytes(self.held_ordinals) + bitmap_heap_bytes(self.held_ordinals)
         for bitmap in layout.bitmaps:
             total += python_bytes(bitmap) + shared_bitmap64_heap_bytes(bitmap, shrunk=False)
-        # The key tuple is this numbering's own; its ledger id (and topic) are the caller's objects — the
-        # ids of a message, shared with the index's keys, which count them.
-        for key, base in layout.bases.items():
-            total += python_bytes(key) + _int_bytes(base)
         return total
-
-
-def _int_bytes(value: int) -> int:
-    return 0 if -5 <= value <= 256 else python_bytes(value)  # small ints are shared by CPython

@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
+from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import (
     MemoryUsage,
     bitmap_heap_bytes,
@@ -833,7 +834,9 @@ class _HotIndex:
       their number doubles past a power of two, see ``_relayout``).
     * :meth:`add_many` — O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger;
       O(B_l + P) once per ledger and call if a run overlaps the ledger's pending range (the ids it may
-      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)).
+      have pending are gathered into one bitmap); unsorted input is sorted first (O(n log n)). Batch
+      messages: O(n log n) numpy plus O(1) Python per entry of a run, and O(B_l) probes per entry the
+      ledger has parts of already (``_add_members``).
     * :meth:`pop_due` — O(log B) to find the due buckets, O(due ids log due ids) in numpy and CRoaring
       (the due buckets' shared bitmaps are merged in one call), plus O(1) Python work per due bucket,
       per slot with its own bitmap, and per due ledger; O(S) when the ledgers left pending fall to a
@@ -848,10 +851,18 @@ class _HotIndex:
     """
 
     def __init__(
-        self, precision_bits: int = 8, rounding: Rounding = "floor", *, promote_at: int = PROMOTE_AT
+        self,
+        precision_bits: int = 8,
+        rounding: Rounding = "floor",
+        *,
+        promote_at: int = PROMOTE_AT,
+        ledgers: LedgerRegistry | None = None,
     ) -> None:
         """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
-        bitmap of its own; 1 gives every slot its own bitmap from its first id. O(1)."""
+        bitmap of its own; 1 gives every slot its own bitmap from its first id. ``ledgers``: a registry
+        the index holds its ledgers in while they have ids pending, sharing their keys with the other
+        holders (None: no registry; the index's own numbering of the shared bitmaps stays its own).
+        O(1)."""
         if isinstance(promote_at, bool) or not isinstance(promote_at, int | np.integer):
             raise TypeError(f"promote_at must be an int, got {type(promote_at).__name__}")
         if not 1 <= promote_at < _OWN:
@@ -874,12 +885,15 @@ class _HotIndex:
         # deleting a sorted map's first keys one by one cost ~0.5 us of Python each.
         self._schedule: dict[int, _Bucket] = {}
         self._times = _Times(precision_bits)
-        # ledger key → its record; ordinal → record (None: free); free ordinals (a heap: smallest first).
+        # ledger key → its record; ordinal → record (None: free); free ordinals (the smallest reused first).
         self._ledgers: dict[LedgerKey, _Ledger] = {}
         self._ordinals: list[_Ledger | None] = []
-        self._free: list[int] = []
+        # (a bitmap, not a heap of ints: ~2 B a free ordinal, where a list slot and an int cost ~40 —
+        # 1,000 sparse ledgers moved to the packed tier left ~40 KB of free ordinals behind)
+        self._free = BitMap()
         self._layout = _Layout(0)  # codes of the shared bitmaps: see _relayout
         self._narrow_at = -1  # no low ordinal bits: nothing to narrow
+        self._registry = ledgers
         # Batch members: an entry pending in a slot for some messages of its batch only has the bitmask
         # of those batch indexes here, under _member_key(bucket, ledger serial, entry id); an entry of a
         # slot absent here is pending as a whole. One flat dict: ~100 bytes per such entry, where a
@@ -962,6 +976,17 @@ class _HotIndex:
             # without members is pending whole and covers the message.
             record, slots = self._slot_record, self._slot_slots
             assert record is not None and slots is not None
+            if slots.members and self._slot_own is None and 0 <= entry_id <= MAX_ENTRY_ID:
+                # Another message of an entry with members here (a burst of one batch's nacks): one
+                # lookup of its mask, which also says the entry is in the slot, not pending whole
+                # (_put, _member_mask and _add_member each looked, ~0.35 µs a nack).
+                members = self._members
+                key = (bucket << 32 | entry_id) << _SERIAL_BITS | record.serial  # _member_key
+                mask = members.get(key)
+                if mask is not None:
+                    members[key] = mask | 1 << batch_index
+                    self._added += 1
+                    return bucket
             if self._put(entry_id) or (
                 slots.members and self._member_mask(bucket, record, entry_id) is not None
             ):
@@ -1009,8 +1034,9 @@ class _HotIndex:
         """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
 
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
-        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: see the
-        class (O(n) numpy work plus O(1) Python work per run of ids sharing bucket and ledger).
+        anything changes. Ids with a batch index >= 0 are filed first, in bulk (``_add_members``).
+        Complexity: see the class (O(n) numpy work plus O(1) Python work per run of ids sharing bucket and
+        ledger).
         """
         due, ledgers, entries, batches = as_id_arrays(due_ms, ledger_ids, entry_ids, batch_indexes)
         if not isinstance(topic, str):
@@ -1025,15 +1051,7 @@ class _HotIndex:
             self._forget_slot()
             if batches is not None and (batches >= 0).any():
                 whole = batches < 0
-                for b, led, e, bi in zip(
-                    buckets[~whole].tolist(),
-                    ledgers[~whole].tolist(),
-                    entries[~whole].tolist(),
-                    batches[~whole].tolist(),
-                    strict=True,
-                ):
-                    self._select(b, led, topic)
-                    self._add_checked(e, bi)
+                self._add_members(buckets[~whole], ledgers[~whole], entries[~whole], batches[~whole], topic)
                 self._forget_slot()
                 buckets, ledgers, entries = buckets[whole], ledgers[whole], entries[whole]
             if len(entries) == 0:
@@ -1222,9 +1240,13 @@ class _HotIndex:
         with self._lock:
             self._schedule.clear()
             self._times.clear()
+            if self._registry is not None:
+                release, ordinals = self._registry.release, self._registry.ordinals
+                for key in self._ledgers:
+                    release(ordinals[key])
             self._ledgers.clear()
             self._ordinals.clear()
-            self._free.clear()
+            self._free = BitMap()
             self._layout = _Layout(0)
             self._narrow_at = -1
             self._members.clear()
@@ -1565,7 +1587,7 @@ class _HotIndex:
                 shrunk = compacted and _worth_shrinking(slots.packed)
                 roaring += shared_bitmap64_heap_bytes(slots.packed, shrunk)
         parts["ledgers"] += python_bytes(self._ledgers) + python_bytes(self._ordinals)
-        parts["ledgers"] += python_bytes(self._free) + sum(once(o) for o in self._free)
+        parts["ledgers"] += python_bytes(self._free) + bitmap_heap_bytes(self._free)
         for key, record in self._ledgers.items():
             parts["ledgers"] += key_bytes(key) + once(record) + once(record.base)
             if type(record.buckets) is tuple:  # trimmed: maybe shared, ints mostly the schedule's keys
@@ -1595,7 +1617,8 @@ class _HotIndex:
         record = self._ledgers.get(key)
         if record is None:
             if self._free:
-                ordinal = heapq.heappop(self._free)
+                ordinal = self._free.min()
+                self._free.discard(ordinal)
             else:
                 ordinal = len(self._ordinals)
                 if ordinal >= MAX_LEDGERS:
@@ -1604,6 +1627,9 @@ class _HotIndex:
                     self._relayout(ordinal.bit_length())  # the low ordinal bits are all taken
                 self._ordinals.append(None)
             base = self._layout.base(ordinal)
+            registry = self._registry
+            if registry is not None:  # held there too; the key object is the registry's (one a ledger)
+                key = registry.key(registry.acquire(key))
             serial, self._serial = self._serial, (self._serial + 1) & _SERIAL_MASK
             record = self._ledgers[key] = self._ordinals[ordinal] = _Ledger(key, base, serial)
         return record
@@ -1658,7 +1684,7 @@ class _HotIndex:
         self._narrow_at = max(1, 1 << bits >> 2) if bits else -1  # ledgers at which to narrow again
         if renumbered is not None:
             self._ordinals = list(records)
-            self._free = []
+            self._free = BitMap()
             for ordinal, record in enumerate(records):
                 record.base = new.base(ordinal)
         else:
@@ -1668,9 +1694,11 @@ class _HotIndex:
     def _release(self, record: _Ledger) -> None:
         """The ledger has nothing pending: forget it and free its ordinal for reuse. O(log ledgers)."""
         del self._ledgers[record.key]
+        if self._registry is not None:
+            self._registry.release(self._registry.ordinals[record.key])
         ordinal = self._layout.ordinal(record.base)
         self._ordinals[ordinal] = None
-        heapq.heappush(self._free, ordinal)
+        self._free.add(ordinal)
 
     def _decode_union(self, packed: list[BitMap64]) -> dict[LedgerKey, npt.NDArray[np.uint32]]:
         """Ledger key → sorted unique entry ids in the union of shared bitmaps. One CRoaring union, then
@@ -2160,6 +2188,141 @@ class _HotIndex:
             self._select(bucket, ledger_id, topic)
             self._drop_if_empty()
 
+    def _add_members(
+        self,
+        buckets: npt.NDArray[np.int64],
+        ledgers: npt.NDArray[np.int64],
+        entries: npt.NDArray[np.uint32],
+        indexes: npt.NDArray[np.int64],
+        topic: str,
+    ) -> None:
+        """(Lock held.) :meth:`add_many`'s batch messages, as :meth:`add` one by one, in bulk. Earliest due
+        wins, so the state after the adds does not depend on their order: each message at its earliest
+        bucket of the call, unless its entry is pending whole no later, or the message on its own no
+        later; a copy of it pending later is taken out. Then the messages are filed slot by slot — one
+        ``_put_many`` and one member update per (bucket, ledger) — where one by one each message walked
+        every slot of its ledger (a restored snapshot's batch entries, whose messages spread over many
+        buckets: ~35 µs a message). O(n log n) numpy, O(1) Python per slot and per entry of a slot, plus,
+        per ledger with ids pending in the entries' range, O(B_l + P) to gather them once and, for each
+        entry it has parts of, the walk of :meth:`parts` (O(B_l) probes: once an entry, not a message)."""
+        if int(indexes.max()) > MAX_BATCH_INDEX:
+            raise ValueError(f"batch_indexes values must be -1..{MAX_BATCH_INDEX}")
+        # By ledger, entry, batch index, bucket: each message's first row is its earliest.
+        order = np.lexsort((buckets, indexes, entries, ledgers))
+        b, led, e, i = buckets[order], ledgers[order], entries[order], indexes[order]
+        first = np.ones(len(e), dtype=bool)
+        first[1:] = (led[1:] != led[:-1]) | (e[1:] != e[:-1]) | (i[1:] != i[:-1])
+        b, led, e, i = b[first], led[first], e[first], i[first]
+        keep = np.ones(len(e), dtype=bool)
+        starts = np.flatnonzero(led[1:] != led[:-1]) + 1
+        for start, end in zip([0, *starts.tolist()], [*starts.tolist(), len(e)], strict=True):
+            ledger_id = int(led[start])
+            record = self._ledgers.get(_key(ledger_id, topic))
+            if record is None or int(e[end - 1]) < record.lo or int(e[start]) > record.hi:
+                continue  # nothing pending in the ledger within the entries' range
+            pending = np.isin(e[start:end], _array_of(self._ledger_ids(record), np.uint32))
+            if pending.any():
+                rows = np.flatnonzero(pending) + start
+                self._settle(ledger_id, topic, rows, b, e, i, keep)
+        if not keep.all():
+            b, led, e, i = b[keep], led[keep], e[keep], i[keep]
+            if not len(e):
+                return
+        # By ledger, bucket, entry, batch index: one slot a run, one entry a sub-run.
+        order = np.lexsort((i, e, b, led))
+        b, led, e, i = b[order], led[order], e[order], i[order]
+        slot_starts = np.flatnonzero((led[1:] != led[:-1]) | (b[1:] != b[:-1])) + 1
+        entry_heads = np.ones(len(e), dtype=bool)  # a slot's first row of each entry
+        entry_heads[1:] = e[1:] != e[:-1]
+        entry_heads[slot_starts] = True
+        for start, end in zip([0, *slot_starts.tolist()], [*slot_starts.tolist(), len(e)], strict=True):
+            bucket = int(b[start])
+            self._select(bucket, int(led[start]), topic)
+            record, slots = self._slot_record, self._slot_slots
+            assert record is not None and slots is not None
+            slot_entries, slot_indexes = e[start:end], i[start:end]
+            unique = slot_entries[entry_heads[start:end]]
+            self._put_many(unique)  # (an entry may be here already, with other messages: kept)
+            record.widen(int(unique[0]), self._slot_is_last)
+            record.widen(int(unique[-1]), self._slot_is_last)
+            if self._slot_own is not None:
+                # A slot with a bitmap of its own keeps narrow members in a bitmap (see _add_member).
+                narrow = (slot_entries < _NARROW_ENTRIES) & (slot_indexes < _NARROW_INDEXES)
+                if narrow.any():
+                    key = bucket << _SERIAL_BITS | record.serial
+                    bits = self._dense.get(key)
+                    if bits is None:
+                        bits = self._dense[key] = BitMap()
+                        slots.members += 1
+                    codes = slot_entries[narrow] << np.uint32(MEMBER_BITS)
+                    bits.update(_u32(codes | slot_indexes[narrow].astype(np.uint32)))
+                    if narrow.all():
+                        continue
+                    slot_entries, slot_indexes = slot_entries[~narrow], slot_indexes[~narrow]
+            members = self._members
+            for entry_id, mask in zip(*_entry_masks(slot_entries, slot_indexes), strict=True):
+                key = _member_key(bucket, record, entry_id)
+                have = members.get(key)
+                if have is None:
+                    slots.members += 1
+                members[key] = mask if have is None else have | mask
+
+    def _settle(
+        self,
+        ledger_id: int,
+        topic: str,
+        rows: npt.NDArray[np.intp],
+        buckets: npt.NDArray[np.int64],
+        entries: npt.NDArray[np.uint32],
+        indexes: npt.NDArray[np.int64],
+        keep: npt.NDArray[np.bool_],
+    ) -> None:
+        """(Lock held.) ``_add_members``' rows (one per message, by entry) of entries the ledger has parts
+        of, against those parts, as :meth:`add` would: a message the whole entry or its own copy covers
+        no later is dropped (``keep``), a copy of it pending later is taken out of its slot (the slot
+        forgets the entry when that was its last part there). O(B_l) probes per entry (its parts)."""
+        key = _key(ledger_id, topic)
+        row_list = rows.tolist()
+        entry_list = entries[rows].tolist()
+        bucket_list = buckets[rows].tolist()
+        index_list = indexes[rows].tolist()
+        self._forget_slot()
+        n, at = len(row_list), 0
+        while at < n:
+            entry_id = entry_list[at]
+            upto = at
+            while upto < n and entry_list[upto] == entry_id:
+                upto += 1
+            record = self._ledgers[key]  # (again for each entry: a discard may have released it)
+            whole: int | None = None
+            where: dict[int, int] = {}  # batch index → bucket of its pending copy
+            masks_at: dict[int, int] = {}
+            for other in self._holding(record, entry_id):
+                mask = self._member_mask(other, record, entry_id)
+                if mask is None:
+                    whole = other if whole is None else min(whole, other)
+                    continue
+                masks_at[other] = mask
+                while mask:  # (its set bits, lowest first: O(bits set), where batch_indexes is O(highest))
+                    low = mask & -mask
+                    where[low.bit_length() - 1] = other
+                    mask ^= low
+            out: dict[int, int] = {}  # bucket → batch indexes to take out of its slot
+            for row in range(at, upto):
+                bucket, index = bucket_list[row], index_list[row]
+                copy = where.get(index)
+                if (whole is not None and whole <= bucket) or (copy is not None and copy <= bucket):
+                    keep[row_list[row]] = False  # covered, no later than asked
+                elif copy is not None:
+                    out[copy] = out.get(copy, 0) | 1 << index  # pending later: it moves here
+            for other, bits in out.items():
+                mask = masks_at[other] & ~bits
+                if mask:
+                    self._set_mask(other, record, entry_id, mask)
+                else:
+                    self._discard(record, other, entry_id)
+            at = upto
+
     def _ledger_ids(self, record: _Ledger) -> BitMap:
         """Every entry id the ledger has pending, in any slot. O(B_l) bitmap unions plus O(P) numpy work
         per bucket of its shared slots."""
@@ -2244,19 +2407,22 @@ class TimeBucketIndex:
         *,
         promote_at: int = PROMOTE_AT,
         pack_below: int = PROMOTE_AT,
+        ledgers: LedgerRegistry | None = None,
     ) -> None:
         """``promote_at`` (1..254): a slot with this many ids moves from its bucket's shared bitmap to a
         bitmap of its own; 1 gives every slot its own bitmap from its first id. ``pack_below`` (>= 0):
         :meth:`compact` moves a bucket to the packed tier when each of its slots holds fewer ids than
-        this; 0 keeps every bucket in the live tier. O(1)."""
+        this; 0 keeps every bucket in the live tier. ``ledgers``: the numbering of ledgers shared with
+        others (a tracker's arrival filter): the packed tier's ordinals are its, and the live tier holds
+        its ledgers there (sharing their keys); the packed tier's own if None. O(1)."""
         if isinstance(pack_below, bool) or not isinstance(pack_below, int) or pack_below < 0:
             raise ValueError(f"pack_below must be an int >= 0, got {pack_below!r}")
-        self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at)
+        self._hot = _HotIndex(precision_bits, rounding, promote_at=promote_at, ledgers=ledgers)
         self._pack_below = pack_below
         self._mask, self._round_up = self._hot._mask, self._hot._round_up
         self._lock = threading.RLock()
         self._hot._lock = self._lock  # type: ignore[assignment]  # one lock: the live tier re-enters it
-        self._packed = PackedStore(self._hot.precision_bits)
+        self._packed = PackedStore(self._hot.precision_bits, ledgers)
 
     @property
     def precision_bits(self) -> int:
@@ -2380,9 +2546,9 @@ class TimeBucketIndex:
         """Schedule many ids at once from array-likes (numpy arrays, lists, or scalars to broadcast).
 
         Same semantics as calling :meth:`add` for each position in order. All input is validated before
-        anything changes. Ids with a batch index >= 0 go through the per-id path. Complexity: O(n) numpy
-        work plus O(1) Python work per run of ids sharing bucket and ledger (see ``_HotIndex``), plus
-        O(n) Python probes when the packed tier holds ids.
+        anything changes. Ids with a batch index >= 0 are filed in bulk too. Complexity: O(n) numpy
+        work plus O(1) Python work per run of ids sharing bucket and ledger (batch messages: per entry of
+        a run; see ``_HotIndex``), plus O(n) Python probes when the packed tier holds ids.
         """
         with self._lock:
             if len(self._packed):
@@ -2783,6 +2949,22 @@ def _runs(
 def _run_starts(buckets: npt.NDArray[np.int64], ledgers: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     change = (buckets[1:] != buckets[:-1]) | (ledgers[1:] != ledgers[:-1])
     return np.concatenate(([0], np.flatnonzero(change) + 1))
+
+
+def _entry_masks(
+    entry_ids: npt.NDArray[np.uint32], indexes: npt.NDArray[np.int64]
+) -> tuple[list[int], list[int]]:
+    """Batch messages sorted by entry id → each entry's id and the bitmask of its batch indexes. O(n)
+    numpy when every index is below 64, else O(n) Python (numpy for wider masks measured no faster on a
+    slot's ~100 messages)."""
+    if int(indexes.max()) < 64:
+        heads = np.flatnonzero(np.concatenate(([True], entry_ids[1:] != entry_ids[:-1])))
+        bits = np.left_shift(np.uint64(1), indexes.astype(np.uint64))
+        return entry_ids[heads].tolist(), np.bitwise_or.reduceat(bits, heads).tolist()
+    masks: dict[int, int] = {}
+    for entry_id, index in zip(entry_ids.tolist(), indexes.tolist(), strict=True):
+        masks[entry_id] = masks.get(entry_id, 0) | 1 << index
+    return list(masks), list(masks.values())
 
 
 def _worth_shrinking(bitmap: BitMap64) -> bool:

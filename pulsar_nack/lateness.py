@@ -10,25 +10,37 @@ nack is filed. Three fixed-size structures:
   8 bytes a slot, 4 KiB), read when the id's forward is recorded: those redeliveries count their exact
   lateness (in tests with few nacks, all of them);
 * :class:`_BucketOffsets` counts, per bucket (up to 40 at once), where its nacks' due times lie in it,
-  in the order they were filed (8 segments of consecutive nacks × 8 bins: 32 ms at k = 8; 5.8 KiB): a
-  redelivery not sampled counts its time since its bucket plus the next offset of its own bucket's nacks
-  in filing order (a bucket's copies come in about the order its nacks were filed), and a sampled one
-  takes its own offset out, so that each nack's offset is counted once; per bucket, because nack times
-  follow the forwards (an application nacks in bursts just after each forward), so where due times lie
-  in a bucket differs from bucket to bucket, and with it how long the redeliveries wait;
-* :class:`LatenessHistogram` counts those lateness values in log buckets (an HDR-histogram shape: 64
-  sub-buckets per power of two, so ≤ 1.6 % of the value wide, interpolated within; ~6.2 KiB), early
-  ones (negative lateness: floor rounding) in a coarser mirror, and halves every count once it holds
-  twice ``window`` redeliveries: the percentiles describe roughly the last ``window``–``2 * window``.
-  Every redelivery counts once.
+  in the order they were filed (4 segments of consecutive nacks × 8 bins: 32 ms at k = 8, each bin with
+  the lowest and highest offset it holds, and per segment whether its offsets fell or rose as they were
+  filed; 10.6 KiB): a redelivery not sampled counts its time since its bucket plus the next offset of its
+  own bucket's nacks in filing order (a bucket's copies come in about the order its nacks were filed) —
+  in a segment filed in order (one fixed delay: a due time is the filing time plus the delay) the one
+  filed first of those left, else one drawn evenly over the segment — and a sampled one takes its own
+  offset out, so that each nack's offset is counted once; per bucket, because nack times follow the
+  forwards (an application nacks in bursts just after each forward), so where due times lie in a bucket
+  differs from bucket to bucket, and with it how long the redeliveries wait;
+* :class:`LatenessHistogram` counts those lateness values in log buckets (an HDR-histogram shape,
+  each power of two's buckets as wide as the lateness there needs: 1 ms below 256 ms, 4 ms at 1–2 s and
+  8 ms at 2–4 s, where a demo's p99 lies, 64 a power of two from 4 s; 16-bit counts, 4.8 KiB; 16 ms wide
+  a p99 of 1.1 s read 13.6 ms high from the width alone), interpolated within, early ones (negative
+  lateness: floor rounding) in a coarser mirror, and halves every count once it holds twice ``window``
+  redeliveries: the percentiles describe roughly the last ``window``–``2 * window``. Every redelivery
+  counts once.
 
 A weighted sample of due times alone (each sampled redelivery counted for the nacks it stood for, the
 sample thinned while many were pending) missed the application's p50 by up to 20 ms in the demo's
 20,000 messages (pulsar-lite, p50 242 vs 228 ms): its few heavy samples made it noisy; every nack's
-offsets paired with every redelivery missed by 7–12 ms (the bursts above).
+offsets paired with every redelivery missed by 7–12 ms (the bursts above); a segment's offsets drawn
+evenly over it at one fixed delay (the order within a segment lost) read p99 up to 29 ms high: the copies
+that wait longest since their bucket are those whose due times lie latest in it. A copy labelled with
+a flush's limit (a time past its bucket's) counts the time since that label: the label's lead over its
+bucket is added to the offset drawn (without it, a demo's tail bucket read 5 ms low).
 
-None grows with pending nacks or run time (~18 KiB in all, each part allocated at its first use). Not
-thread-safe: the arrival filter calls them under its lock.
+None grows with pending nacks or run time: at most :data:`MAX_BYTES` (20 KiB) in all, whatever was
+counted (19.8 KiB measured: histogram 4.8, offsets 10.6, sample 4.4), each part allocated at its first
+use. With 4 segments × 4 bins it is 16 KiB, but in the demo (pulsar-lite, 2 runs) the per-message p99
+read 5.4 and 10.5 ms low, where 8 × 4 and 4 × 8 read 2.8 and 3.5 ms low (1 run each). Not thread-safe:
+the arrival filter calls them under its lock.
 """
 
 from __future__ import annotations
@@ -39,7 +51,12 @@ from collections.abc import Sequence
 
 from pulsar_nack.memory import python_bytes
 
-__all__ = ["DueSample", "LatenessHistogram", "Sampled"]
+__all__ = ["MAX_BYTES", "DueSample", "LatenessHistogram", "Sampled"]
+
+#: The most the estimator holds (``nbytes`` of a :class:`LatenessHistogram` with its buckets' offsets,
+#: plus a :class:`DueSample` of the default capacity), whatever it counted (issue 23: ≤ 16 KiB fixed
+#: for everything the wrapper keeps for a consumer).
+MAX_BYTES = 20 * 1024
 
 #: What a copy kept for a pending nack carries to its hand-out, for its lateness: a time (ms) and whether
 #: it is the nack's exact due time (sampled: :meth:`LatenessHistogram.add`) or its bucket time
@@ -182,46 +199,67 @@ class DueSample:
 
 
 class _Buckets:
-    """Counts of non-negative values (ms) in log buckets: ``2 * sub`` 1-ms buckets, then ``sub`` buckets
-    per power of two up to 2**``bits`` ms (larger values count in the last). ``sub`` a power of two."""
+    """Counts of non-negative values (ms): 1-ms buckets below ``2**linear``, then per power of two
+    ``2**e`` ms buckets ``2**widths[e - linear]`` ms wide, up to ``2**(linear + len(widths))`` ms (larger
+    values count in the last). 16-bit counts (the histogram halves them all before one would overflow)."""
 
-    __slots__ = ("_shift", "_sub", "_top", "counts")
+    __slots__ = ("_bases", "_linear", "_top", "_widths", "counts")
 
-    def __init__(self, sub: int, bits: int) -> None:
-        self._sub = sub
-        self._shift = sub.bit_length()  # bit length of the 2*sub - 1 largest linear value
-        self._top = (1 << bits) - 1
-        exponents = bits - self._shift
-        self.counts: array[int] = array("I", bytes(4 * (exponents * sub + 2 * sub)))
+    def __init__(self, linear: int, widths: Sequence[int]) -> None:
+        self._linear = linear
+        self._widths = tuple(widths)
+        self._top = (1 << (linear + len(widths))) - 1
+        bases = []  # per power of two: the index of a value is its base + (value >> its width's log)
+        size = 1 << linear
+        for exponent, width in enumerate(widths, start=linear):
+            bases.append(size - ((1 << exponent) >> width))
+            size += (1 << exponent) >> width
+        self._bases = tuple(bases)
+        self.counts: array[int] = array("H", bytes(2 * size))
 
     def index(self, value: float) -> int:
         """O(1)."""
         units = min(int(value), self._top)
-        exponent = units.bit_length() - self._shift
-        if exponent <= 0:
+        exponent = units.bit_length() - 1 - self._linear
+        if exponent < 0:
             return units
-        return exponent * self._sub + (units >> exponent)
+        return self._bases[exponent] + (units >> self._widths[exponent])
 
-    def bounds(self, index: int) -> tuple[float, float]:
-        """[low, high) of a bucket (ms). O(1)."""
-        sub = self._sub
-        if index < 2 * sub:
-            return float(index), float(index + 1)
-        exponent = index // sub - 1
-        low = (index % sub + sub) << exponent
-        return float(low), float(low + (1 << exponent))
+    def spans(self) -> list[tuple[float, float]]:
+        """[low, high) of every bucket (ms), in index order. O(buckets)."""
+        spans = [(float(units), float(units + 1)) for units in range(1 << self._linear)]
+        for exponent, width in enumerate(self._widths, start=self._linear):
+            step = 1 << width
+            spans += [(float(low), float(low + step)) for low in range(1 << exponent, 2 << exponent, step)]
+        return spans
 
 
 #: Offset bins a bucket keeps per segment (:class:`_BucketOffsets`), the segments of its nacks in filing
 #: order, and the most buckets kept at once (a 10 s spread of delays is 40 buckets of 256 ms).
 OFFSET_BINS = 8
-OFFSET_SEGMENTS = 8
+OFFSET_SEGMENTS = 4
 MAX_OFFSET_BUCKETS = 40
 _CELLS = OFFSET_BINS * OFFSET_SEGMENTS
+#: Offsets are kept as places: 16-bit fractions of the bins' span (``OFFSET_BINS << shift`` ms); a place's
+#: bin is its top bits.
+_BIN_SHIFT = 16 - (OFFSET_BINS.bit_length() - 1)
 # per bucket: [filed in its last segment, segments used, log2 of a segment's capacity, draws]
 _META = 4
 _GOLDEN = 0.6180339887498949  # spreads the draws of one bin over it (a low-discrepancy sequence)
 _NO_BUCKET = -(1 << 63)
+#: A segment holds at most 2**this nacks (its count is 16 bits): past 8 × 2**15 nacks in one bucket (a
+#: busy consumer at k = 15: 8 nacks a ms) its last segment takes the rest.
+_MAX_SEGMENT_LOG = 15
+#: A segment's offsets count as filed in order when all but 1 in this many of its moves (an offset filed
+#: below or above the one before it) go one way.
+_ORDERED = 8
+#: The order is read from every 4th nack of a segment (each compared with the 4th before it): a cost on
+#: the nack path for 1 in 4 (a segment's order is a statistic: its 4th nacks tell it as well).
+_ORDER_EVERY = 3
+#: The row of a bucket is looked up first at ``hints[bucket % _HINTS]`` (a prime: any 61 consecutive
+#: buckets, whatever their width, have hints of their own), then by a scan of the keys (``array.index``
+#: makes an int of every key it passes: ~500 ns over 20 of them).
+_HINTS = 61
 #: A bucket this many bucket widths before the latest one redelivered is past: its row may give way.
 _PAST_BUCKETS = 8
 
@@ -232,11 +270,16 @@ class _BucketOffsets:
     the order the nacks were filed: a bucket's nacks are counted in up to :data:`OFFSET_SEGMENTS`
     segments of consecutive filings (a segment holds ``2**c`` nacks; when all are used, neighbours merge
     and ``c`` grows), for at most :data:`MAX_OFFSET_BUCKETS` buckets. Offsets are ≥ 0 with ceil rounding,
-    ≤ 0 with floor (``sign``). One flat table of 16-bit counts: 128 bytes a bucket, 16 for its key and
-    state (5.8 KiB); it does not grow with the nacks.
+    ≤ 0 with floor (``sign``). Flat tables: per cell a 16-bit count and the lowest and highest offset left
+    (16-bit places: fractions of the bins' span, 1/256 ms at k = 8), per segment the place filed last and
+    how often one was filed below / above the one before it: 232 bytes a bucket with its key and state
+    (10.6 KiB with the arrays' headers and the rows' hints; float32 offsets and 8 segments were 30.7);
+    they do not grow with the nacks.
 
     A redelivery not sampled draws an offset of its bucket's nacks in filing order — one of the first
-    segment with nacks left (evenly over it: the order within a segment is lost) — and that nack leaves the
+    segment with nacks left: if all but 1 in :data:`_ORDERED` of its offsets fell (or rose) as they were
+    filed, as at one fixed delay, the one filed first of those left (its cell's highest, or lowest; the
+    rest taken as evenly spread in the cell), else one drawn evenly over it — and that nack leaves the
     counts; a copy the consumer kept draws one of the whole bucket's (kept copies are handed out at the
     bucket time, before the forwarded ones arrive: no order ties them to the filing); a sampled one
     (:meth:`taken`) takes its own offset out, so that the offsets drawn are those of the nacks not
@@ -254,44 +297,164 @@ class _BucketOffsets:
     the new bucket is not kept (its redeliveries draw from the bucket before it). Past: more than
     :data:`_PAST_BUCKETS` bucket widths before the latest bucket drawn from."""
 
-    __slots__ = ("cells", "drawn_upto", "keys", "meta", "shift", "sign")
+    __slots__ = (
+        "_at",
+        "_base",
+        "_bucket",
+        "_filled",
+        "_limit",
+        "_refused",
+        "_run",
+        "_run_bucket",
+        "_run_offset",
+        "_segment",
+        "cells",
+        "drawn_upto",
+        "high",
+        "hints",
+        "keys",
+        "last",
+        "low",
+        "meta",
+        "moves",
+        "shift",
+        "sign",
+        "span_log",
+        "unit",
+    )
 
     def __init__(self) -> None:
         self.keys: array[int] = array("q", [_NO_BUCKET]) * MAX_OFFSET_BUCKETS  # a row's bucket time
+        self.hints: array[int] = array("B", bytes(_HINTS))  # a row that may be a bucket's (see _HINTS)
         self.cells: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))  # nacks left
+        # the lowest and highest place of each cell's nacks left (meaningful while it counts any)
+        self.low: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))
+        self.high: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))
         self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
-        self.shift = 0
+        # per segment: the place compared last, and how often one compared was below / above the one
+        # before it (every 4th nack's: the segment's order, see draw)
+        self.last: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
+        self.moves: array[int] = array("H", bytes(4 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
+        self.shift = 0  # a bin is 2**shift ms wide
+        self.span_log = self.shift + 16 - _BIN_SHIFT  # the bins span 2**this ms
+        self.unit = 2.0 ** (self.span_log - 16)  # ms a place
+        # the bucket filed last (a burst of nacks shares one), its meta index, its segment with room, the
+        # segment's first cell, the nacks filed in it and how many it takes
+        self._bucket = _NO_BUCKET
+        self._at = self._segment = self._base = self._filled = self._limit = 0
         self.sign = 1
         self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
+        # The bucket refused a row last (every row taken by earlier buckets): its nacks are not kept until
+        # a row is freed, given away or the draws move on. Asking again cost each of its nacks a scan of
+        # the rows and a raised ValueError (~5 µs; nacks due after 40 pending buckets: bench/nack_path.py).
+        self._refused = _NO_BUCKET
+        # The nacks filed since the last one counted, all in this bucket at this offset (a burst: the
+        # messages of a batch nacked in one ms share both): counted together by _flush, before anything
+        # reads the counts. Counting each nack as it came cost ~0.4 µs of the nack path.
+        self._run_bucket = _NO_BUCKET
+        self._run_offset = self._run = 0
 
     def add(self, bucket: int, offset_ms: int) -> None:
-        """A nack filed in ``bucket``, ``offset_ms`` before it. O(1) (a C scan of the keys); O(table) when
-        the bins widen, O(row) when a bucket's segments merge (each doubling of its nacks)."""
+        """A nack filed in ``bucket``, ``offset_ms`` before it. O(1): a count for a nack of the bucket and
+        offset filed last (a burst of nacks shares them; :meth:`_flush` files them together), a few int
+        operations for one of the segment filed last, a C scan of the keys for another bucket; O(table)
+        when the bins widen, O(row) when a bucket's segments merge (each doubling of its nacks)."""
+        if bucket == self._run_bucket and offset_ms == self._run_offset:
+            self._run += 1
+            return
+        if self._run:
+            self._flush()
+        self._run_bucket, self._run_offset = bucket, offset_ms
+        self._add(bucket, offset_ms, 1)
+
+    def _flush(self) -> None:
+        """File the nacks :meth:`add` only counted (every reader of the counts calls this first). O(1)
+        plus :meth:`_add`'s."""
+        run, self._run = self._run, 0
+        bucket, self._run_bucket = self._run_bucket, _NO_BUCKET  # (the next nack is filed at once)
+        if run:
+            self._add(bucket, self._run_offset, run)
+
+    def _add(self, bucket: int, offset_ms: int, nacks: int) -> None:
+        """File ``nacks`` nacks in ``bucket``, each ``offset_ms`` before it: the state ``nacks`` calls of
+        the one-nack filing left. O(1) a segment they fill (see :meth:`add`)."""
         if offset_ms < 0:
             self.sign, offset_ms = -1, -offset_ms
-        while offset_ms >> self.shift >= OFFSET_BINS:
+        place = offset_ms << 16 >> self.span_log
+        while place > 0xFFFF:
             self._widen()
-        keys = self.keys
-        try:
-            row = keys.index(bucket)
-        except ValueError:
-            found = self._new_row(bucket)
-            if found is None:
-                return
-            row = found
-        meta, at = self.meta, row * _META
+            place = offset_ms << 16 >> self.span_log
+        while nacks > 0:
+            if (bucket != self._bucket or self._filled >= self._limit) and (
+                bucket == self._refused or not self._open(bucket, place)
+            ):
+                return  # (not kept)
+            filled = self._filled
+            taken = min(nacks, self._limit - filled)  # the nacks this segment takes
+            nacks -= taken
+            self._filled = filled + taken
+            # the segment's order: every 4th nack's place is compared with the one compared before (the
+            # first such of these: the rest compare equal places)
+            if (filled + _ORDER_EVERY) & ~_ORDER_EVERY < filled + taken:
+                segment = self._segment
+                last = self.last
+                before = last[segment]
+                last[segment] = place
+                if place != before:
+                    moves, move = self.moves, 2 * segment + (place > before)
+                    if moves[move] < 0xFFFF:
+                        moves[move] += 1
+            cell = self._base + (place >> _BIN_SHIFT)
+            cells = self.cells
+            count = cells[cell]
+            if not count:
+                self.low[cell] = self.high[cell] = place
+            elif place > self.high[cell]:  # (filed in order, a new offset is past one end: tested first)
+                self.high[cell] = place
+            elif place < self.low[cell]:
+                self.low[cell] = place
+            if count < 0xFFFF:
+                cells[cell] = min(count + taken, 0xFFFF)
+
+    def _open(self, bucket: int, place: int) -> bool:
+        """Make ``bucket``'s row and its segment with room the ones :meth:`add` files into (a new segment,
+        its first place ``place``, once the last is full; segments merge when all are used); False if the
+        bucket is not kept. The row filed last keeps its fill count in ``meta`` again. O(rows + row)."""
+        meta, filled = self.meta, self._filled
+        if self._bucket != _NO_BUCKET:
+            meta[self._at] = filled if filled < 0xFFFF else 0xFFFF
+            self._bucket = _NO_BUCKET
+        keys, hints, hint = self.keys, self.hints, bucket % _HINTS
+        row = hints[hint]
+        if keys[row] != bucket:
+            try:
+                row = keys.index(bucket)
+            except ValueError:
+                found = self._new_row(bucket)
+                if found is None:
+                    self._refused = bucket
+                    return False
+                row = found
+            hints[hint] = row
+        at = row * _META
         filled, used, log = meta[at], meta[at + 1], meta[at + 2]
-        if filled >= 1 << log or not used:
+        if not used or (filled >= 1 << log and (used < OFFSET_SEGMENTS or log < _MAX_SEGMENT_LOG)):
             if used == OFFSET_SEGMENTS:
                 self._merge(row)
                 used, log = meta[at + 1], meta[at + 2]
             used += 1
             filled = 0
             meta[at + 1] = used
-        meta[at] = filled + 1
-        cell = row * _CELLS + (used - 1) * OFFSET_BINS + (offset_ms >> self.shift)
-        if self.cells[cell] < 0xFFFF:
-            self.cells[cell] += 1
+            segment = row * OFFSET_SEGMENTS + used - 1
+            self.moves[2 * segment] = self.moves[2 * segment + 1] = 0
+            self.last[segment] = place
+        else:
+            segment = row * OFFSET_SEGMENTS + used - 1
+        self._bucket, self._at, self._filled, self._segment = bucket, at, filled, segment
+        self._base = segment * OFFSET_BINS
+        # (past 2**15 nacks a segment, the last takes the rest)
+        self._limit = 1 << 62 if used == OFFSET_SEGMENTS and log >= _MAX_SEGMENT_LOG else 1 << log
+        return True
 
     def _new_row(self, bucket: int) -> int | None:
         """A row for a bucket not kept: free, else one given way (see the class docstring), else None."""
@@ -308,6 +471,7 @@ class _BucketOffsets:
             else:
                 return None
         keys[row] = bucket
+        self._refused = _NO_BUCKET  # (the rows changed: another bucket may be kept now)
         self._clear(row)
         return row
 
@@ -316,28 +480,54 @@ class _BucketOffsets:
         self.cells[start : start + _CELLS] = array("H", bytes(2 * _CELLS))
         self.meta[row * _META : (row + 1) * _META] = array("H", bytes(2 * _META))
 
+    def _pour(self, into: int, cell: int) -> None:
+        """Cell ``cell``'s nacks join cell ``into``'s (their lowest and highest offsets too); ``cell`` is
+        emptied. O(1)."""
+        cells = self.cells
+        count = cells[cell]
+        if not count or into == cell:
+            return
+        cells[cell] = 0
+        if not cells[into]:
+            self.low[into], self.high[into] = self.low[cell], self.high[cell]
+        else:
+            self.low[into] = min(self.low[into], self.low[cell])
+            self.high[into] = max(self.high[into], self.high[cell])
+        cells[into] = min(cells[into] + count, 0xFFFF)
+
     def _merge(self, row: int) -> None:
-        """Neighbouring segments of a full row merge in pairs; a segment holds twice the nacks. O(row)."""
-        cells, start = self.cells, row * _CELLS
+        """Neighbouring segments of a full row merge in pairs; a segment holds twice the nacks (their
+        order counts add up). O(row)."""
+        start = row * _CELLS
+        moves, first_segment = self.moves, row * OFFSET_SEGMENTS
         for segment in range(OFFSET_SEGMENTS // 2):
             into = start + segment * OFFSET_BINS
             first, second = start + 2 * segment * OFFSET_BINS, start + (2 * segment + 1) * OFFSET_BINS
             for index in range(OFFSET_BINS):
-                cells[into + index] = min(cells[first + index] + cells[second + index], 0xFFFF)
-        cells[start + _CELLS // 2 : start + _CELLS] = array("H", bytes(_CELLS))
+                self._pour(into + index, first + index)
+                self._pour(into + index, second + index)
+            pair = 2 * (first_segment + 2 * segment)
+            for move in (0, 1):
+                moves[2 * (first_segment + segment) + move] = min(
+                    moves[pair + move] + moves[pair + 2 + move], 0xFFFF
+                )
+            self.last[first_segment + segment] = self.last[first_segment + 2 * segment + 1]
         at = row * _META
         self.meta[at + 1] = OFFSET_SEGMENTS // 2
         self.meta[at + 2] += 1
         self.meta[at] = 1 << self.meta[at + 2]  # the last merged segment is full
 
     def _widen(self) -> None:
+        """Bins twice as wide: places halve, neighbouring bins merge. O(table)."""
         self.shift += 1
-        cells = self.cells
-        for start in range(0, len(cells), OFFSET_BINS):
+        self.span_log += 1
+        self.unit *= 2
+        self.low = array("H", (place >> 1 for place in self.low))
+        self.high = array("H", (place >> 1 for place in self.high))
+        self.last = array("H", (place >> 1 for place in self.last))
+        for start in range(0, len(self.cells), OFFSET_BINS):
             for index in range(OFFSET_BINS):
-                count, cells[start + index] = cells[start + index], 0
-                if count:
-                    cells[start + (index >> 1)] = min(cells[start + (index >> 1)] + count, 0xFFFF)
+                self._pour(start + (index >> 1), start + index)
 
     def _row_at_or_before(self, bucket: int) -> int | None:
         """The row of ``bucket`` if it has nacks left, else the latest earlier bucket that has. O(rows)."""
@@ -352,12 +542,28 @@ class _BucketOffsets:
                     break
         return best
 
+    def _order(self, segment: int) -> int:
+        """-1 if a segment's offsets fell as its nacks were filed (a fixed delay with ceil rounding: due
+        times in filing order, each further from the bucket end), 1 if they rose (floor), 0 if neither
+        holds for at least :data:`_ORDERED` of its moves (delays of their own). O(1)."""
+        down, up = self.moves[2 * segment], self.moves[2 * segment + 1]
+        if down * _ORDERED > (down + up) * (_ORDERED - 1):
+            return -1
+        if up * _ORDERED > (down + up) * (_ORDERED - 1):
+            return 1
+        return 0
+
     def draw(self, bucket: int, kept: bool = False) -> float | None:
         """The offset (ms, signed) of a nack of ``bucket`` (see the class docstring), which leaves the
-        counts: one of the first segment with nacks left — or, for a ``kept`` copy, of the whole bucket —
-        chosen evenly over them (a low-discrepancy sequence: the n-th draw takes the nack at rank
-        ``frac(n · φ)`` of them, spread within its bin). None if no bucket at or before it has nacks left.
+        counts: one of the first segment with nacks left — or, for a ``kept`` copy, of the whole bucket.
+        If that segment's offsets were filed in order (:meth:`_order`), the one filed first of those left:
+        the highest (falling) or lowest (rising) of its outermost cell, the cell's remaining ones taken
+        as evenly spread between its lowest and highest; else one chosen evenly over them (a
+        low-discrepancy sequence: the n-th draw takes the nack at rank ``frac(n · φ)`` of them, placed
+        within its cell's lowest and highest). None if no bucket at or before it has nacks left.
         O(rows + cells)."""
+        self._flush()
+        self._refused = _NO_BUCKET  # (a row may be freed, and the draws move on: ask again)
         if bucket == _NO_BUCKET:
             return None
         row = self._row_at_or_before(bucket)
@@ -365,12 +571,20 @@ class _BucketOffsets:
             return None
         if bucket > self.drawn_upto:
             self.drawn_upto = bucket
+        # a label past its own bucket's time (a flush's limit) but within one bucket of it: its copies are
+        # that much later than their bucket time, the offset that much larger
+        past = bucket - self.keys[row]
+        if past >= OFFSET_BINS << self.shift:
+            past = 0  # (a bucket not kept: one before it stands in, as its offsets alone)
         cells, start = self.cells, row * _CELLS
         first, last = start, start + _CELLS
         if not kept:  # the first segment with nacks left: the copies come in the order nacks were filed
             while not any(cells[first : first + OFFSET_BINS]):
                 first += OFFSET_BINS
             last = first + OFFSET_BINS
+            order = self._order(row * OFFSET_SEGMENTS + (first - start) // OFFSET_BINS)
+            if order:
+                return past + self.sign * self._draw_ordered(row, first, last, order)
         at = row * _META + 3
         draws = self.meta[at]
         self.meta[at] = (draws + 1) & 0xFFFF
@@ -379,11 +593,29 @@ class _BucketOffsets:
         for cell in range(first, last):
             count = cells[cell]
             if count and target < seen + count:
+                low, high = self.low[cell], self.high[cell]
                 self._take(row, cell)
-                index = (cell - start) % OFFSET_BINS
-                return self.sign * (index + (target - seen) / count) * (1 << self.shift)
+                return past + self.sign * self.unit * (low + (target - seen) / count * (high - low))
             seen += count
         return None  # (not reached: the cells counted have nacks left)
+
+    def _draw_ordered(self, row: int, first: int, last: int, order: int) -> float:
+        """:meth:`draw` from an ordered segment (cells ``first`` to ``last``, some with nacks left): the
+        nack filed first of those left, its offset (ms) unsigned. O(cells)."""
+        cells, low, high = self.cells, self.low, self.high
+        span = range(last - 1, first - 1, -1) if order < 0 else range(first, last)
+        cell = next(cell for cell in span if cells[cell])
+        count = cells[cell]
+        if order < 0:  # falling: the highest left; the next below it by the even spacing of the rest
+            offset = high[cell]
+            if count > 1:
+                high[cell] = int(offset - (offset - low[cell]) / (count - 1) + 0.5)
+        else:
+            offset = low[cell]
+            if count > 1:
+                low[cell] = int(offset + (high[cell] - offset) / (count - 1) + 0.5)
+        self._take(row, cell)
+        return offset * self.unit
 
     def _take(self, row: int, cell: int) -> None:
         """One nack leaves ``cell``; the row is freed once none is left. O(row) then."""
@@ -391,11 +623,17 @@ class _BucketOffsets:
         cells[cell] -= 1
         if not cells[cell] and not any(cells[row * _CELLS : (row + 1) * _CELLS]):
             self.keys[row] = _NO_BUCKET  # every nack of it drawn or taken: the row is free
+            if row * _META == self._at:
+                self._bucket = _NO_BUCKET
 
     def taken(self, due_ms: float) -> None:
         """A nack due at ``due_ms`` whose redelivery counts its exact lateness (it was sampled): its offset
         leaves its bucket's (the bucket within 2**k ms of it: after it with ceil, before with floor), from
-        the first segment that counts one there. O(rows + segments)."""
+        the first segment whose offsets left in its bin span it, else the first that counts one there (at
+        one fixed delay a segment straddles two bins: taken from the segment before, that one ran out
+        early and every later draw of the bucket came one nack ahead). O(rows + segments)."""
+        self._flush()
+        self._refused = _NO_BUCKET  # (a row may be freed: ask again)
         span = OFFSET_BINS << self.shift
         keys = self.keys
         for row, key in enumerate(keys):
@@ -403,25 +641,41 @@ class _BucketOffsets:
                 continue
             offset = (key - due_ms) * self.sign
             if 0 <= offset < span:  # (not a sign of the bucket redelivered: a kept copy's is taken early)
-                index = min(int(offset) >> self.shift, OFFSET_BINS - 1)
+                place = offset / self.unit
+                index = min(int(place) >> _BIN_SHIFT, OFFSET_BINS - 1)
                 start = row * _CELLS
+                cells, low, high = self.cells, self.low, self.high
+                found = None  # its segment's cell: the first whose offsets left span it, else the first
                 for cell in range(start + index, start + _CELLS, OFFSET_BINS):
-                    if self.cells[cell]:
-                        self._take(row, cell)
-                        return
+                    if cells[cell]:
+                        if low[cell] <= place <= high[cell]:
+                            found = cell
+                            break
+                        if found is None:
+                            found = cell
+                if found is not None:
+                    self._take(row, found)
                 return
 
     @property
     def nbytes(self) -> int:
-        """Bytes held: the three arrays and this object. O(1)."""
-        held = (self.keys, self.cells, self.meta)
+        """Bytes held: the arrays and this object. O(1)."""
+        held = (self.keys, self.hints, self.cells, self.low, self.high, self.meta, self.last, self.moves)
         return python_bytes(self) + sum(python_bytes(part) for part in held)
+
+
+#: The late histogram's bucket widths (log2 ms) per power of two from 256 ms (1 ms below): 2 ms to 512
+#: ms, 4 ms to 2 s, 8 ms to 4 s (where a demo's p99 lies: a tail at 1.1 s reads within 2 ms 4 ms wide,
+#: 13.6 ms high 16 ms wide: tests/test_lateness.py), then 64 buckets a power of two (≤ 1.6 % of the
+#: value wide) up to 2**24 ms (4.7 h): 1,792 counts. The early mirror: 16 a power of two from 32 ms
+#: (1 ms below), 336 counts.
+_LATE_WIDTHS = (1, 2, 2, 3, *(exponent - 6 for exponent in range(12, 24)))
+_EARLY_WIDTHS = tuple(exponent - 4 for exponent in range(5, 24))
 
 
 class LatenessHistogram:
     """Lateness (ms; negative: early) of redeliveries: see the module docstring. ``add`` O(1), percentiles
-    O(buckets) (~1,700). ``len()`` is the samples counted (halved with the counts); the percentiles and
-    the early share weigh each by its weight."""
+    O(buckets) (2,128). ``len()`` is the samples counted (halved with the counts)."""
 
     __slots__ = ("_early", "_late", "_offsets", "_samples", "_total", "window")
 
@@ -431,24 +685,25 @@ class LatenessHistogram:
         self.window = window
         self._late: _Buckets | None = None  # allocated at the first sample
         self._early: _Buckets | None = None
-        self._total = 0  # the counts' sum: samples by their weights
+        self._total = 0  # the counts' sum
         self._samples = 0
         self._offsets: _BucketOffsets | None = None  # where the recent buckets' nacks' due times lie
 
-    def add(self, lateness_ms: float, weight: int = 1) -> None:
-        """Count a redelivery ``lateness_ms`` late for ``weight`` (an int >= 1: 1 in how many were
-        sampled, :data:`Sampled`). O(1), O(buckets) when the counts halve."""
+    def add(self, lateness_ms: float) -> None:
+        """Count a redelivery ``lateness_ms`` late. O(1), O(buckets) when the counts halve."""
         if self._late is None or self._early is None:
-            self._late, self._early = _Buckets(64, 24), _Buckets(16, 24)
+            self._late, self._early = _Buckets(8, _LATE_WIDTHS), _Buckets(5, _EARLY_WIDTHS)
         if lateness_ms >= 0:
             buckets = self._late
         else:
             buckets, lateness_ms = self._early, -lateness_ms
-        buckets.counts[buckets.index(lateness_ms)] += weight
-        self._total += weight
+        counts, index = buckets.counts, buckets.index(lateness_ms)
+        if counts[index] == 0xFFFF:  # (a window past 65,535 in one bucket: halved before it overflows)
+            self._halve()
+        counts[index] += 1
+        self._total += 1
         self._samples += 1
-        # (and before a count could pass its 32 bits: a window of millions of samples weighing 256 each)
-        if self._samples >= 2 * self.window or self._total >= _HALF:
+        if self._samples >= 2 * self.window:
             self._halve()
 
     def offset(self, bucket: int, offset_ms: int) -> None:
@@ -457,7 +712,10 @@ class LatenessHistogram:
         offsets = self._offsets
         if offsets is None:
             offsets = self._offsets = _BucketOffsets()
-        offsets.add(bucket, offset_ms)
+        if bucket == offsets._run_bucket and offset_ms == offsets._run_offset:
+            offsets._run += 1  # (_BucketOffsets.add's burst case, inlined: the nack path)
+        else:
+            offsets.add(bucket, offset_ms)
 
     def taken(self, due_ms: float) -> None:
         """A nack due at ``due_ms`` was sampled (:meth:`DueSample.take`): its redelivery counts its exact
@@ -506,14 +764,14 @@ class LatenessHistogram:
             return None
         # ascending: early buckets from the most early, then late ones
         order: list[tuple[float, float, int]] = []  # (value at the bucket's start, width, count)
+        spans = early.spans()
         for index in range(len(early.counts) - 1, -1, -1):
             count = early.counts[index]
             if count:
-                low, high = early.bounds(index)
+                low, high = spans[index]
                 order.append((-high, high - low, count))
-        for index, count in enumerate(late.counts):
+        for (low, high), count in zip(late.spans(), late.counts, strict=True):
             if count:
-                low, high = late.bounds(index)
                 order.append((low, high - low, count))
 
         def at_rank(rank: int) -> float:

@@ -4,7 +4,8 @@
 (bucket, ledger) slot in it is small (fewer than :data:`~pulsar_nack.index.PROMOTE_AT` ids): there a
 bucket object, its map entry and key, and a bitmap per slot cost ~300 bytes for the one or two ids such a
 bucket holds at k = 0 or with long, sparse delays. Here an id costs one *row*: an 8-byte
-*code* ``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in this store; ``slot``
+*code* ``ordinal << 42 | entry_id << 10 | slot`` (``ordinal``: the ledger's number in the tracker's
+:class:`~pulsar_nack.ledgers.LedgerRegistry`, shared with the arrival filter; ``slot``
 0 for a whole entry, ``1 + batch index`` for one batch message) filed under its bucket time, an offset
 ``(bucket - origin) >> k`` kept once per bucket of a run with the position of the bucket's first row (8
 bytes a bucket, where an offset per row cost 4 bytes a row), plus a few bytes in a Roaring bitmap of the
@@ -20,6 +21,11 @@ of each run (a bisect and a slice: O(log n + due)); a run whose popped prefix is
 down. Looking an entry up (``parts``, ``take``, ``remove``) scans the runs (O(n) in numpy) — but only when
 the membership bitmap says the entry may have rows, which for a sparse, in-order workload is rare: those
 entries' buckets are the ones the add path left behind.
+
+Ledgers: the store holds each ledger it has rows of in the registry (a bit in a bitmap of ordinals here,
+~2 B a ledger; a numbering of its own cost ~150 B) and releases it in a *sweep* — when the runs merge into
+one and fewer than half the ledgers held have rows (O(rows) numpy, amortized O(1) a row), and when the
+store empties — so a store that drains holds none.
 """
 
 from __future__ import annotations
@@ -31,9 +37,15 @@ from itertools import pairwise
 import numpy as np
 import numpy.ma  # (np.unique imports it on first use: ~0.5 MB landing in one index's memory)
 import numpy.typing as npt
-from pyroaring import BitMap64
+from pyroaring import BitMap, BitMap64
 
-from pulsar_nack.memory import bitmap64_heap_bytes, python_bytes, shared_bitmap64_heap_bytes
+from pulsar_nack.ledgers import LedgerRegistry
+from pulsar_nack.memory import (
+    bitmap64_heap_bytes,
+    bitmap_heap_bytes,
+    python_bytes,
+    shared_bitmap64_heap_bytes,
+)
 
 __all__ = ["MAX_PACKED_INDEX", "PackedSlot", "PackedStore"]
 
@@ -42,8 +54,8 @@ _ENTRY_BITS = 32
 _ORDINAL_SHIFT = _SLOT_BITS + _ENTRY_BITS
 #: Batch indexes a row can name (``1 + index`` must fit the slot bits): members beyond stay in the index.
 MAX_PACKED_INDEX = (1 << _SLOT_BITS) - 2
-#: Ledgers numbered at one time (ordinals fit the 22 bits above the entry id). Ordinals are renumbered
-#: when runs merge into one and most of them belong to ledgers with nothing left here.
+#: Ordinals a row can name (they fit the 22 bits above the entry id): a bucket of a ledger numbered
+#: beyond stays in the index.
 MAX_ORDINALS = 1 << (64 - _ORDINAL_SHIFT)
 _SPAN = 1 << 32  # bucket offsets are uint32
 #: pop() handles at most this many due rows in plain Python (see ``_pop_small``), more with numpy.
@@ -162,12 +174,13 @@ class PackedStore:
     ``len`` counts (bucket, entry) pairs, as the index does. Not thread-safe: the index's lock guards it.
     """
 
-    def __init__(self, precision_bits: int) -> None:
+    def __init__(self, precision_bits: int, ledgers: LedgerRegistry | None = None) -> None:
+        """``ledgers``: the numbering of ledgers to share (the store's own if None). O(1)."""
         self._k = precision_bits
         self._origin = 0
         self._runs: list[_Run] = []
-        self._ordinals: dict[LedgerKey, int] = {}
-        self._keys: list[LedgerKey | None] = []
+        self._registry = ledgers if ledgers is not None else LedgerRegistry()
+        self._held = BitMap()  # the ordinals this store holds in the registry
         # Entry codes that may have rows (a superset: see pop), and those that had rows in more than one
         # bucket when they came in — pop keeps their bits, as other buckets may still hold them.
         self._entries = BitMap64()
@@ -193,8 +206,9 @@ class PackedStore:
             self._origin = max(0, bucket - ((_SPAN >> 1) << self._k))
         if not 0 <= (bucket - self._origin) >> self._k < _SPAN:
             return False
-        new = sum(1 for key in keys if key not in self._ordinals)
-        return len(self._keys) + new <= MAX_ORDINALS
+        ordinals = self._registry.ordinals
+        new = sum(1 for key in keys if key not in ordinals)
+        return self._registry.span + new <= MAX_ORDINALS
 
     def stage(self, bucket: int, slots: list[PackedSlot]) -> None:
         """Take one bucket's slots (``accepts`` said yes; no entry here is already held at this bucket).
@@ -202,11 +216,12 @@ class PackedStore:
         ids here, where a numpy call per bucket cost more than the ids (~100 µs a bucket at k = 0)."""
         codes = self._staged_codes
         before = len(codes)
+        ordinals, held = self._registry.ordinals, self._held
         for key, entry_ids, masks in slots:
-            ordinal = self._ordinals.get(key)
-            if ordinal is None:
-                ordinal = self._ordinals[key] = len(self._keys)
-                self._keys.append(key)
+            ordinal = ordinals.get(key)
+            if ordinal is None or ordinal not in held:
+                ordinal = self._registry.acquire(key)
+                held.add(ordinal)
             base = ordinal << _ORDINAL_SHIFT
             if masks:
                 for entry_id in entry_ids:
@@ -237,7 +252,7 @@ class PackedStore:
         order = np.argsort(times, kind="stable")
         times, codes = times[order], codes[order]
         entry_codes = codes >> _U_SLOT_BITS
-        low = min(_MAX_LOW_BITS, (len(self._keys) - 1).bit_length())
+        low = min(_MAX_LOW_BITS, self._held.max().bit_length())
         if low > self._low:
             self._relayout(low)
         fresh = _bitmap(self._keys_of(entry_codes))
@@ -262,22 +277,21 @@ class PackedStore:
             self._renumber()
 
     def _renumber(self) -> None:
-        """Forget ledgers with nothing here and number the rest 0..L-1, once there are more of the first
-        than of the second (amortized O(1) a row: it runs on a full merge). O(rows) numpy."""
+        """Release the ledgers with nothing here, once there are more of them than of the others
+        (amortized O(1) a row: it runs on a full merge), and re-key the membership bitmaps for the
+        ordinals left. O(rows) numpy."""
         (run,) = self._runs
         times, codes = run.live()
-        ordinals = codes >> _U_ORDINAL_SHIFT
-        live = np.unique(ordinals)
-        if 2 * len(live) >= len(self._keys):
+        live = np.unique(codes >> _U_ORDINAL_SHIFT)
+        if 2 * len(live) >= len(self._held):
             return
-        new = np.searchsorted(live, ordinals).astype(np.uint64)
-        codes = new << _U_ORDINAL_SHIFT | codes & ~(np.uint64(MAX_ORDINALS - 1) << _U_ORDINAL_SHIFT)
-        self._runs = [_Run(times.copy(), codes)]
-        keys = [self._keys[o] for o in live.tolist()]
-        self._keys = list(keys)
-        self._ordinals = {key: i for i, key in enumerate(keys) if key is not None}
+        held = BitMap(live.astype(np.uint32))
+        release = self._registry.release
+        for ordinal in self._held - held:
+            release(ordinal)
+        self._held = held
         entry_codes = codes >> _U_SLOT_BITS
-        self._low = min(_MAX_LOW_BITS, (len(keys) - 1).bit_length())
+        self._low = min(_MAX_LOW_BITS, held.max().bit_length()) if held else 0
         self._entries = _bitmap(self._keys_of(entry_codes))
         pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
         counts = np.unique(pairs[0], return_counts=True)
@@ -319,7 +333,7 @@ class PackedStore:
 
     def may_hold(self, key: LedgerKey, entry_id: int) -> bool:
         """Whether the entry may have rows here (False: it has none). O(1)."""
-        ordinal = self._ordinals.get(key)
+        ordinal = self._registry.ordinals.get(key)
         return (
             ordinal is not None
             and 0 <= entry_id < 1 << _ENTRY_BITS
@@ -328,7 +342,7 @@ class PackedStore:
 
     def _find(self, key: LedgerKey, entry_id: int) -> list[tuple[_Run, npt.NDArray[np.intp]]]:
         """Each run's absolute positions of the entry's rows (runs without any left out). O(n) numpy."""
-        ordinal = self._ordinals.get(key)
+        ordinal = self._registry.ordinals.get(key)
         if ordinal is None or not 0 <= entry_id < 1 << _ENTRY_BITS:
             return []
         target = np.uint64(ordinal << 32 | entry_id)
@@ -381,7 +395,7 @@ class PackedStore:
             return False
         self._count -= len(before) - len(after)
         if not after:
-            code = self._key(self._ordinals[key], entry_id)
+            code = self._key(self._registry.ordinals[key], entry_id)
             self._entries.discard(code)
             self._multi.discard(code)
         self._tidy()
@@ -454,10 +468,8 @@ class PackedStore:
         entry_codes = codes >> _U_SLOT_BITS
         pairs = np.unique(np.stack((entry_codes, times.astype(np.uint64))), axis=1)
         self._count -= pairs.shape[1]
-        keys = self._keys  # (clear() below starts a new list)
-        if not self._runs:
-            self.clear()
-        else:
+        emptied = not self._runs  # (then cleared at the end: the ledgers' keys are read first)
+        if not emptied:
             gone = _bitmap(self._keys_of(entry_codes))
             if self._multi:
                 gone -= self._multi
@@ -476,6 +488,7 @@ class PackedStore:
         ):
             firsts[ordinal] = self._origin + (first << self._k)
         out = []
+        key_of = self._registry.key
         bounds = [*starts.tolist(), len(codes)]
         for start, end in pairwise(bounds):
             mine = codes[start:end]
@@ -495,9 +508,9 @@ class PackedStore:
                 entries = np.unique(entries)
             elif len(entries) > 1 and not bool((entries[1:] > entries[:-1]).all()):
                 entries = np.unique(entries)
-            key = keys[ordinal]
-            assert key is not None
-            out.append((firsts[ordinal], key, entries, partial))
+            out.append((firsts[ordinal], key_of(ordinal), entries, partial))
+        if emptied:
+            self.clear()
         out.sort(key=_first)
         return out
 
@@ -513,10 +526,8 @@ class PackedStore:
         where the numpy path's dozen calls cost ~100 µs a pop. O(rows log rows)."""
         self._after_pop()
         self._count -= len({(code >> _SLOT_BITS, time) for code, time in zip(codes, times, strict=True)})
-        keys = self._keys  # (clear() below starts a new list)
-        if not self._runs:
-            self.clear()
-        else:
+        emptied = not self._runs  # (then cleared at the end: the ledgers' keys are read first)
+        if not emptied:
             present, multi, key_of = self._entries, self._multi, self._key
             for entry_code in {code >> _SLOT_BITS for code in codes}:
                 member = key_of(entry_code >> _ENTRY_BITS, entry_code & _ENTRY_MASK)
@@ -537,12 +548,14 @@ class PackedStore:
             else:
                 group[1].add(entry_id)
         out = []
+        ledger_key = self._registry.key
         for ordinal, (first, whole, members) in groups.items():
-            key = keys[ordinal]
-            assert key is not None
+            key = ledger_key(ordinal)
             partial = {e: tuple(sorted(ix)) for e, ix in sorted(members.items()) if e not in whole}
             entries = np.array(sorted(whole | members.keys()), _U32)
             out.append((self._origin + (first[0] << self._k), key, entries, partial))
+        if emptied:
+            self.clear()
         out.sort(key=_first)
         return out
 
@@ -559,15 +572,16 @@ class PackedStore:
         change = np.concatenate(([True], (times[1:] != times[:-1]) | (ordinals[1:] != ordinals[:-1])))
         bounds = [*np.flatnonzero(change).tolist(), len(times)]
         for start, end in pairwise(bounds):
-            key = self._keys[int(ordinals[start])]
-            assert key is not None
+            key = self._registry.key(int(ordinals[start]))
             entries = np.unique((entry_codes[start:end] & _U_ENTRY).astype(np.uint32))
             yield self._origin + (int(times[start]) << self._k), key, entries
 
     def clear(self) -> None:
+        release = self._registry.release
+        for ordinal in self._held:
+            release(ordinal)
+        self._held = BitMap()
         self._runs = []
-        self._ordinals = {}
-        self._keys = []
         self._entries = BitMap64()
         self._multi = BitMap64()
         self._low = 0
@@ -592,20 +606,17 @@ class PackedStore:
             "tier_ids": self._count,
             "tier_rows": sum(len(run) for run in self._runs),
             "tier_runs": len(self._runs),
-            "tier_ledgers": len(self._ordinals),
+            "tier_ledgers": len(self._held),
         }
 
     def memory_bytes(self) -> tuple[int, int]:
         """(Python bytes, CRoaring heap bytes): the runs' arrays (their whole buffers, popped prefixes
-        included), the ledger numbering, the membership bitmaps. O(runs + ledgers)."""
+        included), the ordinals held, the membership bitmaps. O(runs)."""
         total = python_bytes(self) + python_bytes(self._runs) + python_bytes(self._staged)
         for run in self._runs:
             total += run.memory_bytes()
-        total += python_bytes(self._ordinals) + python_bytes(self._keys)
-        for key in self._ordinals:
-            total += python_bytes(key)
-            if isinstance(key, tuple):
-                total += python_bytes(key[0]) + python_bytes(key[1])
+        # The ledgers' numbering is the registry's (its owner counts it): here a bitmap of the ordinals.
+        total += python_bytes(self._held) + bitmap_heap_bytes(self._held)
         for bitmap in (self._entries, self._multi):
             total += python_bytes(bitmap)
         # The entry codes have the index's shared-bitmap shape (ledger number above the entry id); they

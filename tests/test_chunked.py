@@ -435,6 +435,47 @@ def test_past_the_bound_the_nack_goes_to_the_broker_for_every_chunk(
     assert leftover(client, topic, SUB) == []
 
 
+def test_a_nack_from_another_thread_reaches_a_receive_blocked_without_a_timeout(
+    client: Client, topic: str, size: int
+) -> None:
+    """A thread waits in ``receive()`` without a timeout (in the native receive: nothing more to send)
+    while this thread nacks the chunked message it got. Held in memory, the message would never reach
+    that wait (it used to be lost while the consumer lived); with a receive waiting the nack goes to
+    the broker as a nack of every chunk entry, and the broker's redelivery wakes the receive. (The
+    official consumer never gets a nacked chunked message back:
+    test_official_consumer_loses_the_nacked_chunked_message.)"""
+    consumer = client.subscribe(topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=300)
+    sent = payload(0, size)
+    send_chunked(client, topic, [sent])
+    first = consumer.receive(30_000)
+    assert first.data() == sent
+    got: list[bytes] = []
+    errors: list[str] = []
+
+    def receive_forever() -> None:
+        try:
+            while True:
+                message = consumer.receive()
+                got.append(message.data())
+                consumer.acknowledge(message)
+        except Exception as error:  # closed under the receive (how the test ends it)
+            errors.append(repr(error))
+
+    thread = threading.Thread(target=receive_forever, daemon=True)
+    thread.start()
+    time.sleep(1.0)  # the thread is in the native receive
+    consumer.negative_acknowledge(first)
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = consumer.nack_stats()
+    consumer.close()  # (wakes the receive: it raises)
+    thread.join(10)
+    assert [data == sent for data in got] == [True], (len(got), stats, errors)
+    assert stats.chunked_native == 1, ("not filed at the broker", stats)
+    assert leftover(client, topic, SUB) == []
+
+
 def test_nack_accepts_constructed_and_deserialized_ids(
     client: Client, official: pulsar.Client, topic: str, size: int
 ) -> None:

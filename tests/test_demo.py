@@ -57,7 +57,8 @@ def test_demo_acks_every_message_and_reports_the_tracker() -> None:
     # one definition on both sides: the wrapper's marginal bytes per pending nack, then its parts
     marginal = re.search(r"over \d+ samples\): pulsar-nack (-?[\d.]+) B", out.stdout)
     assert marginal is not None or "too few samples" in out.stdout, out.stdout
-    assert re.search(r"in all \(index [\d,]+ B, arrivals [\d,]+ B, timer [\d,]+ B", out.stdout), out.stdout
+    parts = r"in all \(index [\d,]+ B, arrivals [\d,]+ B, ledgers [\d,]+ B, timer [\d,]+ B"
+    assert re.search(parts, out.stdout), out.stdout
 
 
 def test_the_packaged_native_figure_is_the_benchmarks_measurement() -> None:

@@ -85,8 +85,8 @@ def test_drained_rounds_leave_nothing_behind() -> None:
         assert all(not bitmap for bitmap in arrivals._sets.layout.bitmaps)
         assert not arrivals._recent  # both generations rotated out
         assert arrivals.idle
-        # ledger ordinals are reclaimed: no more numbered than the most ever held at once allows
-        assert len(arrivals._sets._keys) <= 2 * 2 + 16
+        # ledgers are released: the tracker's one numbering of them (index, packed tier, filter) is empty
+        assert len(tracker.ledgers) == 0 and tracker.ledgers.span == 0
         assert arrivals.dues.used == 0  # every sampled due time read back by its forward
         # the wheel keeps the slots of pending timeouts only (at most the compaction's and a sweep's)
         assert len(soak.wheel) <= 2

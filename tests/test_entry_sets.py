@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from pulsar_nack.entry_sets import MAX_LOW_BITS, EntrySets
+from pulsar_nack.ledgers import LedgerRegistry
 
 _LEDGERS = [("t", ledger) for ledger in range(60)] + [("u", 3)]
 _op = st.tuples(
@@ -34,7 +35,7 @@ def test_entry_sets_hold_what_a_set_per_ledger_holds(
             assert sets.discard(which, ledger, entry_id) == ((ledger, entry_id) in model[which])
             model[which].discard((ledger, entry_id))
         else:
-            sets.update(which, ledger, BitMap([entry_id, entry_id // 2]))
+            sets.update(which, {ledger: BitMap([entry_id, entry_id // 2])})
             model[which] |= {(ledger, entry_id), (ledger, entry_id // 2)}
         for w in range(3):
             assert sets.any(w) == bool(model[w]) and sets.size(w) == len(model[w])
@@ -45,21 +46,24 @@ def test_entry_sets_hold_what_a_set_per_ledger_holds(
         for ledger, entry_id in model[w]:
             assert sets.contains(w, ledger, entry_id)
     live = {k for m in model for k, _ in m}
-    assert live <= set(sets.layout.bases), "a ledger is numbered while a set holds an entry of it"
+    assert live <= {k for k in _LEDGERS if sets.layout.code(k, 0) is not None}, (
+        "a ledger is numbered while a set holds an entry of it"
+    )
     assert sets.layout.low <= MAX_LOW_BITS
 
 
 def test_ordinals_are_reused_so_nothing_grows_with_ledgers_come_and_gone() -> None:
     """Ledgers that come and go (a topic rolling its ledgers over) reuse collected ordinals: the
     numbering stays within twice the most ledgers held at once (and 16)."""
-    sets = EntrySets(2)
+    registry = LedgerRegistry()
+    sets = EntrySets(2, registry)
     for ledger in range(10_000):
         sets.add(0, ("t", ledger), 5)
         sets.add(1, ("t", ledger), 6)
         if ledger:
             sets.discard(0, ("t", ledger - 1), 5)
             sets.discard(1, ("t", ledger - 1), 6)
-    assert len(sets.layout.bases) <= 16 and len(sets._keys) <= 17 and sets.layout.low <= 5
+    assert len(registry) <= 16 and registry.span <= 17 and sets.layout.low <= 5
     assert sets.contains(0, ("t", 9_999), 5) and not sets.contains(0, ("t", 9_998), 5)
 
 
@@ -72,5 +76,71 @@ def test_an_entry_id_out_of_range_is_refused_unchanged() -> None:
             assert "entry_id" in str(error)
         else:
             raise AssertionError("accepted")
-    assert not sets.any(0) and not sets.layout.bases
+    assert not sets.any(0) and not sets.held_ordinals
     assert not sets.contains(0, ("t", 1), 1 << 32)
+
+
+class _CountingSets(EntrySets):
+    """EntrySets counting its passes over the values held: re-codes (new low bits) and collections."""
+
+    __slots__ = ("passes",)
+    passes: list[str]
+
+    def _recode(self, low: int) -> None:
+        if any(self.layout.bitmaps):
+            self.passes.append("recode")
+        super()._recode(low)
+
+    def _collect(self) -> None:
+        if any(self.layout.bitmaps):
+            self.passes.append("collect")
+        super()._collect()
+
+
+_UPDATE = st.dictionaries(
+    st.sampled_from([("t", ledger) for ledger in range(300)]),
+    st.sets(st.integers(0, 70) | st.integers(0, (1 << 32) - 1), max_size=4).map(BitMap),
+    max_size=300,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_op, max_size=120), _UPDATE, st.lists(_op, max_size=40))
+def test_an_update_of_many_ledgers_holds_what_their_adds_hold_and_passes_over_values_once(
+    before: list[tuple[str, int, tuple[str, int], int]],
+    update: dict[tuple[str, int], BitMap],
+    after: list[tuple[str, int, tuple[str, int], int]],
+) -> None:
+    """An update of up to 300 ledgers (a restore teaching the arrival filter), after and before other
+    changes (ordinals held, freed, reused): the sets hold what one add per entry gives, the numbering
+    stays within twice the most ledgers held at once (and 16), and the values already held are passed
+    over at most once by a re-code and once by a collection — numbered one by one, each new ordinal
+    bit re-coded them all (8 passes at 200 ledgers: bench/snapshot_cost.py --restore)."""
+    sets, each = _CountingSets(3), EntrySets(3)
+    sets.passes = []
+    most = 0
+
+    def apply(ops: list[tuple[str, int, tuple[str, int], int]]) -> None:
+        nonlocal most
+        for kind, which, ledger, entry_id in ops:
+            for target in (sets, each):
+                if kind == "discard":
+                    target.discard(which, ledger, entry_id)
+                else:
+                    target.add(which, ledger, entry_id)
+            most = max(most, len({k for w in range(3) for k, _ in each.ledgers(w)}))
+
+    apply(before)
+    sets.passes.clear()
+    sets.update(1, update)
+    assert sets.passes.count("recode") <= 1 and sets.passes.count("collect") <= 1, sets.passes
+    for ledger, ids in update.items():
+        for entry_id in ids:
+            each.add(1, ledger, entry_id)
+    most = max(most, len({k for w in range(3) for k, _ in each.ledgers(w)}))
+    apply(after)
+    for w in range(3):
+        assert {(k, e) for k, ids in sets.ledgers(w) for e in ids} == {
+            (k, e) for k, ids in each.ledgers(w) for e in ids
+        }
+    assert sets._registry.span <= max(16, 2 * most) + 1, (sets._registry.span, most)

@@ -261,6 +261,139 @@ def test_asyncio_consumer_hands_held_siblings_out_at_their_time(
     assert not problems, problems
 
 
+# m0 is nacked to come back soon, m1 later: m0's redelivery brings m1 early (kept until due), then m2
+# (acked already) — the last copies the broker sends
+LAST_DELAYS_MS = {0: 0, 1: 3_000}
+LAST_FIXED_DELAY_MS = 1_000  # the official consumer's
+
+
+def _receive_forever(consumer: Any, per_message: bool, back: dict[bytes, float], errors: list[str]) -> None:
+    """``receive()`` without a timeout, as an application's loop does: nack m0 and m1 on first sight (the
+    wrapper with per-call delays), ack everything else, until m0 and m1 are back (their times in
+    ``back``)."""
+    nacked: set[bytes] = set()
+    try:
+        while len(back) < len(LAST_DELAYS_MS):
+            message = consumer.receive()
+            payload = message.data()
+            index = int(payload[1:])
+            if index in LAST_DELAYS_MS and payload not in nacked:
+                nacked.add(payload)
+                if per_message:
+                    consumer.negative_acknowledge(message, delay_ms=LAST_DELAYS_MS[index])
+                else:
+                    consumer.negative_acknowledge(message)
+                continue
+            if payload in nacked:
+                back.setdefault(payload, time.monotonic())
+            consumer.acknowledge(message)
+    except Exception as error:  # the consumer closed under a receive that never returned
+        errors.append(repr(error))
+
+
+def test_receive_without_a_timeout_hands_out_a_sibling_kept_from_the_last_copies(
+    nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str
+) -> None:
+    """A sibling kept from the last copies the broker sends comes back through ``receive()`` without a
+    timeout. ``receive`` went back to the native receive after an arrival it kept, and with no timeout
+    that waits for the broker's next message — after the last one, for ever: the kept copies were never
+    handed out (bench/consumer_cost.py, scenario B, batches of 1,000: 18-49 nacked messages of 2,000
+    never came back within 180 s on a loaded machine). Side by side with the official consumer, which
+    gets both nacked messages back from the broker."""
+    options: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared}
+    wrapped = nack_client.subscribe(unique_topic, SUB_WRAPPED, **options)
+    official = pulsar_client.subscribe(
+        unique_topic, SUB_OFFICIAL, negative_ack_redelivery_delay_ms=LAST_FIXED_DELAY_MS, **options
+    )
+    produce_bursts(pulsar_client, unique_topic, 3, batch_size=3)  # one batch: m0, m1, m2
+    backs: list[dict[bytes, float]] = [{}, {}]
+    errors: list[str] = []
+    threads = [
+        threading.Thread(target=_receive_forever, args=(c, c is wrapped, b, errors), daemon=True)
+        for c, b in zip((wrapped, official), backs, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stats = wrapped.nack_stats()
+    wrapped.close()  # (wakes a receive still waiting: it raises)
+    official.close()
+    for thread in threads:
+        thread.join(10)
+    wrapped_back, official_back = backs
+    assert sorted(official_back) == [b"m0", b"m1"], ("the official consumer", official_back, errors)
+    assert sorted(wrapped_back) == [b"m0", b"m1"], ("the wrapper", wrapped_back, stats, errors)
+    assert stats.chunked_redelivered >= 1, ("m1 was not kept: the case is not exercised", stats)
+    assert not leftover(pulsar_client, unique_topic, SUB_WRAPPED)
+
+
+def _receive_into(consumer: Any, got: list[bytes], errors: list[str]) -> None:
+    """``receive()`` without a timeout, acking everything, until the consumer is closed."""
+    try:
+        while True:
+            message = consumer.receive()
+            got.append(message.data())
+            consumer.acknowledge(message)
+    except Exception as error:  # closed under the receive (how the test ends it)
+        errors.append(repr(error))
+
+
+def test_a_nack_from_another_thread_comes_back_to_a_receive_blocked_without_a_timeout(
+    nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str
+) -> None:
+    """Thread R waits in ``receive()`` without a timeout (in the native receive: the broker has nothing
+    more to send) while this thread nacks m1, of which a copy is parked (it came with m0's redelivery
+    while the application held m1). The nack used to keep that copy in the hold, which R — blocked in
+    the native receive — never looks at: m1 did not come back while the consumer lived. Now a nack keeps
+    no copy while a receive waits there; it is filed, and the broker's redelivery wakes R. Side by side
+    with the official consumer, which gets m1 back from the broker."""
+    options: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared}
+    wrapped = nack_client.subscribe(unique_topic, SUB_WRAPPED, **options)
+    official = pulsar_client.subscribe(
+        unique_topic, SUB_OFFICIAL, negative_ack_redelivery_delay_ms=LAST_FIXED_DELAY_MS, **options
+    )
+    produce_bursts(pulsar_client, unique_topic, 2, batch_size=2)  # one batch: m0, m1
+    firsts = []
+    for consumer in (wrapped, official):
+        m0, m1 = consumer.receive(10_000), consumer.receive(10_000)
+        assert (m0.data(), m1.data()) == (b"m0", b"m1")
+        # m0's redelivery brings m1 along, which the application holds: the wrapper parks that copy
+        if consumer is wrapped:
+            consumer.negative_acknowledge(m0, delay_ms=0)
+        else:
+            consumer.negative_acknowledge(m0)
+        back = consumer.receive(10_000)
+        assert back.data() == b"m0"
+        consumer.acknowledge(back)
+        firsts.append(m1)
+    gots: list[list[bytes]] = [[], []]
+    errors: list[str] = []
+    threads = [
+        threading.Thread(target=_receive_into, args=(c, got, errors), daemon=True)
+        for c, got in zip((wrapped, official), gots, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + TIMEOUT_S
+    time.sleep(1.0)  # both R threads are in the native receive (the broker has nothing to send them)
+    assert wrapped._nacks._arrivals.has_parked, "no copy of m1 parked: the case is not exercised"
+    wrapped.negative_acknowledge(firsts[0], delay_ms=0)
+    official.negative_acknowledge(firsts[1])
+    while not all(gots) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stats = wrapped.nack_stats()
+    wrapped.close()  # (wakes a receive still waiting: it raises)
+    official.close()
+    for thread in threads:
+        thread.join(10)
+    wrapped_got, official_got = gots
+    assert official_got == [b"m1"], ("the official consumer", official_got, errors)
+    assert wrapped_got == [b"m1"], ("the wrapper", wrapped_got, stats, errors)
+    assert not leftover(pulsar_client, unique_topic, SUB_WRAPPED)
+
+
 def test_take_pending_message_takes_a_batch_message_pending_on_its_own_only() -> None:
     """The filter's side, without a broker: a sibling's pending nack leaves the filter and the index, and
     a later copy of it is a duplicate (the kept copy is the application's); one forwarded already, one

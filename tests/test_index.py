@@ -138,6 +138,73 @@ def test_add_many_equals_scalar_adds_in_any_order() -> None:
     )
 
 
+Pop = tuple[int, str, int, int, tuple[int, ...] | None]
+
+
+def _pops(index: TimeBucketIndex, end: int, step: int) -> list[Pop]:
+    """Every pop from 0 to ``end``, sorted: (time, topic, ledger, entry, batch indexes or None: whole)."""
+    return sorted(
+        ((now, d.topic, d.ledger_id, e, d.batch_indexes.get(e))
+         for now in range(0, end + step, step)
+         for d in index.pop_due(now)
+         for e in d.entry_ids.tolist()),
+        key=lambda pop: pop[:4],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("promote_at", "compact"), [(1, False), (2, False), (128, False), (2, True)])
+def test_add_many_files_batch_messages_as_scalar_adds_do(promote_at: int, compact: bool) -> None:
+    """add_many files batch messages in bulk (a restored snapshot's batch entries, their messages spread
+    over many buckets, took ~35 us a message one by one). Earliest due wins as with scalar adds: a message
+    added twice in the call fires once, at its earlier bucket; one whose entry or own copy is already
+    pending no later is covered; one pending later moves to the earlier bucket; whole entries in the same
+    call cover the later messages of theirs. Wide batch indexes (>= 1024), slots with bitmaps of their
+    own (promote_at 1, 2) and shared, and entries in the packed tier (compact) alike."""
+    rng = np.random.default_rng(27)
+    scalar = TimeBucketIndex(4, promote_at=promote_at)
+    bulk = TimeBucketIndex(4, promote_at=promote_at)
+    # already pending: messages and whole entries of some of the entries the call will name
+    pending = rng.integers(0, 60, 300)
+    for d, e, bi in zip(
+        rng.integers(0, 4_000, 300).tolist(),
+        pending.tolist(),
+        rng.choice([-1, 0, 1, 2, 3, 1500], 300).tolist(),
+        strict=True,
+    ):
+        for index in (scalar, bulk):
+            index.add(d, 1, e, bi, "t")
+    if compact:
+        for index in (scalar, bulk):
+            index.compact()
+    n = 4_000
+    due = rng.integers(0, 4_000, n)
+    ledgers = rng.choice([1, 2], n)
+    entries = rng.integers(0, 120, n)  # entries 0..59 of ledger 1 meet the pending ones
+    batches = rng.choice([*range(10), 1023, 1024, 1500], n)
+    batches[rng.random(n) < 0.05] = -1  # a few whole entries among them
+    for d, led, e, bi in zip(due.tolist(), ledgers.tolist(), entries.tolist(), batches.tolist(), strict=True):
+        scalar.add(d, led, e, bi, "t")
+    bulk.add_many(due, ledgers, entries, batches, "t")
+    assert scalar.added == bulk.added and len(scalar) == len(bulk)
+    assert scalar.bucket_count == bulk.bucket_count
+    named = {(1, e) for e in pending.tolist()} | set(zip(ledgers.tolist(), entries.tolist(), strict=True))
+    for led, e in named:
+        assert bulk.pending_mask(led, e, "t") == scalar.pending_mask(led, e, "t"), (led, e)
+        assert bulk.parts(led, e, "t") == scalar.parts(led, e, "t"), (led, e)
+    expected = _pops(scalar, 4_000, 16)
+    assert _pops(bulk, 4_000, 16) == expected
+    assert {(led, e) for _, _, led, e, _ in expected} == named  # every entry named came out
+    assert len(bulk) == 0 and bulk.bucket_count == 0
+
+
+def test_add_many_rejects_a_batch_index_too_large_before_changing_anything() -> None:
+    index = TimeBucketIndex()
+    index.add(5, 1, 1)
+    with pytest.raises(ValueError, match="batch_indexes"):
+        index.add_many([5, 6], [1, 1], [2, 3], [0, 2**31])
+    assert len(index) == 1 and index.pending_mask(1, 2) == 0
+
+
 def test_compaction_keeps_content_and_accepts_new_ids() -> None:
     index = TimeBucketIndex(precision_bits=10)
     index.add_many(
@@ -1104,3 +1171,16 @@ def test_take_answers_as_due_of_then_remove(compacted: bool) -> None:
         assert other.pending_mask(1, entry, "t") == one.pending_mask(1, entry, "t") and len(other) == len(one)
         removed += expected[1]
     assert removed >= 150 and len(one) == len(other) and drain(one, 10**6) == drain(other, 10**6)
+
+
+def test_free_ordinals_left_by_ledgers_moved_to_the_packed_tier_cost_little() -> None:
+    """1,000 sparse ledgers whose bucket moved to the packed tier leave 1,000 free ordinals in the live
+    tier: kept as a bitmap (a few bytes each), not as a list of ints (~40 B each)."""
+    index = TimeBucketIndex(0, "floor")
+    for ledger in range(1_000):
+        index.add(1_000, ledger, 1, topic="t")
+    index.add(2_000, 5_000, 1, topic="t")  # the add path moves on
+    index.compact()
+    assert index.structure()["tier_ledgers"] == 1_000 and index.structure()["ordinals"] >= 1_000
+    ledgers = index.memory_usage().breakdown["ledgers"]
+    assert ledgers < 16 * 1_000, ledgers  # the ordinal → record list (8 B a slot) and the free bitmap

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fake_clock import FakeClock
 
+from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.lowlevel import DueIds, TimerWheel
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
 from pulsar_nack.tracker import NackTracker, Verdict, epoch_clock
@@ -99,6 +100,47 @@ def test_pending_nacks_survive_a_crash_held_back_until_due_then_handed_out_once(
     late = {e: t[0] - max(due[e], restart) for e, t in b.handed.items()}
     assert max(late.values()) < 2 * NATIVE_MS + 70, f"late by up to {max(late.values())} ms"
     assert b.tracker.stats().snapshots is not None
+
+
+class _CountingSets(EntrySets):
+    """The arrival filter's sets, counting the re-codes that pass over values already held."""
+
+    __slots__ = ("recodes",)
+    recodes: int
+
+    def _recode(self, low: int) -> None:
+        self.recodes += any(self.layout.bitmaps)
+        super()._recode(low)
+
+
+def test_a_restore_of_many_ledgers_teaches_the_filter_in_one_pass(tmp_path: Path) -> None:
+    """The restore teaches the arrival filter the whole entries of 300 ledgers (and the batch messages
+    of 100 entries) and every copy is held back — with the ledgers numbered together: the values the
+    filter's sets hold are re-coded at most once. Numbered ledger by ledger, each new ordinal bit
+    re-coded every value taught so far (bench/snapshot_cost.py --restore: 10M ids of 200 ledgers)."""
+    a = Consumer(tmp_path, EPOCH)
+    for ledger in range(2, 302):
+        for entry in range(5):
+            a.tracker.schedule(EPOCH + 10_000 + entry, ledger, entry, -1, TOPIC)
+    for entry in range(100):
+        for index in (0, 3):
+            a.tracker.schedule(EPOCH + 12_000 + entry, 1, entry, index, TOPIC)
+    a.tracker.close()
+    b = Consumer(tmp_path, EPOCH + 100)
+    spy = b.tracker.arrivals._sets = _CountingSets(b.tracker.arrivals._sets._count)
+    spy.recodes = 0
+    assert b.tracker.restore().ids == 300 * 5 + 100
+    assert spy.recodes <= 1
+    admit = b.tracker.arrivals.admit
+    for ledger in range(2, 302):
+        assert all(admit(ledger, entry, -1, TOPIC, None) is Verdict.HOLD for entry in range(5)), ledger
+    for entry in range(100):
+        assert [admit(1, entry, index, TOPIC, 4) for index in range(4)] == [
+            Verdict.HOLD,
+            Verdict.DELIVER,
+            Verdict.DELIVER,
+            Verdict.HOLD,
+        ], entry
 
 
 def test_acks_and_redeliveries_leave_the_snapshot(tmp_path: Path) -> None:
