@@ -110,8 +110,10 @@ MAX_FAST_HELD = 65_536
 _FAST_CHECK_EVERY = 1024
 #: The last messages handed out in fast mode that a take-over reads (a ring indexed by number): the receiver
 #: queue is one FIFO, so only the entry those came from can still have messages queued, above the highest
-#: batch index handed out (more than one slot: receiving threads may number messages out of queue order).
-_FAST_RECENT = 16
+#: batch index handed out (more than one slot: receiving threads may number messages out of queue order,
+#: by at most the threads receiving at once — so up to 256 of them are safe; a store per message whatever
+#: the size, and 256 id reads once, at the take-over).
+_FAST_RECENT = 256
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
