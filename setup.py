@@ -1,5 +1,5 @@
 """Build hook: the metadata is in setup.cfg. Repository files the package needs at run time but that live
-outside it — the Java PIP-393 reference, the benchmark results the sweep draws its Java and seeds figures
+outside it — the benchmark results the sweep draws its Java and seeds figures
 from, the Spark job and notebook — are copied into the built package under ``pulsar_nack/data/repository/``
 with their relative paths (read by :mod:`pulsar_nack.shipped`), so the repository keeps one copy of each.
 MANIFEST.in puts the same files into the sdist, from which the wheel is then built."""
@@ -12,10 +12,6 @@ from setuptools.command.build_py import build_py
 
 #: Globs relative to the repository root; each must match at least one file.
 REPOSITORY_FILES = (
-    "bench/java_reference.py",
-    "bench/java/pom.xml",
-    "bench/java/README.md",
-    "bench/java/src/**/*.java",
     "bench/results/index_memory.json",
     "bench/results/seeds.json",
     "spark/sweep_job.py",

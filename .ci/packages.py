@@ -4,18 +4,21 @@
 
 `python -m build` makes the sdist, then the wheel *from the sdist* (so a file missing from MANIFEST.in
 breaks the wheel too). The contents are checked: the sdist ships no tests (they need the repository), both
-carry the repository files setup.py copies into the package (Java reference, results, Spark recipe).
-Each artifact goes into its own new venv with the `broker` and `profile` extras; the wheel's venv gets the
-*lowest* pulsar-client setup.cfg allows (the floor CI tests), the sdist's the newest pip picks. Then, from a
-folder outside the checkout, with no PYTHONPATH: `pulsar-nack --version`, `estimate`, a short `profile` (with
-the Java column when java and mvn are on PATH: built from the packaged sources in a fresh cache), a short
-`demo` on the embedded broker and `sweep --files`. Everything lives in build/packages/ (removed at the
-end unless --keep). Prints the time of each step; exits non-zero at the first failure.
+carry the repository files setup.py copies into the package (results, Spark recipe) and neither carries
+the benchmarks' Java reference. Each artifact goes into its own new venv: the wheel with the `broker`,
+`profile` and `spark` extras and the *lowest* pulsar-client setup.cfg allows (the floor CI tests), the sdist
+with `broker` and `profile` and the newest pip picks. Then, from a folder outside the checkout, with no
+PYTHONPATH: `pulsar-nack --version`, `estimate`, a short `profile` (its Java line says the Java structure
+needs a checkout), a short `demo` on the embedded broker, `sweep --files`, and `sweep --grid small` on
+Spark `local[2]` (wheel; when java is on PATH) or the sweep's one-line error naming the `spark` extra
+(sdist). Everything lives in build/packages/ (removed at the end unless --keep). Prints the time of each
+step; exits non-zero at the first failure.
 """
 
 from __future__ import annotations
 
 import configparser
+import hashlib
 import os
 import re
 import shutil
@@ -30,9 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "build" / "packages"
 #: Files setup.py copies into the package (under pulsar_nack/data/repository/), checked in both artifacts.
 REPOSITORY_FILES = (
-    "bench/java_reference.py",
-    "bench/java/pom.xml",
-    "bench/java/src/main/java/pulsarnack/bench/Pip393Memory.java",
     "bench/results/index_memory.json",
     "bench/results/seeds.json",
     "spark/sweep_job.py",
@@ -42,16 +42,19 @@ REPOSITORY_FILES = (
 STARTED = time.monotonic()
 
 
-def step(title: str, command: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
-    """Run ``command``; print its title and time; on failure print its output and exit 1."""
+def step(
+    title: str, command: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None, exit_code: int = 0
+) -> str:
+    """Run ``command``; print its title and time; unless it exits with ``exit_code`` print its output and
+    exit 1. Returns its stdout (with ``exit_code`` != 0: its stderr)."""
     began = time.monotonic()
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     took = time.monotonic() - began
     print(f"[{time.monotonic() - STARTED:6.1f} s] {title}: {took:.1f} s (exit {proc.returncode})", flush=True)
-    if proc.returncode != 0:
+    if proc.returncode != exit_code:
         print(proc.stdout[-6000:], proc.stderr[-6000:], sep="\n", file=sys.stderr)
         sys.exit(1)
-    return proc.stdout
+    return proc.stdout if exit_code == 0 else proc.stderr
 
 
 def fail(message: str) -> None:
@@ -86,19 +89,25 @@ def check_contents(sdist: Path, wheel: Path) -> None:
     for name in REPOSITORY_FILES:
         if f"pulsar_nack/data/repository/{name}" not in inside:
             fail(f"the wheel lacks pulsar_nack/data/repository/{name}")
+    benchmarks = sorted(name for name in (*names, *inside) if "bench/java" in name)
+    if benchmarks:
+        fail(f"the packages carry the benchmarks' Java reference: {benchmarks[:3]}")
     for name in ("pulsar_nack/py.typed", "pulsar_nack/data/estimate_fit.json"):
         if name not in inside:
             fail(f"the wheel lacks {name}")
     print(f"contents: sdist {len(names)} files, no tests; wheel {len(inside)} files", flush=True)
 
 
-def try_artifact(kind: str, artifact: Path, version: str, extra_requirements: list[str]) -> None:
+def try_artifact(kind: str, artifact: Path, version: str, extras: str, extra_requirements: list[str]) -> None:
     venv = WORK / f"venv-{kind}"
     step(f"{kind}: new venv", [sys.executable, "-m", "venv", str(venv)])
     python, cli = venv / "bin" / "python", str(venv / "bin" / "pulsar-nack")
+    # The hash keys pip's cache of wheels built from an sdist: by path alone, it installs one built from an
+    # earlier sdist of the same version.
+    url = f"{artifact.as_uri()}#sha256={hashlib.sha256(artifact.read_bytes()).hexdigest()}"
     step(
-        f"{kind}: pip install {artifact.name}[broker,profile] {' '.join(extra_requirements)}",
-        [str(python), "-m", "pip", "install", "--quiet", f"pulsar-nack[broker,profile] @ {artifact.as_uri()}",
+        f"{kind}: pip install {artifact.name}[{extras}] {' '.join(extra_requirements)}",
+        [str(python), "-m", "pip", "install", "--quiet", f"pulsar-nack[{extras}] @ {url}",
          *extra_requirements],
     )  # fmt: skip
     client = step(
@@ -109,20 +118,16 @@ def try_artifact(kind: str, artifact: Path, version: str, extra_requirements: li
     run = WORK / f"run-{kind}"  # outside the checkout's import path: only the installed package is seen
     run.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    env["XDG_CACHE_HOME"] = str(WORK / f"cache-{kind}")  # the Java reference builds from the packaged sources
     printed = step(f"{kind}: pulsar-nack --version", [cli, "--version"], run, env)
     if version not in printed:
         fail(f"{kind}: --version printed {printed!r}, expected {version}")
     printed = step(f"{kind}: estimate", [cli, "estimate", "--rate", "10000", "--delay", "1h"], run, env)
     if "pulsar-nack" not in printed:
         fail(f"{kind}: estimate printed no pulsar-nack row:\n{printed}")
-    java = shutil.which("java") is not None and shutil.which("mvn") is not None
     profile = [cli, "profile", "--rate", "1000", "--duration", "5s", "--delay", "1h", "--no-progress"]
-    if not java:
-        profile.append("--no-java")
-    printed = step(f"{kind}: profile ({'with' if java else 'no'} Java)", profile, run, env)
-    if java and "Java PIP-393 structure:" not in printed:
-        fail(f"{kind}: profile printed no Java figures though java and mvn are on PATH:\n{printed}")
+    printed = step(f"{kind}: profile", profile, run, env)
+    if "Java: not run (needs a source checkout" not in printed:
+        fail(f"{kind}: profile's Java line does not say it needs a checkout:\n{printed}")
     demo = [cli, "demo", "--messages", "300", "--max-delay-ms", "2000"]
     step(f"{kind}: demo --messages 300", demo, run, env)
     printed = step(f"{kind}: sweep --files", [cli, "sweep", "--files"], run, env)
@@ -130,6 +135,16 @@ def try_artifact(kind: str, artifact: Path, version: str, extra_requirements: li
         path = Path(line.split(": ", 1)[1])
         if not path.is_file() or venv not in path.parents:
             fail(f"{kind}: sweep --files: {line} is not a file of the install")
+    sweep = [cli, "sweep", "--grid", "small", "--master", "local[2]", "--no-progress", "--out", "sweep-out"]
+    if "spark" not in extras:
+        printed = step(f"{kind}: sweep without the spark extra", sweep, run, env, exit_code=1)
+        if "pip install 'pulsar-nack[spark]'" not in printed or "Traceback" in printed:
+            fail(f"{kind}: sweep without pyspark does not name the extra in one line:\n{printed}")
+    elif shutil.which("java") is not None or os.environ.get("JAVA_HOME"):
+        printed = step(f"{kind}: sweep --grid small", sweep, run, env)
+        written = [run / "sweep-out" / name for name in ("sweep.parquet", "report.md", "report.html")]
+        if not all(path.is_file() for path in written) or "Java bars: " + str(venv) not in printed:
+            fail(f"{kind}: sweep wrote no report, or not with the packaged Java results:\n{printed}")
 
 
 def main(argv: list[str]) -> int:
@@ -141,8 +156,8 @@ def main(argv: list[str]) -> int:
     version = wheel.name.split("-")[1]
     check_contents(sdist, wheel)
     floor = pulsar_client_floor()
-    try_artifact("wheel", wheel, version, [f"pulsar-client=={floor}"])
-    try_artifact("sdist", sdist, version, [])
+    try_artifact("wheel", wheel, version, "broker,profile,spark", [f"pulsar-client=={floor}"])
+    try_artifact("sdist", sdist, version, "broker,profile", [])
     if "--keep" not in argv:
         shutil.rmtree(WORK)
     print(f"packages: wheel and sdist {version} work from fresh venvs ({time.monotonic() - STARTED:.0f} s)")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import report
 
 if TYPE_CHECKING:
-    from pulsar_nack import DueIds
+    from pulsar_nack.lowlevel import DueIds
 
 sys.path.insert(0, str(report.ROOT / "tests"))  # the restart tests' consumer process A and drain
 

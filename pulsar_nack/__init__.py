@@ -47,14 +47,16 @@ __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name's module on first access (PEP 562) and cache the name here. O(1) after."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # type checkers see the imports above, so they reject a name that is not exported
+
+    def __getattr__(name: str) -> Any:
+        """Import a public name's module on first access (PEP 562) and cache the name here. O(1) after."""
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

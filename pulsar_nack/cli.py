@@ -207,6 +207,9 @@ def _sweep(args: argparse.Namespace) -> int:
     except GridError as error:
         raise UsageError(f"--grid: {error}") from None
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # spark-submit started us: its JVM, its master
+    missing = [name for name in _SWEEP_MODULES if importlib.util.find_spec(name) is None]
+    if missing:  # before --master: its check is in pulsar_nack.sweep.spark, which imports them
+        raise _sweep_lacks(missing, submitted)
     if args.master is not None:
         from pulsar_nack.sweep.spark import check_master
 
@@ -223,9 +226,6 @@ def _sweep(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"--out: cannot create {args.out}: {error.strerror or error}") from None
     java_results = _java_results(args.java_results)
-    missing = [name for name in _SWEEP_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise _sweep_lacks(missing, submitted)
     if not submitted and shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         raise RunError("Spark needs Java 17 or newer: put java on PATH or set JAVA_HOME")
     if args.master is not None and args.master.startswith("spark://"):
@@ -307,9 +307,9 @@ def _register_profile(subcommands: argparse._SubParsersAction[argparse.ArgumentP
         "a real NackTracker on a simulated clock — no broker; with --broker URL, through that broker — in "
         "fresh processes, and report memory per "
         "pending nack three ways (tracemalloc, system allocator + mallinfo2, RSS), buckets, ledgers, time "
-        "per nack and per forward, a pympler per-type breakdown, and beside it the Java PIP-393 structure "
-        "(when java and mvn are available) and the native client's measured cost. Durations take ms, s, "
-        "m, h or d (a bare number is seconds).",
+        "per nack and per forward, a pympler per-type breakdown, and beside it the native client's measured "
+        "cost and the Java PIP-393 structure (from a source checkout, when java and mvn are available). "
+        "Durations take ms, s, m, h or d (a bare number is seconds).",
     )
     parser.add_argument(
         "--rate", type=float, default=1_000.0, help="messages per second (default: %(default)g)"

@@ -1249,8 +1249,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
             del waiting[token]
 
     def _receive_holding(self, timeout_millis: int | None) -> pulsar.Message:
-        """``receive`` while nacked chunked messages are held: a held one when due, else the broker's next
-        message; waits on the native ``receive`` no longer than until the next held one is due."""
+        """``receive`` while messages are held (nacked chunked ones, kept copies): the native queue's messages
+        first, then a held one when due, else the broker's next message; waits on the native ``receive`` no
+        longer than until the next held one is due."""
         nacks = self._nacks
         deadline = None if timeout_millis is None else time.monotonic() + timeout_millis / 1000.0
         # Listed before it reads the hold (see receive): a nack meanwhile files rather than keep a copy
@@ -1259,6 +1260,18 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         nacks.waiting[token] = None
         try:
             while True:
+                # What the native queue already has first: a copy kept for later costs microseconds to take
+                # in, and a broker re-dispatching a dead consumer's messages (a restart) sends the rest as
+                # these are read — pulsar-lite stalls that re-dispatch once the application acks kept
+                # copies in due order meanwhile (3,128 of 10,000 back in 60 s when kept copies went first).
+                try:
+                    message = super().receive(0)
+                except pulsar.Timeout:
+                    pass
+                else:
+                    if nacks.admit(message):
+                        return message
+                    continue
                 held = self._due_held()
                 if held is not None:
                     return held

@@ -24,8 +24,8 @@ forwarded entry) and takes a per-type breakdown of the tracker's own objects wit
 (``asizeof.flatsize`` per object; a pyroaring bitmap as its Python object plus its CRoaring heap read
 with glibc's ``malloc_usable_size`` — ``asizeof`` alone reports a bitmap's *serialized* size).
 
-Side by side, when available: the Java PIP-393 structure (``bench/java``, a fresh JVM; from an install its
-packaged copy, see :mod:`pulsar_nack.shipped`) on the same number of pending entries, and the native
+Side by side, when available: the Java PIP-393 structure (``bench/java``, a fresh JVM; a benchmark, so
+in a source checkout only) on the same number of pending entries, and the native
 client's tracker, costed with its bytes per pending nack as ``bench/nack_lateness.py`` measured them
 (``pulsar_nack/data/native_nack_cost.json``, provenance shown).
 
@@ -702,7 +702,7 @@ def java_side(workload: Workload, entries: int) -> tuple[dict[str, Any] | None, 
     not modelled there, so the note says how the workload was mapped."""
     reference: Any = java_reference()
     if reference is None:
-        return None, "Java: not run (this install has no bench/java_reference.py)"
+        return None, "Java: not run (needs a source checkout: bench/java_reference.py is not shipped)"
     if not reference.available():
         return None, "Java: not run (java and mvn are not on PATH)"
     if entries < 1:

@@ -1,25 +1,21 @@
-"""Files of the repository that travel with the package: the Java PIP-393 reference
-(``bench/java_reference.py`` and its Maven module ``bench/java``), the benchmark results the sweep and the
-notebook draw their Java and seeds figures from (``bench/results/index_memory.json``,
-``bench/results/seeds.json``) and the Spark recipe (``spark/sweep_job.py``, ``spark/memory_sweep.ipynb``,
-``spark/README.md``).
+"""Files of the repository that travel with the package: the benchmark results the sweep and the notebook
+draw their Java and seeds figures from (``bench/results/index_memory.json``, ``bench/results/seeds.json``)
+and the Spark recipe (``spark/sweep_job.py``, ``spark/memory_sweep.ipynb``, ``spark/README.md``).
 
 In a source checkout they are read where they are; the wheel and the sdist carry copies under
 ``pulsar_nack/data/repository/`` with the same relative paths (``setup.py`` copies them at build time, so
 the repository holds each file once). ``pulsar-nack sweep --files`` prints where they are.
+
+The Java PIP-393 reference (``bench/java_reference.py`` and its Maven module ``bench/java``) is a
+benchmark and does not travel: :func:`java_reference` finds it in a checkout only.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
-from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import ModuleType
 from typing import Final
-
-from pulsar_nack import __version__
 
 __all__ = ["CHECKOUT", "PACKAGED", "SPARK_FILES", "java_reference", "repository_file"]
 
@@ -29,8 +25,6 @@ CHECKOUT: Final = Path(__file__).resolve().parent.parent
 PACKAGED: Final = Path(__file__).resolve().parent / "data" / "repository"
 #: The Spark recipe: the spark-submit job, the notebook, their README.
 SPARK_FILES: Final = ("spark/sweep_job.py", "spark/memory_sweep.ipynb", "spark/README.md")
-
-_JAVA_REFERENCE: Final = "bench/java_reference.py"
 
 
 def repository_file(name: str) -> Path | None:
@@ -44,51 +38,13 @@ def repository_file(name: str) -> Path | None:
     return None
 
 
-def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "pulsar-nack" / f"java-reference-{__version__}"
-
-
-def _copy_changed(source: Traversable, target: Path) -> None:
-    """Copy the tree ``source`` (a package resource) into ``target``, only files whose bytes differ: an
-    unchanged source keeps its old modification time, so the reference does not rebuild a current jar.
-    O(bytes of the tree)."""
-    for item in source.iterdir():
-        destination = target / item.name
-        if item.is_dir():
-            _copy_changed(item, destination)
-            continue
-        data = item.read_bytes()
-        if destination.is_file() and destination.read_bytes() == data:
-            continue
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        destination.write_bytes(data)
-
-
-def java_reference() -> ModuleType | None:
-    """The Java PIP-393 reference runner (``bench/java_reference.py``), or None if neither a checkout nor
-    the package has it.
-
-    From a checkout the module runs where it is and builds its jar in ``bench/java/target``, as the
-    benchmarks do. From an install the packaged sources — read as package resources
-    (:mod:`importlib.resources`), so a zipped install serves them too — are first copied to
-    ``$XDG_CACHE_HOME/pulsar-nack/java-reference-VERSION`` (default ``~/.cache``) and built there by
-    Maven, so nothing is written into the installed package; the first build fetches fastutil and
-    RoaringBitmap from Maven Central into ``~/.m2``. O(bytes of the sources) to copy and load."""
-    packaged = resources.files("pulsar_nack").joinpath("data", "repository", "bench")
-    return _java_reference_from(CHECKOUT / _JAVA_REFERENCE, packaged)
-
-
-def _java_reference_from(checkout: Path, packaged: Traversable) -> ModuleType | None:
-    """:func:`java_reference` with its two places as arguments: ``checkout``, the module in a source
-    checkout; ``packaged``, the package resource holding the packaged ``bench`` folder."""
-    path = checkout
+def java_reference(checkout: Path = CHECKOUT) -> ModuleType | None:
+    """The Java PIP-393 reference runner, ``bench/java_reference.py`` of the source checkout ``checkout``
+    (it builds its jar in ``bench/java/target``, as the benchmarks do), or None when there is none — an
+    installed package: the reference is a benchmark, not shipped. O(size of the module) to load."""
+    path = checkout / "bench" / "java_reference.py"
     if not path.is_file():
-        if not packaged.joinpath("java_reference.py").is_file():
-            return None
-        cache = _cache_root() / "bench"
-        _copy_changed(packaged, cache)
-        path = cache / "java_reference.py"
+        return None
     spec = importlib.util.spec_from_file_location("_pulsar_nack_java_reference", path)
     if spec is None or spec.loader is None:
         return None

@@ -49,6 +49,7 @@ def test_profile_end_to_end(tmp_path: Path) -> None:
         (["profile", "--duration", "1s", "--no-progress"], "pympler", "profile needs pympler"),
         (["profile", "--duration", "1s"], "tqdm", "profile needs tqdm"),
         (["sweep", "--grid", "small", "--out", "out"], "pyspark", "the sweep needs pyspark"),
+        (["sweep", "--master", "local[2]", "--out", "out"], "pyspark", "the sweep needs pyspark"),
         (["sweep", "--grid", "small", "--out", "out"], "pyarrow", "the sweep needs pyarrow"),
         (["sweep", "--grid", "small", "--out", "out"], "matplotlib", "the sweep needs matplotlib"),
         # a submodule the check before Spark does not list: the import of the job itself names it
