@@ -110,9 +110,13 @@ MAX_FAST_HELD = 65_536
 _FAST_CHECK_EVERY = 1024
 #: The last messages handed out in fast mode that a take-over reads (a ring indexed by number): the receiver
 #: queue is one FIFO, so only the entry those came from can still have messages queued, above the highest
-#: batch index handed out (more than one slot: receiving threads may number messages out of queue order,
-#: by at most the threads receiving at once — so up to 256 of them are safe; a store per message whatever
-#: the size, and 256 id reads once, at the take-over).
+#: batch index handed out. The bound: the last message taken from the queue is among the last
+#: ``_FAST_RECENT`` numbered unless that many messages were taken from the queue before it and numbered
+#: after it — each held by another thread between the native receive and the numbering in ``admit`` (one
+#: message per ``receive()`` or listener thread; a whole list per ``batch_receive()`` thread). So up to 256
+#: threads receiving at once are safe with ``receive()`` or a listener, and ``batch_receive()`` from one
+#: thread (tests/test_fast_mode_faults.py: 32 threads, which a ring of 16 did not survive). The cost: a
+#: list store per message whatever the size, and 256 id reads once, at the take-over.
 _FAST_RECENT = 256
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 

@@ -73,9 +73,17 @@ def _before_fault(consumer: Any) -> tuple[list[bytes], Any, bool | None]:
     return payloads, first[3], fast
 
 
-def _drain(consumer: Any, held: Any, limit_s: float = 120.0, idle_s: float = 4.0) -> Counter[bytes]:
-    """After the fault: ack the held m3, then receive and ack every message until all of m0..m1999 and
-    the nacked m4 have come and nothing came for ``idle_s`` (or ``limit_s`` passed)."""
+def _drain(
+    consumer: Any,
+    held: Any,
+    limit_s: float = 120.0,
+    idle_s: float = 4.0,
+    expect: int = MESSAGES - FIRST,
+    nacked: bytes = NACKED,
+) -> Counter[bytes]:
+    """After the fault: ack the held message (m3), then receive and ack every message until ``expect``
+    distinct ones (all of m0..m1999 not received before) and the ``nacked`` one (m4) have come and nothing
+    came for ``idle_s`` (or ``limit_s`` passed)."""
     consumer.acknowledge(held)
     got: Counter[bytes] = Counter()
     deadline = time.monotonic() + limit_s
@@ -84,7 +92,7 @@ def _drain(consumer: Any, held: Any, limit_s: float = 120.0, idle_s: float = 4.0
         try:
             message = consumer.receive(500)
         except pulsar.Timeout:
-            if len(got) >= MESSAGES - FIRST and NACKED in got and time.monotonic() - last > idle_s:
+            if len(got) >= expect and nacked in got and time.monotonic() - last > idle_s:
                 break
             continue
         last = time.monotonic()
@@ -228,3 +236,96 @@ def test_copies_the_broker_sends_while_nothing_is_nacked_are_handed_out_as_the_o
         )
         assert set(wrapper["again"]) == set(official["again"]), (trigger, summary)
         assert wrapper["leftover"] == [] and official["leftover"] == [], (trigger, summary)
+
+
+#: Receiving threads that each took a message from the receiver queue and number it (fast mode) only after
+#: other threads handed out messages of the next entry: more than the 16 messages the take-over read before
+#: (NackBridge._follow), fewer than the 256 it reads now (consumer._FAST_RECENT).
+LATE = 32
+
+
+def _late_numbering(consumer: Any) -> tuple[list[bytes], Any, bool | None]:
+    """Receive m0..m110 — the first entry (m0..m99) and m100..m110 of the second — as ``LATE`` receiving
+    threads of the wrapper can hand them out: m68..m99 taken from the native receiver queue first, then
+    m100..m110 received and numbered, then m68..m99 numbered (``NackBridge.admit``, what ``receive()``
+    does with a message once the native receive returned it; a thread preempted between the two). The
+    official consumer receives them in order. Acks all but m103 (held) and m104, which it nacks.
+    Returns the payloads handed out, the held m103 and whether the wrapper was in fast mode at the nack."""
+    nacks = getattr(consumer, "_nacks", None)
+    if nacks is None:
+        first = receive_all(consumer, 111)
+    else:
+        first = receive_all(consumer, 100 - LATE)
+        late = []
+        for _ in range(LATE):  # what LATE threads' native receive returned (taken from the queue)
+            message = pulsar.Message()
+            message._message = consumer._consumer.receive(20_000)
+            message._schema = consumer._schema
+            late.append(message)
+        first += receive_all(consumer, 11)  # other threads hand m100..m110 out meanwhile
+        for message in late:  # the LATE threads go on: admitted (numbered) last
+            assert nacks.admit(message), "premise: handed out in fast mode"
+        first[100 - LATE : 100 - LATE] = late
+    payloads = [m.data() for m in first]
+    assert payloads == [f"m{i}".encode() for i in range(111)], f"premise: in order, {payloads}"
+    fast = getattr(nacks, "fast", None)
+    for message in first:
+        if message.data() not in (b"m103", b"m104"):
+            consumer.acknowledge(message)
+    consumer.negative_acknowledge(first[104])
+    return payloads, first[103], fast
+
+
+@pytest.mark.parametrize("kind", ["lite", "apache"])
+def test_more_receiving_threads_than_the_old_window_lose_no_queued_sibling_at_a_reconnect(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The take-over reads the ids of the last 256 messages handed out (``_FAST_RECENT``) to find which
+    messages of the entry being received are still queued. With ``LATE`` = 32 receiving threads numbering
+    the first entry's last messages after other threads handed out m100..m110 (see ``_late_numbering``),
+    the last 16 were all of the first entry: m111..m199 were taken for acked (inferred), and the cut —
+    the nack of m104 forwarded, the second entry re-sent with redelivery count 1 — dropped them (fails
+    with a window of 16 on pulsar-lite). Every message reaches the application at least once, m104 comes
+    back, nothing is left unacked, and the wrapper hands out no message the official consumer does not."""
+    logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
+    every = {f"m{i}".encode() for i in range(MESSAGES)}
+    with own_broker(kind, request) as broker:
+        clients = {
+            "official": pulsar.Client(broker.service_url, operation_timeout_seconds=30, logger=logger),
+            "wrapper": Client(broker.service_url, operation_timeout_seconds=30, logger=logger),
+        }
+        runs: dict[str, dict[str, Any]] = {}
+        for name, client in clients.items():
+            topic = f"persistent://public/default/fast-late-{name}-{uuid.uuid4().hex[:8]}"
+            consumer = client.subscribe(
+                topic, SUB, consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+            )
+            produce_bursts(client, topic, MESSAGES, batch_size=BATCH)
+            before, held, fast = _late_numbering(consumer)
+            runs[name] = {"topic": topic, "consumer": consumer, "before": before, "held": held, "fast": fast}
+        time.sleep(0.6)  # the acks reach the broker (grouped for 100 ms); the nack is forwarded
+        assert _cut_connections(int(broker.service_url.rsplit(":", 1)[1])) >= 2, "premise: both cut"
+        for run in runs.values():
+            run["after"] = _drain(run["consumer"], run["held"], expect=MESSAGES - 111, nacked=b"m104")
+            run["consumer"].close()
+        for name, run in runs.items():
+            run["leftover"] = leftover(clients[name], run["topic"], SUB)
+        for client in clients.values():
+            client.close()
+    summary = {
+        name: {
+            "fast": run["fast"],
+            "after": len(run["after"]),
+            "missing": sorted(every - set(run["before"]) - set(run["after"]))[:10],
+            "leftover": len(run["leftover"]),
+        }
+        for name, run in runs.items()
+    }
+    assert runs["wrapper"]["fast"] is True, ("premise: the wrapper received m0..m110 in fast mode", summary)
+    for name, run in runs.items():
+        seen = set(run["before"]) | set(run["after"])
+        assert seen == every, (f"{name}: never handed out: {sorted(every - seen)[:10]}", summary)
+        assert run["after"][b"m104"] >= 1, (f"{name}: the nacked m104 never came back", summary)
+        assert run["leftover"] == [], (f"{name}: left unacked: {run['leftover'][:10]}", summary)
+    extra = set(runs["wrapper"]["after"]) - set(runs["official"]["after"])
+    assert not extra, (f"handed out by the wrapper only: {sorted(extra)[:10]}", summary)
