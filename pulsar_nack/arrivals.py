@@ -453,6 +453,10 @@ class ArrivalFilter:
         # None: the consumer has no ack timeout, and every such copy is a duplicate.
         self._held_ms: float | None = None
         self._target = 0  # the last forward's bucket time (forwarded(): its flights share the int)
+        #: Entries taken over from a consumer that admitted messages without reading their ids
+        #: (:meth:`infer`) → the batch indexes marked acked without having seen the ack: each one was acked
+        #: by the application or has not reached it yet. Empty but after such a take-over.
+        self.inferred: dict[Key, int] = {}
 
     def expect_ack_timeout(self, timeout_ms: float | None) -> None:
         """The consumer's ``unacked_messages_timeout_ms`` (None or 0: none). With one, the native client
@@ -468,6 +472,11 @@ class ArrivalFilter:
     def _since(self) -> float:
         """A new entry's :attr:`_Entry.since`: now with an ack timeout, else 0 (no clock read)."""
         return self._clock() if self._held_ms is not None else 0.0
+
+    @property
+    def expects_ack_timeout(self) -> bool:
+        """Whether :meth:`expect_ack_timeout` was given a timeout. O(1)."""
+        return self._held_ms is not None
 
     @property
     def idle(self) -> bool:
@@ -1057,6 +1066,115 @@ class ArrivalFilter:
             return _HOLD, again
         return _HOLD, None  # asked for by something else (a sibling, a reconnect): ours follows
 
+    def nack_free(self) -> bool:
+        """Nothing pending, in flight, parked, kept as a bit or recently redelivered, and no followed
+        batched entry forwarded: only records of batched entries whose messages the application was
+        handed (and may have acked). O(followed entries) under the lock."""
+        with self._lock:
+            return self._nack_free()
+
+    def _nack_free(self) -> bool:
+        bitmaps = self._sets.layout.bitmaps
+        pending, quiet, watch = bitmaps[_PENDING], bitmaps[_QUIET], bitmaps[_WATCH]
+        if (
+            self._flights
+            or pending
+            or quiet
+            or watch
+            or self._recent
+            or self._popped
+            or self._taken
+            or self._waiting
+        ):
+            return False
+        for entry in self._entries.values():
+            if (
+                entry.pending
+                or entry.flights
+                or entry.parked
+                or entry.size is None
+                or entry.last_forward != _NEVER_FORWARDED
+            ):
+                return False
+        return True
+
+    def unwatch_arrivals(self) -> bool:
+        """The consumer is about to hand its messages out without telling this filter (nothing can make a
+        copy withheld while :meth:`nack_free` holds): True if it holds, and every message of a followed
+        entry not handed out yet is marked acked and :attr:`inferred` (:meth:`infer`), so that the entry is
+        settled as the application acks the messages it was handed; False (nothing changed) if not.
+        O(followed entries) under the lock."""
+        with self._lock:
+            if not self._nack_free():
+                return False
+            for key, entry in list(self._entries.items()):
+                full = (1 << entry.size) - 1  # type: ignore[operator]  # (known: _nack_free checked)
+                unseen = full & ~(entry.out | entry.acked)
+                if entry.acked | unseen == full:
+                    del self._entries[key]  # all acked but the unseen: nothing more can come for it
+                    self.inferred.pop(key, None)
+                elif unseen:
+                    entry.acked |= unseen
+                    self.inferred[key] = self.inferred.get(key, 0) | unseen
+            if not self._entries:
+                _release(self._entries)
+            return True
+
+    def infer(self, key: Key, size: int, held: int, queued: int = 0) -> None:
+        """Follow a batched entry of ``size`` messages from a consumer that handed its messages out
+        without telling this filter (nothing was tracked then): the application holds the batch indexes in
+        ``held`` (a mask), and those in ``queued`` are known to be still in the receiver queue (never
+        handed out: any copy of one is handed out, whatever its redelivery count). Of a new record, every
+        other message was acked by the application or has not reached it yet: those are marked acked and
+        remembered in :attr:`inferred` — a copy of one is dropped as acked unless :meth:`first_copy` says
+        it is the first. A followed entry infers nothing more (its other messages were classified when
+        they came, or by :meth:`unwatch_arrivals`); an acked or inferred message in ``queued`` is queued
+        again, one handed out or pending is left as it is. O(1) under the lock."""
+        with self._lock:
+            entry = self._entries.get(key)
+            inferred = self.inferred.get(key, 0)
+            full = (1 << size) - 1
+            if entry is None:
+                if not held:
+                    return  # not followed, nothing held: every copy of it is a first delivery anyway
+                entry = self._entries[key] = _Entry(size, self._since())
+                queued &= ~held
+                unknown = full & ~(held | queued)
+            else:
+                if entry.size is None:
+                    entry.size = size
+                queued &= ~(held | entry.out | entry.pending | (entry.acked & ~inferred))
+                unknown = 0
+            entry.out |= held
+            entry.acked = (entry.acked & ~(held | queued)) | unknown
+            bits = (inferred & ~(held | queued)) | unknown
+            if bits:
+                self.inferred[key] = bits
+            else:
+                self.inferred.pop(key, None)
+
+    def first_copy(self, key: Key, batch_index: int) -> bool:
+        """A copy of a message marked acked by :meth:`infer` came, and it is a first delivery (its
+        redelivery count is 0: it was still in the receiver queue when the entry was taken over): True,
+        and it counts as handed out now (the caller hands it out); False if it is not (or no longer)
+        such a message. O(1)."""
+        with self._lock:
+            bits = self.inferred.get(key, 0)
+            bit = 1 << batch_index
+            if not bits & bit:
+                return False
+            bits &= ~bit
+            if bits:
+                self.inferred[key] = bits
+            else:
+                del self.inferred[key]
+            entry = self._entries.get(key)  # (None: settled after a forward, its copies dropped as acked)
+            if entry is not None:
+                entry.acked &= ~bit
+                entry.out |= bit
+            self._dropped -= 1  # (counted as a dropped copy when it was classified)
+            return True
+
     def park(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, copy: Any) -> bool:
         """Keep a ``DUPLICATE`` copy until the application acks its own. False if the application has
         acked it meanwhile (the caller acks the copy now). O(1)."""
@@ -1419,6 +1537,8 @@ class ArrivalFilter:
                     del entries[key]  # settled, never forwarded: nothing more can come
                     if not entries:
                         _release(entries)
+                    if self.inferred:
+                        self.inferred.pop(key, None)
             elif acked | pending == full and self._pending_mask is not None:
                 self._make_quiet(key)  # every message acked or pending: one bit
             return True
@@ -1435,7 +1555,10 @@ class ArrivalFilter:
         return code is not None and code in quiet
 
     def _make_quiet(self, key: Key) -> None:
-        """Keep an entry whose messages are all acked or pending as one bit (lock held)."""
+        """Keep an entry whose messages are all acked or pending as one bit (lock held); not one with
+        :attr:`inferred` messages (a bit cannot tell those from acked ones)."""
+        if self.inferred and key in self.inferred:
+            return
         entries = self._entries
         del entries[key]
         if not entries:
@@ -1473,6 +1596,11 @@ class ArrivalFilter:
             if dropped is not None:
                 self._unwatch(dropped)
                 self._sets.tidy()  # (rotate emptied sets in place: all empty, the ledgers go back)
+            if dropped is not None and self.inferred:  # those of entries settled: while they are settled
+                recent = self._recent
+                for key in [k for k in self.inferred if k not in self._entries]:
+                    if not recent.is_settled(key[:2], key[2]):
+                        del self.inferred[key]
             forwards = self._forwards
             while forwards and forwards[0][0] <= horizon:
                 record = forwards.popleft()
@@ -1523,6 +1651,8 @@ class ArrivalFilter:
         entry = entries.pop(key)
         if not entries:
             _release(entries)
+        # (its inferred messages stay in `inferred` while it is settled: a copy of one that is a first
+        # delivery is still handed out, see first_copy; dropped at the sweep's next rotation)
         if entry.last_forward != _NEVER_FORWARDED and self._clock() - entry.last_forward < self.linger_ms:
             self._recent.settle(key[:2], key[2])
 
@@ -1571,6 +1701,7 @@ class ArrivalFilter:
             self.has_parked = False
             self._taken.clear()
             self._popped.clear()
+            self.inferred.clear()
             self._waiting.clear()
 
     def counts(self) -> FilterCounts:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import functools
 import inspect
+import itertools
 import logging
 import math
 import os
@@ -100,6 +101,24 @@ _UNTRACKED = ()
 _monotonic = time.monotonic  # the nack path reads the default clock without a Python frame
 _DELIVER = Verdict.DELIVER  # a module constant: an enum member lookup costs 65 ns on the per-message path
 _ACKED, _DUPLICATE, _HOLD = Verdict.ACKED, Verdict.DUPLICATE, Verdict.HOLD
+_COVERED = Verdict.COVERED
+#: Unacked messages a consumer in fast mode (:meth:`NackBridge.admit`) remembers at most: past this it reads
+#: their ids and follows them as before (an application that acks seldom or never would otherwise pin every
+#: message it was handed). Checked every :data:`_FAST_CHECK_EVERY` admissions.
+MAX_FAST_HELD = 65_536
+#: How often (admissions) a consumer checks whether it can admit without reading ids again, and whether it
+#: remembers too many unacked messages to go on doing so.
+_FAST_CHECK_EVERY = 1024
+#: The last messages handed out in fast mode that a take-over reads (a ring indexed by number): the receiver
+#: queue is one FIFO, so only the entry those came from can still have messages queued, above the highest
+#: batch index handed out. The bound: the last message taken from the queue is among the last
+#: ``_FAST_RECENT`` numbered unless that many messages were taken from the queue before it and numbered
+#: after it — each held by another thread between the native receive and the numbering in ``admit`` (one
+#: message per ``receive()`` or listener thread; a whole list per ``batch_receive()`` thread). So up to 256
+#: threads receiving at once are safe with ``receive()`` or a listener, and ``batch_receive()`` from one
+#: thread (tests/test_fast_mode_faults.py: 32 threads, which a ring of 16 did not survive). The cost: a
+#: list store per message whatever the size, and 256 id reads once, at the take-over.
+_FAST_RECENT = 256
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
@@ -368,6 +387,20 @@ class NackBridge:
         self.received_bytes = 0
         self.acked = 0
         self.count_sizes = False
+        # Fast mode (issue 28): while nothing is nacked, in flight or held, and the consumer has one topic,
+        # no ack timeout and no snapshots, arrivals are handed out without reading their ids (4 native
+        # calls a message) — no copy can be withheld then. Each message handed out is numbered
+        # (message._pulsar_nack_ids = its number) and remembered here, number → _pulsar.Message, until the
+        # application acks it: when a nack ends fast mode (_take_over), the messages still unacked are
+        # all this consumer must know about (the filter infers every other message of their entries to be
+        # acked or not received yet: ArrivalFilter.infer).
+        self.fast = False
+        self._fast_held: dict[int, Any] = {}
+        self._number = itertools.count().__next__
+        self._fast_recent: list[Any] = [None] * _FAST_RECENT  # number % _FAST_RECENT → _pulsar.Message
+        self._fast_check = 0  # admissions until the next check (_check_fast)
+        self._taking_over = threading.Lock()
+        self.fast_takeovers = 0  # times fast mode ended (a metric: the cost of a take-over is its reads)
         if snapshots is not None:
             self.tracker.restore()
             # dead members' nacks; the takeover sets check_deaths while it watches a member (else None)
@@ -393,7 +426,9 @@ class NackBridge:
             if not self.tracker.closed:
                 self._native.negative_acknowledge(message._message)
             return
-        if ids is None or ids is _UNTRACKED:
+        if self.fast:
+            self._take_over()  # a nack ends fast mode: what the application holds is followed from now on
+        if ids is None or ids is _UNTRACKED or type(ids) is int:
             ids = self._ids(message)
         if ids is None:
             raise TypeError(
@@ -424,6 +459,8 @@ class NackBridge:
         except RuntimeError:
             if not tracker.closed:  # closed (before or during the call): nothing to do, as above
                 raise
+        if self.fast:  # fast mode began while this nack was filed (_check_fast): end it again
+            self._take_over()
 
     def _nack_chunked(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
         """If ``message`` is chunked: hold it (True: done), or else prepare its nack at the broker as a nack
@@ -488,12 +525,29 @@ class NackBridge:
         non-batched message while nothing is pending or in flight, four for a batched one (five on a
         multi-topic or partitioned consumer).
         """
+        if self.fast:
+            # nothing can be withheld: hand it out, numbered and remembered until acked (no native call)
+            number = self._number()
+            message._pulsar_nack_by = self
+            message._pulsar_nack_ids = number
+            inner = message._message
+            self._fast_held[number] = inner
+            self._fast_recent[number % _FAST_RECENT] = inner
+            if not self.fast or not number % _FAST_CHECK_EVERY:
+                self._fast_admitted((number,))
+            self.received += 1  # (Java: received.count/.size, what the application gets)
+            if self.count_sizes:
+                self.received_bytes += inner.length()
+            return True
         check_deaths = self.check_deaths  # (None without snapshots)
         if check_deaths is not None:
             check_deaths()  # a peer that died: hold(adoption) now, before this copy of its message goes
         adopting = self.adopting  # the one read on this path while no takeover is in progress
         if adopting is not None:
             adopting.wait()
+        self._fast_check -= 1
+        if self._fast_check <= 0 and self._check_fast():
+            return self.admit(message)  # (fast mode from this message on)
         message._pulsar_nack_by = self
         inner = message._message
         message_id = inner.message_id()
@@ -506,8 +560,13 @@ class NackBridge:
             ledger_id = message_id.ledger_id()
             entry_id = message_id.entry_id()
             message._pulsar_nack_ids = (ledger_id, entry_id, batch_index, topic)
-            verdict = arrivals.admit_message((topic, ledger_id, entry_id), batch_index, message_id)
-            if verdict is _DELIVER:
+            key = (topic, ledger_id, entry_id)
+            verdict = arrivals.admit_message(key, batch_index, message_id)
+            if verdict is _DELIVER or (
+                arrivals.inferred
+                and (verdict is _ACKED or verdict is _COVERED)
+                and self._first_copy(inner, key, batch_index)
+            ):
                 self.received += 1  # (Java: received.count/.size, what the application gets)
                 if self.count_sizes:
                     self.received_bytes += inner.length()
@@ -560,7 +619,12 @@ class NackBridge:
                 self.received_bytes += inner.length()
             return True
         verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, message_id)
-        if verdict is _DELIVER:
+        if verdict is _DELIVER or (
+            batch_index >= 0
+            and arrivals.inferred
+            and (verdict is _ACKED or verdict is _COVERED)
+            and self._first_copy(inner, (topic, ledger_id, entry_id), batch_index)
+        ):
             self.received += 1  # (Java: received.count/.size, what the application gets)
             if self.count_sizes:
                 self.received_bytes += inner.length()
@@ -593,6 +657,20 @@ class NackBridge:
         classified together (:meth:`ArrivalFilter.admit_batched
         <pulsar_nack.arrivals.ArrivalFilter.admit_batched>`: one lock round-trip, each entry looked up once
         per run of its messages). O(messages)."""
+        if self.fast:
+            # nothing can be withheld (as in admit): every message handed out, numbered and remembered
+            held, number, recent = self._fast_held, self._number, self._fast_recent
+            for message in messages:
+                message._pulsar_nack_by = self
+                message._pulsar_nack_ids = numbered = number()
+                held[numbered] = recent[numbered % _FAST_RECENT] = message._message
+            if not self.fast or len(held) > MAX_FAST_HELD:
+                self._fast_admitted([m._pulsar_nack_ids for m in messages])
+            self.count_received(messages)
+            return list(messages)
+        self._fast_check -= len(messages)
+        if self._fast_check <= 0 and self._check_fast():
+            return self.admit_all(messages)
         topic = self._fixed_topic
         if self.check_deaths is not None:
             self.check_deaths()  # (as admit does)
@@ -645,9 +723,15 @@ class NackBridge:
             ledger_id, entry_id, batch_index, _ = batched[index]
             position = positions[index]
             message = admitted[position]
-            admitted[position] = None
             assert message is not None
             inner = message._message
+            if (
+                arrivals.inferred
+                and (verdict is _ACKED or verdict is _COVERED)
+                and self._first_copy(inner, (topic, ledger_id, entry_id), batch_index)
+            ):
+                continue  # a first delivery after all: handed out
+            admitted[position] = None
             if verdict is _HOLD:
                 if self.holding:
                     self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
@@ -658,6 +742,111 @@ class NackBridge:
         handed = [m for m in admitted if m is not None]
         self.count_received(handed)
         return handed
+
+    def _check_fast(self) -> bool:
+        """Begin fast mode if nothing can make a copy withheld: one topic, no ack timeout, no snapshots,
+        nothing held, and the filter :meth:`nack_free <pulsar_nack.arrivals.ArrivalFilter.nack_free>`
+        (the messages of the entries it follows that were not handed out yet are marked acked:
+        :meth:`unwatch_arrivals <pulsar_nack.arrivals.ArrivalFilter.unwatch_arrivals>`). Returns whether
+        the consumer is in fast mode. O(followed entries), every :data:`_FAST_CHECK_EVERY` admissions."""
+        self._fast_check = _FAST_CHECK_EVERY
+        if (
+            self._fixed_topic is None
+            or self._snapshots is not None
+            or self.held
+            or self.tracker.closed
+            or self._arrivals.expects_ack_timeout
+        ):
+            return False
+        with self._taking_over:
+            if self.fast or not self._arrivals.unwatch_arrivals():
+                return self.fast
+            self.fast = True
+        if not self._arrivals.nack_free():  # a nack filed meanwhile (it saw fast mode off): end it again
+            self._take_over()
+        return self.fast
+
+    def _take_over(self) -> None:
+        """End fast mode (a nack, a cumulative ack, too many unacked messages): read the ids of the
+        messages the application holds and of the last ones handed out, and tell the filter that it holds
+        them (:meth:`ArrivalFilter.infer <pulsar_nack.arrivals.ArrivalFilter.infer>`: the messages of the
+        last ones' entries above them are still queued; every other message of their entries was acked or
+        has not come yet). O(messages held), native calls for each."""
+        with self._taking_over:
+            if not self.fast:
+                return
+            self.fast = False  # (first: an admission or ack that reads it after this sees it off)
+            self.fast_takeovers += 1
+            held = self._fast_held
+            taken = list(held.items())
+            for number, _ in taken:
+                del held[number]
+            recent = [inner for inner in self._fast_recent if inner is not None]
+            self._fast_recent = [None] * _FAST_RECENT
+            self._follow([inner for _, inner in taken], recent)
+
+    def _fast_admitted(self, numbers: Sequence[int]) -> None:
+        """After messages were admitted in fast mode: if it ended meanwhile (the take-over may not have
+        seen them), follow them; else end it if too many messages are unacked (:data:`MAX_FAST_HELD`)."""
+        if self.fast:
+            if len(self._fast_held) > MAX_FAST_HELD:
+                self._take_over()
+            return
+        with self._taking_over:
+            held = self._fast_held
+            inners = [held.pop(number) for number in numbers if number in held]
+            self._follow(inners, inners)  # (numbered before the take-over, admitted after it)
+
+    def _follow(self, inners: Sequence[Any], recent: Sequence[Any]) -> None:
+        """Tell the filter the application holds these batch messages (taken over from fast mode; lock
+        held), and which messages of the entries of the ``recent`` ones (the last handed out) are still in
+        the receiver queue: those above the highest batch index handed out. The receiver queue is one FIFO
+        and a batch enters it whole, in batch-index order, so no other entry has messages queued; a
+        message wrongly taken as queued is handed out again if a copy comes (a duplicate), one wrongly
+        taken as acked would be dropped after a reconnect (whose copies come with a redelivery count
+        above 0, the receiver queue dropped: see docs/receive_cost.md). O(messages): their ids, and each
+        entry's batch size once."""
+        topic = self._fixed_topic
+        assert topic is not None  # (fast mode needs one)
+        held: dict[tuple[str, int, int], int] = {}
+        sizes: dict[tuple[str, int, int], int] = {}
+        top: dict[tuple[str, int, int], int] = {}  # entry → the highest batch index handed out lately
+        for inner in inners:
+            message_id = inner.message_id()
+            batch_index = message_id.batch_index()
+            if batch_index < 0:
+                continue  # a non-batched message: nothing to infer (its copies come only if nacked)
+            key = (topic, message_id.ledger_id(), message_id.entry_id())
+            mask = held.get(key)
+            if mask is None:
+                mask, sizes[key] = 0, batch_size(message_id)
+            held[key] = mask | 1 << batch_index
+        for inner in recent:
+            message_id = inner.message_id()
+            batch_index = message_id.batch_index()
+            if batch_index < 0:
+                continue
+            key = (topic, message_id.ledger_id(), message_id.entry_id())
+            if key not in sizes:
+                sizes[key] = batch_size(message_id)
+            if batch_index > top.get(key, -1):
+                top[key] = batch_index
+        for key, size in sizes.items():
+            if size <= 0:
+                continue
+            mask = held.get(key, 0)
+            highest = top.get(key)
+            queued = 0
+            if highest is not None:
+                highest = max(highest, mask.bit_length() - 1)
+                queued = ((1 << size) - 1) & ~((2 << highest) - 1)
+            self._arrivals.infer(key, size, mask, queued)
+
+    def _first_copy(self, inner: Any, key: tuple[str, int, int], batch_index: int) -> bool:
+        """A copy dropped as acked whose ack was inferred (:meth:`_follow`): the first delivery of the
+        message if its redelivery count is 0 (it was in the receiver queue at the take-over) — then it is
+        handed out. One native call, for such copies only."""
+        return bool(inner.redelivery_count() == 0 and self._arrivals.first_copy(key, batch_index))
 
     def _keep(self, message: pulsar.Message, ledger_id: int, entry_id: int, topic: str) -> None:
         """A broker copy of a non-batched message whose nack is pending (a reconnect or an ack timeout
@@ -796,6 +985,7 @@ class NackBridge:
         """Remember a ledger's topic (for nacks of bare ids); on a single-topic consumer, fix it."""
         if self._fixed_topic is None and topic == self._topic:
             self._fixed_topic = topic  # a single non-partitioned topic: no need to ask again
+            self._fast_check = 0  # fast mode may begin with the next message
         ledger_topics = self._ledger_topics
         if ledger_id not in ledger_topics:
             if len(ledger_topics) >= _MAX_LEDGER_TOPICS:  # a cache: the oldest ledgers are done with
@@ -807,7 +997,7 @@ class NackBridge:
         """(ledger, entry, batch index, topic) of a message or id the application passes; None if it is
         neither (the official client reports that)."""
         known = getattr(message, _ADMITTED_IDS, None) if type(message) is _MESSAGE else None
-        if known is not None and known is not _UNTRACKED:
+        if known is not None and known is not _UNTRACKED and type(known) is not int:
             return known  # type: ignore[no-any-return]
         target = message_id_of(message)
         if target is None:
@@ -831,6 +1021,12 @@ class NackBridge:
                 else:
                     self.hold.discard((topic, ledger_id, entry_id, batch_index))
         ids = getattr(message, _ADMITTED_IDS, None) if type(message) is _MESSAGE else None
+        if type(ids) is int:  # handed out in fast mode
+            self._fast_held.pop(ids, None)
+            if self.fast:
+                return  # (still: nothing to record)
+            with self._taking_over:  # a take-over under way follows this message: record the ack after it
+                ids = None
         if ids is _UNTRACKED:
             if arrivals.idle:
                 return  # a non-batched message while nothing is tracked
@@ -866,7 +1062,12 @@ class NackBridge:
         a followed entry with nothing to ack along (the common case) takes one lock round-trip and one
         native call; a non-batched one two lookups without the lock, as in :meth:`note_ack`. O(1)."""
         ids = getattr(message, _ADMITTED_IDS, None)
-        if ids is not None and not self.held:
+        if type(ids) is int:  # handed out in fast mode: forgotten (no native call), then acked
+            self._fast_held.pop(ids, None)
+            if self.fast:  # (read after the pop: a take-over that begins now did not see the message)
+                self._native.acknowledge(message._message)
+                return
+        elif ids is not None and not self.held:
             arrivals = self._arrivals
             if ids is not _UNTRACKED:
                 ledger_id, entry_id, batch_index, topic = ids
@@ -887,6 +1088,8 @@ class NackBridge:
         pending nack, forward and batch record of its topic up to it is settled, and held chunked
         messages up to it are dropped (:meth:`ArrivalFilter.acked_cumulative
         <pulsar_nack.arrivals.ArrivalFilter.acked_cumulative>`)."""
+        if self.fast:
+            self._take_over()  # (the filter settles what it follows up to the message)
         ids = self._ids(message)
         if ids is None:
             return  # (the official call has rejected it already)
@@ -904,6 +1107,8 @@ class NackBridge:
         broker starts over)."""
         self.tracker.clear()
         self.hold.clear()
+        self._fast_held.clear()
+        self._fast_recent = [None] * _FAST_RECENT
 
     def keep_copies(self) -> None:
         """This consumer hands kept copies out (receive, a listener's HeldDelivery, the asyncio receive):
@@ -917,6 +1122,8 @@ class NackBridge:
         """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again, and
         so do held chunked messages (the broker still has them unacked: they come back whole). Copies kept
         for pending nacks are pending again: their new copies are held until due."""
+        self._fast_held.clear()  # (the application's copies come again, numbered again)
+        self._fast_recent = [None] * _FAST_RECENT  # (the last handed out come again: no longer the last)
         copies = self.hold.drain_copies()
         self.hold.clear()
         for key, due in copies:  # kept copies of pending nacks: pending again, held when they come again
@@ -931,6 +1138,9 @@ class NackBridge:
         in progress on the timer thread is not waited for.
         """
         self.hold.clear()  # unacked at the broker: it redelivers them when the consumer goes
+        self.fast = False
+        self._fast_held.clear()
+        self._fast_recent = [None] * _FAST_RECENT
         if self.delivery is not None:
             self.delivery.stop()
         if self.tracker.closed:
