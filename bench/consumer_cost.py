@@ -41,7 +41,9 @@ nacked; with 10 % nacked, drain time ≤ 1.0× and CPU per message ≤ 1.3×.
     python bench/consumer_cost.py --quick --brokers lite --reps 1  # a smoke run (20k messages)
     python bench/consumer_cost.py --modes receive --batch-sizes 100 --scenarios A
 
-Writes ``bench/results/consumer_cost.json`` and the ``consumer-cost`` section of docs/performance.md.
+Writes ``bench/results/consumer_cost.json`` and the ``consumer-cost`` section of docs/performance.md;
+with ``--fast-receive`` (the wrapper subscribed with ``fast_receive=True``), ``consumer_cost_fast.json``
+and the ``consumer-cost-fast`` section.
 """
 
 from __future__ import annotations
@@ -235,6 +237,8 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     client = report.client(kind, spec["service_url"])
     consumer: Any = None
     args = _subscribe_args(mode)
+    if wrapper and spec.get("fast_receive"):
+        args["fast_receive"] = True
     if mode == "listener":
         args["message_listener"] = handle
     consumer = client.subscribe(spec["topic"], SUBSCRIPTION, **args)
@@ -407,6 +411,7 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
         "service_url": service_url,
         "timeout_s": args.timeout,
         "wrapper_path": args.wrapper_path,
+        "fast_receive": args.fast_receive,
         "diagnose": args.diagnose,
     }
     try:
@@ -567,9 +572,22 @@ def _console_row(label: str, row: dict[str, Any]) -> str:
 def render(results: dict[str, Any]) -> str:
     params = results["parameters"]
     runs = f"{params['reps']} run{'s' if params['reps'] != 1 else ''}"
+    fast = params.get("fast_receive", False)
     parts = [
-        "## Per-message cost: pulsar-nack vs the native consumer",
+        "## Per-message cost: pulsar-nack vs the native consumer"
+        + (" (the wrapper with `fast_receive=True`)" if fast else ""),
         "",
+        *(
+            [
+                "Fast mode (docs/receive_cost.md): while nothing is nacked the wrapper hands messages out "
+                "without reading their ids; copies a broker sends on its own meanwhile are handed out as "
+                "the official consumer hands them out. The default (`fast_receive=False`): the "
+                "consumer-cost section.",
+                "",
+            ]
+            if fast
+            else []
+        ),
         f"`python bench/consumer_cost.py{params['command_options']}` — {params['messages']:,} messages "
         f"of {PAYLOAD_BYTES} bytes pre-produced into a fresh topic, drained by a fresh consumer process "
         f"(Shared, default receiver queue); median of {runs} per kind, native and wrapper "
@@ -737,6 +755,12 @@ def main(argv: list[str]) -> int:
         help="a run that times out records which nacked messages never came back and where the wrapper "
         "has them (held, pending, in flight, handed out; 'lost' in the JSON); reads each nacked id",
     )
+    parser.add_argument(
+        "--fast-receive",
+        action="store_true",
+        help="subscribe the wrapper with fast_receive=True (fast mode); results go to "
+        "bench/results/consumer_cost_fast.json and the consumer-cost-fast section",
+    )
     parser.add_argument("--consume", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.consume:
@@ -764,9 +788,10 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, snapshot)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (snapshot, os.environ.get("PYTHONPATH")) if p)
         results = run(args, argv, wrapper)
-    report.save_json("consumer_cost", results)
+    suffix = "_fast" if args.fast_receive else ""
+    report.save_json(f"consumer_cost{suffix}", results)
     markdown = render(results)
-    report.write_section("consumer-cost", markdown)
+    report.write_section(f"consumer-cost{suffix.replace('_', '-')}", markdown)
     print(markdown)
     print(f"\n{results['elapsed_s'] / 60:.1f} min", file=sys.stderr)
     return 0
@@ -788,6 +813,7 @@ def run(args: argparse.Namespace, argv: list[str], wrapper: dict[str, Any]) -> d
             "nack_redelivery_delay_ms": NACK_DELAY_MS,
             "payload_bytes": PAYLOAD_BYTES,
             "goals": GOALS,
+            "fast_receive": args.fast_receive,
             "quiet_cores": QUIET_CORES,
             "quiet_wait_s": args.quiet_wait,
             "diagnose": args.diagnose,

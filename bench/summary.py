@@ -110,32 +110,10 @@ def rows() -> list[list[str]]:
             f"{min(nacks):.1f}–{max(nacks):.1f} µs; arrival check {max(checks):.1f} µs, flat",
             f"nack_path ({_stamp(path)})",
         ])
-    cost = _load("consumer_cost")
-    if cost:
-        # one row per producer batch size, so that nobody reads one batch size's ratio for another's
-        ratios: dict[int, list[tuple[float, str]]] = {}
-        loads: dict[int, list[float]] = {}  # 1-min load averages at the runs' starts (newer files)
-        for label, broker in cost["brokers"].items():
-            for cell in broker["cells"]:
-                if cell.get("scenario", "A") == "A" and cell.get("ratio", {}).get("cpu"):
-                    batch = cell.get("batch", 100 if cell["batching"] else 1)  # (older files: 100 or off)
-                    ratios.setdefault(batch, []).append((cell["ratio"]["cpu"], f"{cell['mode']}, {label}"))
-                    loads.setdefault(batch, []).extend(r["loadavg"] for r in cell["runs"] if "loadavg" in r)
-        for batch, values in sorted(ratios.items()):
-            worst = max(values)
-            shape = f"batches of {batch:,}" if batch > 1 else "not batched"
-            out.append([
-                f"CPU per message, nothing nacked, {shape} (every receive mode, "
-                f"{len(cost['brokers'])} broker{'s' if len(cost['brokers']) > 1 else ''}"
-                + (
-                    f"; load average {min(loads[batch]):.0f}–{max(loads[batch]):.0f} on 2 cores)"
-                    if loads.get(batch)
-                    else ")"
-                ),
-                "1×",
-                f"{min(values)[0]:.2f}–{worst[0]:.2f}× the native consumer's (worst: {worst[1]})",
-                f"consumer_cost ({_stamp(cost)})",
-            ])
+    for name, how in (("consumer_cost", ""), ("consumer_cost_fast", ", `fast_receive=True`")):
+        cost = _load(name)
+        if cost:
+            out.extend(_cost_rows(cost, name, how))
     drain = _load("batch_drain")
     if drain:
         for label, result in drain["results"].items():
@@ -147,6 +125,36 @@ def rows() -> list[list[str]]:
                 f"{'each message once per nack, drained' if ok else 'FAILED'} in {result['drain_s']:.0f} s",
                 f"batch_drain ({_stamp(drain)})",
             ])
+    return out
+
+
+def _cost_rows(cost: dict[str, Any], name: str, how: str) -> list[list[str]]:
+    """README rows of a consumer_cost results file: one per producer batch size."""
+    out: list[list[str]] = []
+    # one row per producer batch size, so that nobody reads one batch size's ratio for another's
+    ratios: dict[int, list[tuple[float, str]]] = {}
+    loads: dict[int, list[float]] = {}  # 1-min load averages at the runs' starts (newer files)
+    for label, broker in cost["brokers"].items():
+        for cell in broker["cells"]:
+            if cell.get("scenario", "A") == "A" and cell.get("ratio", {}).get("cpu"):
+                batch = cell.get("batch", 100 if cell["batching"] else 1)  # (older files: 100 or off)
+                ratios.setdefault(batch, []).append((cell["ratio"]["cpu"], f"{cell['mode']}, {label}"))
+                loads.setdefault(batch, []).extend(r["loadavg"] for r in cell["runs"] if "loadavg" in r)
+    for batch, values in sorted(ratios.items()):
+        worst = max(values)
+        shape = f"batches of {batch:,}" if batch > 1 else "not batched"
+        out.append([
+            f"CPU per message, nothing nacked, {shape}{how} (every receive mode, "
+            f"{len(cost['brokers'])} broker{'s' if len(cost['brokers']) > 1 else ''}"
+            + (
+                f"; load average {min(loads[batch]):.0f}–{max(loads[batch]):.0f} on 2 cores)"
+                if loads.get(batch)
+                else ")"
+            ),
+            "1×",
+            f"{min(values)[0]:.2f}–{worst[0]:.2f}× the native consumer's (worst: {worst[1]})",
+            f"{name} ({_stamp(cost)})",
+        ])
     return out
 
 

@@ -119,6 +119,8 @@ _FAST_CHECK_EVERY = 1024
 #: thread (tests/test_fast_mode_faults.py: 32 threads, which a ring of 16 did not survive). The cost: a
 #: list store per message whatever the size, and 256 id reads once, at the take-over.
 _FAST_RECENT = 256
+#: The admission countdown of a consumer without ``fast_receive``: never reaches 0.
+_NEVER_FAST = 2**62
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
@@ -162,6 +164,11 @@ class NackOptions:
     again whole (:mod:`pulsar_nack.chunks`; 0: none, every chunked nack goes to the broker).
     ``snapshot_dir``/``snapshot_storage``: keep pending nacks on storage so that they survive a restart
     (exclusive; ``snapshot_dir=D`` is ``snapshot_storage=LocalDirectoryStorage(D)``; docs/snapshots.md).
+    ``fast_receive``: while nothing is nacked, hand messages out without reading their ids (fast mode,
+    docs/receive_cost.md) — the official consumer's cost per message, and its semantics for the copies a
+    broker sends on its own meanwhile (a reconnect's, ``redeliver_unacknowledged_messages``): without
+    batch-index acks, acked messages of a partly acked batch can come again. Off (the default): every
+    copy is classified, and such copies are dropped.
     """
 
     redelivery_delay_ms: int = field(default=60_000, metadata=_argument("negative_ack_redelivery_delay_ms"))
@@ -184,6 +191,7 @@ class NackOptions:
     )
     snapshot_dir: str | os.PathLike[str] | None = field(default=None, metadata=_argument("snapshot_dir"))
     snapshot_storage: SnapshotStorage | None = field(default=None, metadata=_argument("snapshot_storage"))
+    fast_receive: bool = field(default=False, metadata=_argument("fast_receive"))
 
     def __post_init__(self) -> None:
         """Check every option (docs/parameters.md), before anything is subscribed or wrapped; numpy
@@ -198,6 +206,8 @@ class NackOptions:
         check_backoff(self.backoff, _BACKOFF)
         if not isinstance(self.on_close, str) or self.on_close not in ("drop", "flush"):
             raise ValueError(f"on_close must be 'drop' or 'flush', got {self.on_close!r}")
+        if not isinstance(self.fast_receive, bool):
+            raise TypeError(f"fast_receive must be a bool, got {self.fast_receive!r}")
         fix(self, "native_delay_ms", check_int(self.native_delay_ms, "native_delay_ms"))
         fix(self, "max_held_chunked_bytes", check_int(self.max_held_chunked_bytes, "max_held_chunked_bytes"))
         if self.on_redelivery is not None and not callable(self.on_redelivery):
@@ -398,7 +408,8 @@ class NackBridge:
         self._fast_held: dict[int, Any] = {}
         self._number = itertools.count().__next__
         self._fast_recent: list[Any] = [None] * _FAST_RECENT  # number % _FAST_RECENT → _pulsar.Message
-        self._fast_check = 0  # admissions until the next check (_check_fast)
+        # admissions until the next check (_check_fast); never without fast_receive
+        self._fast_check = 0 if options.fast_receive else _NEVER_FAST
         self._taking_over = threading.Lock()
         self.fast_takeovers = 0  # times fast mode ended (a metric: the cost of a take-over is its reads)
         if snapshots is not None:
@@ -751,7 +762,8 @@ class NackBridge:
         the consumer is in fast mode. O(followed entries), every :data:`_FAST_CHECK_EVERY` admissions."""
         self._fast_check = _FAST_CHECK_EVERY
         if (
-            self._fixed_topic is None
+            not self.options.fast_receive
+            or self._fixed_topic is None
             or self._snapshots is not None
             or self.held
             or self.tracker.closed
@@ -985,7 +997,8 @@ class NackBridge:
         """Remember a ledger's topic (for nacks of bare ids); on a single-topic consumer, fix it."""
         if self._fixed_topic is None and topic == self._topic:
             self._fixed_topic = topic  # a single non-partitioned topic: no need to ask again
-            self._fast_check = 0  # fast mode may begin with the next message
+            if self.options.fast_receive:
+                self._fast_check = 0  # fast mode may begin with the next message
         ledger_topics = self._ledger_topics
         if ledger_id not in ledger_topics:
             if len(ledger_topics) >= _MAX_LEDGER_TOPICS:  # a cache: the oldest ledgers are done with

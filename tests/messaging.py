@@ -108,3 +108,13 @@ def own_broker(kind: str, request: pytest.FixtureRequest) -> Broker:
         request.getfixturevalue("require_apache")
         return PulsarStandalone()
     return PulsarLite()
+
+
+def subscribe_fast(client: Any, topic: str, subscription: str, **options: Any) -> Any:
+    """``client.subscribe``; a pulsar-nack client's consumer with ``fast_receive=True`` (fast mode), the
+    official consumer as it is."""
+    from pulsar_nack import Client
+
+    if isinstance(client, Client):
+        options["fast_receive"] = True
+    return client.subscribe(topic, subscription, **options)

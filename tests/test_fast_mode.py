@@ -16,7 +16,7 @@ from typing import Any
 
 import pulsar
 from fake_clock import FakeClock
-from messaging import leftover, produce_bursts, receive_all
+from messaging import leftover, produce_bursts, receive_all, subscribe_fast
 
 from pulsar_nack import Client
 from pulsar_nack.arrivals import ArrivalFilter, Verdict
@@ -51,7 +51,9 @@ def test_first_nack_after_a_quiet_period_hands_out_no_acked_sibling(
     results: dict[str, dict[str, Any]] = {}
     for name, client in (("official", pulsar_client), ("wrapper", nack_client)):
         topic = f"{unique_topic}-{name}"
-        consumer = client.subscribe(topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100)
+        consumer = subscribe_fast(
+            client, topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100
+        )
         produce_bursts(client, topic, 30, batch_size=10)
         first = {m.data(): m for m in receive_all(consumer, 30)}
         fast = getattr(getattr(consumer, "_nacks", None), "fast", None)
@@ -83,8 +85,8 @@ def test_siblings_still_queued_at_the_first_nack_are_handed_out(
     m0..m2 and nacks m3: m4..m19 have never reached the application, and are inferred to be acked or
     queued. Each of m3..m19 must be handed out exactly once (m4..m9 from the queue, though the entry also
     comes back for m3), m0..m2 never again, nothing left unacked."""
-    consumer = nack_client.subscribe(
-        unique_topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100
+    consumer = subscribe_fast(
+        nack_client, unique_topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100
     )
     produce_bursts(nack_client, unique_topic, 20, batch_size=10)
     first = [consumer.receive(10_000) for _ in range(4)]
@@ -110,7 +112,9 @@ def test_a_nack_after_a_redelivery_of_everything_unacked_hands_out_only_the_nack
     results: dict[str, dict[str, Any]] = {}
     for name, client in (("official", pulsar_client), ("wrapper", nack_client)):
         topic = f"{unique_topic}-{name}"
-        consumer = client.subscribe(topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100)
+        consumer = subscribe_fast(
+            client, topic, SUB, consumer_type=SHARED, negative_ack_redelivery_delay_ms=100
+        )
         produce_bursts(client, topic, 20, batch_size=10)
         first = {m.data(): m for m in receive_all(consumer, 20)}
         for i in range(15):

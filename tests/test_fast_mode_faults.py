@@ -21,7 +21,7 @@ from typing import Any
 
 import pulsar
 import pytest
-from messaging import leftover, own_broker, produce_bursts, receive_all
+from messaging import leftover, own_broker, produce_bursts, receive_all, subscribe_fast
 
 from pulsar_nack import Client
 
@@ -123,7 +123,8 @@ def test_a_reconnect_after_the_first_nack_loses_no_queued_sibling(
         runs: dict[tuple[str, str], dict[str, Any]] = {}
         for (name, client), (shape, delay_ms) in ((c, d) for c in clients.items() for d in DELAYS):
             topic = f"persistent://public/default/fast-{shape}-{name}-{uuid.uuid4().hex[:8]}"
-            consumer = client.subscribe(
+            consumer = subscribe_fast(
+                client,
                 topic,
                 SUB,
                 consumer_type=pulsar.ConsumerType.Shared,
@@ -191,7 +192,7 @@ def test_copies_the_broker_sends_while_nothing_is_nacked_are_handed_out_as_the_o
         for trigger in ("redeliver", "cut"):
             for name, client in clients.items():
                 topic = f"persistent://public/default/copies-{trigger}-{name}-{uuid.uuid4().hex[:8]}"
-                consumer = client.subscribe(topic, SUB, consumer_type=pulsar.ConsumerType.Shared)
+                consumer = subscribe_fast(client, topic, SUB, consumer_type=pulsar.ConsumerType.Shared)
                 produce_bursts(client, topic, 20, batch_size=10)
                 first = receive_all(consumer, 20)
                 held = [m for m in first if m.data() not in acked]
@@ -297,8 +298,12 @@ def test_more_receiving_threads_than_the_old_window_lose_no_queued_sibling_at_a_
         runs: dict[str, dict[str, Any]] = {}
         for name, client in clients.items():
             topic = f"persistent://public/default/fast-late-{name}-{uuid.uuid4().hex[:8]}"
-            consumer = client.subscribe(
-                topic, SUB, consumer_type=pulsar.ConsumerType.Shared, negative_ack_redelivery_delay_ms=100
+            consumer = subscribe_fast(
+                client,
+                topic,
+                SUB,
+                consumer_type=pulsar.ConsumerType.Shared,
+                negative_ack_redelivery_delay_ms=100,
             )
             produce_bursts(client, topic, MESSAGES, batch_size=BATCH)
             before, held, fast = _late_numbering(consumer)

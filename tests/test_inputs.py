@@ -68,6 +68,7 @@ OPTION_BAD: list[tuple[str, Any, type[Exception]]] = [
     *(("on_redelivery", v, TypeError) for v in [5, "hook", True, object()]),
     *(("max_held_chunked_bytes", v, TypeError) for v in [*WRONG_TYPES, 1.5, INF, NAN]),
     *(("max_held_chunked_bytes", v, ValueError) for v in [-1, np.int64(-1)]),
+    *(("fast_receive", v, TypeError) for v in [1, 0, "yes", None, np.bool_(True)]),
 ]
 
 
