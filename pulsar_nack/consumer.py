@@ -1222,9 +1222,9 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
 
         A copy that an arrival leaves in the hold (a batch sibling kept until its nack is due) is handed
         out by this call when due: once an arrival is not admitted and something is held, the call goes on
-        waiting no longer than until the next held message is due (:meth:`_receive_holding`). It used to
-        go back to the native receive, which without a timeout waits for the broker's next message — after
-        the last one, for ever, and the kept copies were never handed out.
+        waiting no longer than until the next held message is due (:meth:`_receive_holding`): the native
+        receive alone, without a timeout, waits for the broker's next message — after the last one, for
+        ever.
 
         While it waits in the native receive, the call is listed in ``waiting``: a nack from another
         thread then files the nack instead of keeping a copy in memory that this wait would not see

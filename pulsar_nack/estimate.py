@@ -28,7 +28,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Final
 
-from pulsar_nack.index import MAX_PRECISION_BITS, PROMOTE_AT
+from pulsar_nack.entry_sets import MAX_LOW_BITS
+from pulsar_nack.index import MAX_PRECISION_BITS, PROMOTE_AT, STAGE_UP_TO
 from pulsar_nack.profile import ProfileError, check_integer, check_number, native_cost
 
 __all__ = [
@@ -63,6 +64,13 @@ def tracker_default(name: str) -> float:
 
     value = inspect.signature(NackTracker.__init__).parameters[name].default
     return float(value)
+
+
+def _forward_lead_ms() -> float:
+    """How long before its time the tracker forwards a bucket: the native client's latency."""
+    from pulsar_nack.tracker import NativeTiming
+
+    return float(NativeTiming().latency_ms)
 
 
 class FitError(ValueError):
@@ -116,6 +124,7 @@ FEATURES: Final = (
     "constant",
     "packed_rows",
     "packed_buckets",
+    "packed_entries",
     "hot_ids",
     "hot_slots",
     "hot_own_slots",
@@ -127,11 +136,13 @@ FEATURES: Final = (
     "live_payload",
     "own_messages",
     "ledger_keys",
+    "packed_ledgers",
     "batch_entries",
     "batch_messages",
     "filter_payload",
     "single_nacks",
     "fired_ids",
+    "fired_entries",
     "fired_keys",
 )
 #: The Java structure's features (the same analysis, no compaction, no arrival filter).
@@ -219,22 +230,73 @@ def _java_container_bytes(values: float) -> float:
     return 2.0 * capacity
 
 
+def _shared_value_bytes(s: Scenario, shape: _Shape, share: float) -> float:
+    """Bytes a value of a set of entries kept in shared 64-bit Roaring bitmaps costs (the arrival filter's
+    :class:`~pulsar_nack.entry_sets.EntrySets`, the packed tier's membership bitmap): the low bits that
+    number the ledgers move below the entry id, so a container holds 2**(16 - L) consecutive entries of
+    each of up to 2**L ledgers, ``share`` of them present; run containers where smaller. O(1)."""
+    ledgers = max(1.0, shape.ledger_keys)
+    low = min(MAX_LOW_BITS, math.ceil(math.log2(ledgers)))
+    span = min(float(s.entries_per_ledger), shape.entries_per_ms * s.horizon_ms, 2.0 ** (16 - low))
+    values = max(1.0, span * min(2.0**low, ledgers) * share)
+    return _container_bytes(values, share, runs=True) / values
+
+
+def _in_flight_ms(s: Scenario, width: float) -> float:
+    """For a run of ``duration_ms`` <= the delay (as ``pulsar-nack profile`` runs one, floor rounding):
+    how many ms of its arrivals are in flight at its end — forwarded within the native latency before
+    it, their copies not back yet. The tracker forwards a bucket that much ahead of its time, so those
+    are the buckets of times in (duration, duration + latency]; a bucket of time b holds the arrivals
+    of [b - delay, b - delay + 2**k). O(buckets in the latency)."""
+    assert s.duration_ms is not None
+    lead = _forward_lead_ms()
+    total = 0.0
+    bucket = (math.floor(s.duration_ms / width) + 1) * width
+    while bucket <= s.duration_ms + lead:
+        low, high = bucket - s.delay_ms, bucket - s.delay_ms + width
+        total += max(0.0, min(high, s.duration_ms) - max(low, 0.0))
+        bucket += width
+    return total
+
+
+def _staged_to_packed(s: Scenario, shape: _Shape) -> bool:
+    """Whether the nack path's staging log files every bucket in the packed tier for good: a nack that
+    does not follow one into the same slot is staged, and a staged bucket whose slots each got fewer than
+    :data:`PROMOTE_AT` ids since the last filing (the timer's, ~``compact_after_ms``; or every
+    :data:`STAGE_UP_TO` nacks) goes to the packed tier — and its later ids with it, while no burst (a
+    second nack into the slot just nacked: one topic, a batch's messages) has made it live."""
+    if s.topics == 1:
+        return False  # consecutive nacks fall into the same slot
+    nacks_per_entry = s.batch_size * s.nack_share / shape.entry_share
+    if nacks_per_entry >= 1.5:
+        return False  # a batch's messages nacked together: bursts
+    nack_rate = s.rate * s.nack_share / 1_000  # per ms
+    filing_ms = min(tracker_default("compact_after_ms"), STAGE_UP_TO / nack_rate)
+    width = float(1 << s.precision_bits)
+    slots = s.topics * (filing_ms / width + 1)
+    return nack_rate * filing_ms / slots < PROMOTE_AT
+
+
 def features(s: Scenario) -> dict[str, float]:
     """pulsar-nack's structural features of ``s`` (see the module docstring), after the index's tiers
     (``pulsar_nack.index``, ``pulsar_nack.packed``). O(1).
 
     * *hot*: the bucket nacks are filed in and those of the last ``compact_after_ms`` — not compacted yet:
       slots in shared 64-bit bitmaps, or bitmaps of their own from :data:`PROMOTE_AT` ids.
-    * *packed*: a compacted bucket whose slots are all small moves to the packed store (one 8-byte code a
+    * *packed*: a compacted bucket whose slots are all small moves to the packed store (a 6-byte code a
       nacked message, an offset a bucket, a membership bitmap) when its rows cost less than the live
       tier's objects — the index's own rule (``_evict``: 15 B a row against 300 B a bucket, 24 B a slot,
-      130 B a batch entry's member record, a few bytes an id), applied to the mean bucket.
+      130 B a batch entry's member record, a few bytes an id), applied to the mean bucket, a
+      ``compact_after_ms`` slice of it at a time (the timer weighs what arrived since it last compacted).
+      With many topics and one nack an entry, the nack path's staging log files every bucket there,
+      the hot end too (:func:`_staged_to_packed`).
     * *live*: compacted buckets that stay: runs and bitmaps of their own, shared bitmaps, and a record of
       which messages are nacked for every batch entry of a slot without a bitmap of its own (all nacked too).
-    * the arrival filter: a bitmap of pending non-batched ids per (topic, ledger), a record per batch entry.
-    * *fired*: with floor rounding a bucket fires up to ``2**k`` ms early, so a run as long as the delay
-      has forwarded the ids of its first bucket: the filter remembers them (flights, recent forwards per
-      (topic, ledger)).
+    * the arrival filter: pending non-batched ids and batched entries as values of shared 64-bit bitmaps
+      (:func:`_shared_value_bytes`, as the packed tier's membership bitmap), a record per batch entry.
+    * *fired*: a run as long as the delay ends with the ids of the buckets forwarded within the native
+      latency in flight (:func:`_in_flight_ms`): the filter keeps a flight a non-batched id, a record a
+      batch entry (followed for the linger after its forward).
     """
     shape = _shape(s)
     width = float(1 << s.precision_bits)
@@ -243,28 +305,34 @@ def features(s: Scenario) -> dict[str, float]:
     buckets = max(shape.buckets, 1.0)
     # per bucket; a packed row a nacked message (with batches too: a batch message's slot is 1 + its index)
     ids_b, slots_b, rows_b = shape.ids / buckets, shape.slots / buckets, s.pending / buckets
-    own = shape.ids_per_slot >= PROMOTE_AT
+    # The timer compacts every ``compact_after_ms``: a wider bucket is weighed (and may be moved to the
+    # packed tier) a slice at a time, what arrived since the last compaction.
+    compact_ms = tracker_default("compact_after_ms")
+    part = min(1.0, compact_ms / width)
+    ids_b, rows_b = ids_b * part, rows_b * part
+    slots_b = min(slots_b, max(ids_b, 1.0))
+    own = shape.ids_per_slot * part >= PROMOTE_AT
     live_b = 300 + 24 * slots_b + (130 * ids_b if batched else 0.0) + 3 * ids_b
     packed = (1 - hot) if not own and (15 * rows_b < 300 or 15 * rows_b < live_b) else 0.0
+    if _staged_to_packed(s, shape):
+        hot, packed, own = 0.0, 1.0, False
     live = 1 - packed - hot
-    fired = 0.0  # share of the ids forwarded early: floor(due / 2**k) * 2**k has passed
+    fired = 0.0  # share of the ids in flight at the end of a run shorter than the delay
     if s.duration_ms is not None and s.duration_ms <= s.delay_ms:
-        last = (math.floor(s.duration_ms / width) + 1) * width  # the first bucket not yet due
-        fired = min(1.0, max(0.0, (last - s.delay_ms) / s.duration_ms))
+        fired = _in_flight_ms(s, width) / s.duration_ms
     per_container = shape.ids_per_slot / shape.containers_per_slot
     payload = (
         shape.slots * shape.containers_per_slot * _container_bytes(per_container, shape.entry_share, True)
     )
-    filter_payload = 0.0
-    if not batched:
-        ledger_span = min(float(s.entries_per_ledger), shape.entries_per_ms * s.horizon_ms)
-        ledger_containers = max(1.0, ledger_span / _CONTAINER_SPAN)
-        values = ledger_span * shape.entry_share / ledger_containers
-        filter_payload = shape.ledger_keys * ledger_containers * _container_bytes(values, 1.0, runs=False)
+    # The arrival filter's sets: a value a pending non-batched nack, or a batched entry; the packed
+    # tier's membership bitmap: a value an entry it has rows of.
+    value_bytes = _shared_value_bytes(s, shape, shape.entry_share)
+    filter_payload = shape.ids * value_bytes
     return {
         "constant": 1.0,
         "packed_rows": s.pending * packed,
         "packed_buckets": shape.buckets * packed,
+        "packed_entries": shape.ids * packed * value_bytes,
         "hot_ids": shape.ids * hot,
         "hot_slots": 0.0 if own else shape.slots * hot,
         "hot_own_slots": shape.slots * hot if own else 0.0,
@@ -277,12 +345,16 @@ def features(s: Scenario) -> dict[str, float]:
         "live_payload": payload * live if own else 0.0,
         # ... where a slot of its own keeps them: a member (entry << 10 | index) a nacked message
         "own_messages": s.pending * (1 - packed) if batched and own else 0.0,
-        "ledger_keys": shape.ledger_keys,
+        # a ledger with live slots has a record (~200 B); one the packed tier alone holds, an ordinal
+        "ledger_keys": shape.ledger_keys * (1 - packed),
+        "packed_ledgers": shape.ledger_keys * packed,
         "batch_entries": shape.ids if batched else 0.0,
         "batch_messages": s.pending if batched else 0.0,
         "filter_payload": filter_payload,
         "single_nacks": 0.0 if batched else s.pending,
-        "fired_ids": shape.ids * fired,
+        "fired_ids": 0.0 if batched else shape.ids * fired,
+        # (a forwarded batch entry is followed — a record an entry — for the linger after its forward)
+        "fired_entries": shape.ids * fired if batched else 0.0,
         "fired_keys": shape.ledger_keys * min(1.0, fired * shape.ids / shape.ledger_keys),
     }
 

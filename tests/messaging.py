@@ -39,6 +39,18 @@ def receive_all(consumer: Any, count: int, timeout_s: float = 20.0) -> list[puls
     return got
 
 
+def receive_into(consumer: Any, got: list[bytes], errors: list[str]) -> None:
+    """``receive()`` without a timeout, acking everything, until the consumer is closed (a thread's target;
+    the close under the receive, how a test ends it, lands in ``errors``)."""
+    try:
+        while True:
+            message = consumer.receive()
+            got.append(message.data())
+            consumer.acknowledge(message)
+    except Exception as error:  # closed under the receive
+        errors.append(repr(error))
+
+
 def _short(data: bytes, keep: int = 40) -> bytes | str:
     """A payload as a failure message shows it: chunked tests' payloads are megabytes."""
     return data if len(data) <= keep else f"{data[:keep]!r}... ({len(data):,} bytes)"

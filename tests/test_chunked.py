@@ -35,7 +35,7 @@ from typing import Any
 import _pulsar
 import pulsar
 import pytest
-from messaging import leftover, nothing_more, receive_all
+from messaging import leftover, nothing_more, receive_all, receive_into
 
 from harness.standalone import PulsarStandalone
 from pulsar_nack import Client, MultiplierRedeliveryBackoff, aio
@@ -452,16 +452,7 @@ def test_a_nack_from_another_thread_reaches_a_receive_blocked_without_a_timeout(
     got: list[bytes] = []
     errors: list[str] = []
 
-    def receive_forever() -> None:
-        try:
-            while True:
-                message = consumer.receive()
-                got.append(message.data())
-                consumer.acknowledge(message)
-        except Exception as error:  # closed under the receive (how the test ends it)
-            errors.append(repr(error))
-
-    thread = threading.Thread(target=receive_forever, daemon=True)
+    thread = threading.Thread(target=receive_into, args=(consumer, got, errors), daemon=True)
     thread.start()
     time.sleep(1.0)  # the thread is in the native receive
     consumer.negative_acknowledge(first)

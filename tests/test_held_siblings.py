@@ -26,7 +26,7 @@ from typing import Any
 
 import pulsar
 import pytest
-from messaging import leftover, produce_bursts
+from messaging import leftover, produce_bursts, receive_into
 
 import pulsar_nack
 from pulsar_nack import aio
@@ -329,17 +329,6 @@ def test_receive_without_a_timeout_hands_out_a_sibling_kept_from_the_last_copies
     assert not leftover(pulsar_client, unique_topic, SUB_WRAPPED)
 
 
-def _receive_into(consumer: Any, got: list[bytes], errors: list[str]) -> None:
-    """``receive()`` without a timeout, acking everything, until the consumer is closed."""
-    try:
-        while True:
-            message = consumer.receive()
-            got.append(message.data())
-            consumer.acknowledge(message)
-    except Exception as error:  # closed under the receive (how the test ends it)
-        errors.append(repr(error))
-
-
 def test_a_nack_from_another_thread_comes_back_to_a_receive_blocked_without_a_timeout(
     nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str
 ) -> None:
@@ -371,7 +360,7 @@ def test_a_nack_from_another_thread_comes_back_to_a_receive_blocked_without_a_ti
     gots: list[list[bytes]] = [[], []]
     errors: list[str] = []
     threads = [
-        threading.Thread(target=_receive_into, args=(c, got, errors), daemon=True)
+        threading.Thread(target=receive_into, args=(c, got, errors), daemon=True)
         for c, got in zip((wrapped, official), gots, strict=True)
     ]
     for thread in threads:
