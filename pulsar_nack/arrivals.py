@@ -1120,16 +1120,19 @@ class ArrivalFilter:
                 _release(self._entries)
             return True
 
-    def infer(self, key: Key, size: int, held: int, queued: int = 0) -> None:
+    def infer(self, key: Key, size: int, held: int, queued: int = 0, seen: int = 0) -> None:
         """Follow a batched entry of ``size`` messages from a consumer that handed its messages out
         without telling this filter (nothing was tracked then): the application holds the batch indexes in
         ``held`` (a mask), and those in ``queued`` are known to be still in the receiver queue (never
         handed out: any copy of one is handed out, whatever its redelivery count). Of a new record, every
-        other message was acked by the application or has not reached it yet: those are marked acked and
-        remembered in :attr:`inferred` — a copy of one is dropped as acked unless :meth:`first_copy` says
-        it is the first. A followed entry infers nothing more (its other messages were classified when
-        they came, or by :meth:`unwatch_arrivals`); an acked or inferred message in ``queued`` is queued
-        again, one handed out or pending is left as it is. O(1) under the lock."""
+        other message was acked by the application or has not reached it yet: those are marked acked —
+        and, unless in ``seen`` (known to have been handed out: below the highest batch index handed out
+        lately, the receiver queue being FIFO), remembered in :attr:`inferred`: a copy of one is dropped as
+        acked unless :meth:`first_copy` says it is the first. (A broker restart re-sends with redelivery
+        count 0 too: a seen message's copy is always dropped.) A followed entry infers nothing more (its
+        other messages were classified when they came, or by :meth:`unwatch_arrivals`); an acked or
+        inferred message in ``queued`` is queued again, one handed out or pending is left as it is. O(1)
+        under the lock."""
         with self._lock:
             entry = self._entries.get(key)
             inferred = self.inferred.get(key, 0)
@@ -1147,7 +1150,7 @@ class ArrivalFilter:
                 unknown = 0
             entry.out |= held
             entry.acked = (entry.acked & ~(held | queued)) | unknown
-            bits = (inferred & ~(held | queued)) | unknown
+            bits = (inferred & ~(held | queued)) | (unknown & ~seen)
             if bits:
                 self.inferred[key] = bits
             else:

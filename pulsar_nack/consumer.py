@@ -848,11 +848,12 @@ class NackBridge:
                 continue
             mask = held.get(key, 0)
             highest = top.get(key)
-            queued = 0
+            queued = seen = 0
             if highest is not None:
                 highest = max(highest, mask.bit_length() - 1)
-                queued = ((1 << size) - 1) & ~((2 << highest) - 1)
-            self._arrivals.infer(key, size, mask, queued)
+                seen = (2 << highest) - 1  # (FIFO: every message below the highest was taken)
+                queued = ((1 << size) - 1) & ~seen
+            self._arrivals.infer(key, size, mask, queued, seen)
 
     def _first_copy(self, inner: Any, key: tuple[str, int, int], batch_index: int) -> bool:
         """A copy dropped as acked whose ack was inferred (:meth:`_follow`): the first delivery of the

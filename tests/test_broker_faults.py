@@ -18,17 +18,23 @@ MESSAGES = 200
 EARLY_ALLOWANCE_S = 0.256 + 0.005  # 2^k ms with floor rounding (k = 8), plus reading the clocks
 
 
+@pytest.mark.parametrize("fast_receive", [False, True], ids=["classified", "fast"])
 @pytest.mark.parametrize("batching", [False, True], ids=["single", "batched"])
 @pytest.mark.parametrize("kind", ["lite", "apache"])
 def test_broker_killed_with_nacks_pending_and_in_flight(
-    kind: str, batching: bool, request: pytest.FixtureRequest
+    kind: str, batching: bool, fast_receive: bool, request: pytest.FixtureRequest
 ) -> None:
+    """With ``fast_receive`` the messages are handed out in fast mode and the first nack takes over
+    (docs/receive_cost.md): the acks made before it are inferred, and the copies the restarted broker
+    sends (redelivery count 0) of acked messages must still be dropped."""
     rng = random.Random(11)
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     with own_broker(kind, request) as broker:
         client = Client(broker.service_url, operation_timeout_seconds=30, logger=logger)
         topic = f"persistent://public/default/kill-{uuid.uuid4().hex[:8]}"
-        consumer = client.subscribe(topic, "sub", consumer_type=pulsar.ConsumerType.Shared)
+        consumer = client.subscribe(
+            topic, "sub", consumer_type=pulsar.ConsumerType.Shared, fast_receive=fast_receive
+        )
         producer = client.create_producer(
             topic, batching_enabled=batching, batching_max_messages=10, batching_max_publish_delay_ms=20
         )

@@ -184,6 +184,19 @@ def test_inferred_acks_drop_redelivered_copies_and_let_first_ones_through() -> N
     assert not arrivals.first_copy(KEY, 3), "m3 was held, never inferred"
 
 
+def test_messages_seen_handed_out_are_acked_for_certain() -> None:
+    """A batch of 10 taken over with m3 held and m0..m6 among the last messages handed out (seen): m0..m6
+    but m3 were acked, not inferred — a copy of one is dropped even with redelivery count 0 (a broker
+    restart re-sends with count 0); m7..m9 were still queued, and m4 comes as their first copy would."""
+    arrivals, clock = _filter()
+    arrivals.infer(KEY, 10, 1 << 3, queued=0b1110000000, seen=0b0001111111)
+    assert arrivals.inferred == {}
+    arrivals.file(int(clock.now) + 10, 7, 1, 3, "t")
+    assert arrivals.admit(7, 1, 4, "t", 10) is Verdict.ACKED
+    assert not arrivals.first_copy(KEY, 4), "m4 was handed out and acked: its copy is not a first"
+    assert arrivals.admit(7, 1, 8, "t", 10) is Verdict.DELIVER, "m8 was queued"
+
+
 def test_an_entry_with_inferred_acks_is_never_kept_as_one_bit() -> None:
     """m3 held and nacked, every other message inferred: all acked or pending, which would make the entry
     quiet (one bit, its acks taken as real) — then a queued sibling's first copy would be dropped."""
