@@ -45,7 +45,7 @@ def test_not_apache_deselects_every_test_with_an_apache_parameter() -> None:
     assert not escaped, f"{len(escaped)} Apache tests escape -m 'not apache': {escaped}"
     # the tests that escaped before are there, and deselected: the other half of their parameters stays
     lite_halves = [
-        "tests/test_broker_faults.py::test_broker_killed_with_nacks_pending_and_in_flight[lite-single]",
+        "tests/test_broker_faults.py::test_broker_killed_with_nacks_pending_and_in_flight[lite-single-classified]",
         "tests/test_snapshot_restart.py::test_nacks_come_back_at_their_due_times_after_sigkill[lite]",
         "tests/test_snapshot_running_takeover.py::"
         "test_a_running_member_holds_a_killed_members_copies_back_at_once[lite-directory]",

@@ -116,6 +116,7 @@ NACK_OPTIONS = {
     "max_held_chunked_bytes",
     "snapshot_dir",
     "snapshot_storage",
+    "fast_receive",
 }
 
 
