@@ -149,16 +149,7 @@ def test_a_reconnect_after_the_first_nack_loses_no_queued_sibling(
             run["leftover"] = leftover(clients[name], run["topic"], SUB)
         for client in clients.values():
             client.close()
-    summary = {
-        key: {
-            "fast": run["fast"],
-            "after": len(run["after"]),
-            "copies": sum(run["after"].values()),
-            "missing": sorted(every - set(run["before"]) - set(run["after"]))[:10],
-            "leftover": len(run["leftover"]),
-        }
-        for key, run in runs.items()
-    }
+    summary = _summary(runs, every)
     for (name, shape), run in runs.items():
         seen = set(run["before"]) | set(run["after"])
         assert seen == every, (f"{name}/{shape}: never handed out: {sorted(every - seen)[:10]}", summary)
@@ -317,15 +308,7 @@ def test_more_receiving_threads_than_the_old_window_lose_no_queued_sibling_at_a_
             run["leftover"] = leftover(clients[name], run["topic"], SUB)
         for client in clients.values():
             client.close()
-    summary = {
-        name: {
-            "fast": run["fast"],
-            "after": len(run["after"]),
-            "missing": sorted(every - set(run["before"]) - set(run["after"]))[:10],
-            "leftover": len(run["leftover"]),
-        }
-        for name, run in runs.items()
-    }
+    summary = _summary(runs, every)
     assert runs["wrapper"]["fast"] is True, ("premise: the wrapper received m0..m110 in fast mode", summary)
     for name, run in runs.items():
         seen = set(run["before"]) | set(run["after"])
@@ -334,3 +317,17 @@ def test_more_receiving_threads_than_the_old_window_lose_no_queued_sibling_at_a_
         assert run["leftover"] == [], (f"{name}: left unacked: {run['leftover'][:10]}", summary)
     extra = set(runs["wrapper"]["after"]) - set(runs["official"]["after"])
     assert not extra, (f"handed out by the wrapper only: {sorted(extra)[:10]}", summary)
+
+
+def _summary(runs: dict[Any, dict[str, Any]], every: set[bytes]) -> dict[Any, dict[str, Any]]:
+    """What each run handed out after the fault, for the assertion messages."""
+    return {
+        key: {
+            "fast": run["fast"],
+            "after": len(run["after"]),
+            "copies": sum(run["after"].values()),
+            "missing": sorted(every - set(run["before"]) - set(run["after"]))[:10],
+            "leftover": len(run["leftover"]),
+        }
+        for key, run in runs.items()
+    }
