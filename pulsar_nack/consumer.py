@@ -119,8 +119,6 @@ _FAST_CHECK_EVERY = 1024
 #: thread (tests/test_fast_mode_faults.py: 32 threads, which a ring of 16 did not survive). The cost: a
 #: list store per message whatever the size, and 256 id reads once, at the take-over.
 _FAST_RECENT = 256
-#: The admission countdown of a consumer without ``fast_receive``: never reaches 0.
-_NEVER_FAST = 2**62
 _MESSAGE = pulsar.Message  # (a global and an attribute lookup less per ack and nack)
 
 OnClose = Literal["drop", "flush"]
@@ -408,8 +406,7 @@ class NackBridge:
         self._fast_held: dict[int, Any] = {}
         self._number = itertools.count().__next__
         self._fast_recent: list[Any] = [None] * _FAST_RECENT  # number % _FAST_RECENT → _pulsar.Message
-        # admissions until the next check (_check_fast); never without fast_receive
-        self._fast_check = 0 if options.fast_receive else _NEVER_FAST
+        self._fast_check = 0  # admissions until the next check (_check_fast)
         self._taking_over = threading.Lock()
         self.fast_takeovers = 0  # times fast mode ended (a metric: the cost of a take-over is its reads)
         if snapshots is not None:
@@ -998,8 +995,7 @@ class NackBridge:
         """Remember a ledger's topic (for nacks of bare ids); on a single-topic consumer, fix it."""
         if self._fixed_topic is None and topic == self._topic:
             self._fixed_topic = topic  # a single non-partitioned topic: no need to ask again
-            if self.options.fast_receive:
-                self._fast_check = 0  # fast mode may begin with the next message
+            self._fast_check = 0  # fast mode may begin with the next message
         ledger_topics = self._ledger_topics
         if ledger_id not in ledger_topics:
             if len(ledger_topics) >= _MAX_LEDGER_TOPICS:  # a cache: the oldest ledgers are done with

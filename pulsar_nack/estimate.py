@@ -301,21 +301,21 @@ def features(s: Scenario) -> dict[str, float]:
     shape = _shape(s)
     width = float(1 << s.precision_bits)
     batched = s.batch_size > 1
-    hot = min(1.0, (width + tracker_default("compact_after_ms")) / (s.horizon_ms + width))
-    buckets = max(shape.buckets, 1.0)
-    # per bucket; a packed row a nacked message (with batches too: a batch message's slot is 1 + its index)
-    ids_b, slots_b, rows_b = shape.ids / buckets, shape.slots / buckets, s.pending / buckets
-    # The timer compacts every ``compact_after_ms``: a wider bucket is weighed (and may be moved to the
-    # packed tier) a slice at a time, what arrived since the last compaction.
     compact_ms = tracker_default("compact_after_ms")
-    part = min(1.0, compact_ms / width)
-    ids_b, rows_b = ids_b * part, rows_b * part
-    slots_b = min(slots_b, max(ids_b, 1.0))
-    own = shape.ids_per_slot * part >= PROMOTE_AT
-    live_b = 300 + 24 * slots_b + (130 * ids_b if batched else 0.0) + 3 * ids_b
-    packed = (1 - hot) if not own and (15 * rows_b < 300 or 15 * rows_b < live_b) else 0.0
+    hot = min(1.0, (width + compact_ms) / (s.horizon_ms + width))
     if _staged_to_packed(s, shape):
         hot, packed, own = 0.0, 1.0, False
+    else:
+        # What the packing rule weighs: a bucket's ids, slots and rows (a packed row a nacked message; with
+        # batches too: a batch message's slot is 1 + its index) — a bucket wider than compact_after_ms a
+        # slice at a time, what arrived since the timer last compacted.
+        buckets = max(shape.buckets, 1.0)
+        part = min(1.0, compact_ms / width)
+        ids_b, rows_b = shape.ids * part / buckets, s.pending * part / buckets
+        slots_b = min(shape.slots / buckets, max(ids_b, 1.0))
+        own = shape.ids_per_slot * part >= PROMOTE_AT
+        live_b = 300 + 24 * slots_b + (130 * ids_b if batched else 0.0) + 3 * ids_b
+        packed = (1 - hot) if not own and (15 * rows_b < 300 or 15 * rows_b < live_b) else 0.0
     live = 1 - packed - hot
     fired = 0.0  # share of the ids in flight at the end of a run shorter than the delay
     if s.duration_ms is not None and s.duration_ms <= s.delay_ms:

@@ -9,6 +9,7 @@ import pulsar
 import pytest
 
 from harness.standalone import PulsarStandalone
+from pulsar_nack import Client
 from pulsar_nack.testing import Broker, PulsarLite
 
 
@@ -125,8 +126,6 @@ def own_broker(kind: str, request: pytest.FixtureRequest) -> Broker:
 def subscribe_fast(client: Any, topic: str, subscription: str, **options: Any) -> Any:
     """``client.subscribe``; a pulsar-nack client's consumer with ``fast_receive=True`` (fast mode), the
     official consumer as it is."""
-    from pulsar_nack import Client
-
     if isinstance(client, Client):
         options["fast_receive"] = True
     return client.subscribe(topic, subscription, **options)
