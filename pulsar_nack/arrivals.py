@@ -52,7 +52,7 @@ from pyroaring import BitMap, BitMap64
 from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import DueIds, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
-from pulsar_nack.lateness import DueSample, LatenessHistogram, Sampled, offered
+from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
 from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import python_bytes
 
@@ -1383,25 +1383,31 @@ class ArrivalFilter:
                 entry.last_forward = self._clock()
             return True
 
-    def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> Sampled | None:
-        """The exact due time sampled for a nack just taken (:meth:`take_pending`,
-        :meth:`take_pending_message`), as ``(due, True)``, if it was (:attr:`dues`), freeing its slot; pass
-        it (else the kept copy's bucket time, ``(bucket, False)``) to :meth:`held_out` when the kept copy is
-        handed out. O(1)."""
+    def take_due(self, ledger_id: int, entry_id: int, batch_index: int, topic: str, bucket: float) -> float:
+        """The due time of a nack just taken (:meth:`take_pending`, :meth:`take_pending_message`) of
+        ``bucket``, whose copy the consumer keeps until then: its exact due time if it was sampled
+        (:attr:`dues`, its slot freed), else an estimate — the bucket time less an offset of its bucket's
+        nacks drawn now (:meth:`~pulsar_nack.lateness.LatenessHistogram.kept_due`). Pass it to
+        :meth:`held_out` when the copy is handed out, or to :meth:`untake_due` if the copy is not kept
+        after all. O(1), O(buckets kept + cells) when not sampled."""
         with self._lock:
-            if not self.dues.used:
-                return None
-            due = self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
-            if due is None:
-                return None
-            self.lateness.taken(due)  # counted exactly: its offset is not drawn for another redelivery
-            return (due, True)
+            if self.dues.used:
+                due = self.dues.take(hash((topic, ledger_id, entry_id)) ^ batch_index, self._clock())
+                if due is not None:
+                    self.lateness.taken(due)  # counted exactly: its offset is not drawn for another copy
+                    return due
+            return self.lateness.kept_due(int(bucket))
 
-    def held_out(self, due_ms: Sampled | None, key: tuple[Any, ...] = ()) -> None:
+    def untake_due(self, bucket: float, due_ms: float, entry_id: int) -> None:
+        """A nack whose due time :meth:`take_due` gave is pending again (the hold had no room for its copy):
+        its offset goes back to its bucket's, to be drawn for its forwarded copy. O(1) amortized."""
+        with self._lock:
+            self.lateness.offset(int(bucket), int(bucket - due_ms), entry_id)
+
+    def held_out(self, due_ms: float | None, key: tuple[Any, ...] = ()) -> None:
         """A copy kept by the consumer (:meth:`take_pending`, :meth:`take_pending_message`) was handed out
         when due: it counts as redelivered, and its lateness counts in :attr:`lateness`, with the forwarded
-        ones', from ``due_ms`` (:data:`~pulsar_nack.lateness.Sampled`: its exact due time, or its bucket
-        time; None: neither known). ``key``: the
+        ones', from ``due_ms`` (:meth:`take_due`'s; None: not known). ``key``: the
         hold's, ``(topic, ledger id, entry id)`` for a non-batched message — it counts as recently
         redelivered, as the copy of a forward does, so that a later broker copy of it (a second re-dispatch,
         a request still on its way) is a duplicate, or acked once the application has acked it, not a first
@@ -1410,10 +1416,7 @@ class ArrivalFilter:
             self._redelivered += 1
             now = self._clock()
             if due_ms is not None:
-                if due_ms[1]:
-                    self.lateness.add(now - due_ms[0])
-                else:
-                    self.lateness.add_after_bucket(int(due_ms[0]), now - due_ms[0], kept=True)
+                self.lateness.add(now - due_ms)
             if len(key) == 3:
                 topic, ledger_id, entry_id = key
                 ledger = (topic, ledger_id)

@@ -45,7 +45,6 @@ from typing import Any, Literal
 import pulsar
 
 from pulsar_nack.checks import check_int
-from pulsar_nack.lateness import Sampled
 from pulsar_nack.memory import python_bytes
 from pulsar_nack.tracker import NackStats
 
@@ -102,10 +101,9 @@ class _Held:
     message: pulsar.Message
     redelivery_count: int
     size: int
-    # a broker copy kept for a pending nack (not a nacked chunked message): the nack's exact due time or
-    # its bucket time, for the lateness of its hand-out (pulsar_nack.lateness.Sampled), and whether it is
-    # such a copy
-    sampled_due: Sampled | None = None
+    # a broker copy kept for a pending nack (not a nacked chunked message): the nack's due time, exact or
+    # estimated (ArrivalFilter.take_due), for the lateness of its hand-out, and whether it is such a copy
+    sampled_due: float | None = None
     copy: bool = False
 
 
@@ -130,11 +128,11 @@ class ChunkHold:
         #: Called with the due time (ms) after each successful :meth:`hold`, outside the lock, on the
         #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
         self.on_hold: Callable[[float], object] | None = None
-        #: Called by :meth:`pop_due` for each kept copy it hands out, with its nack's exact due time or
-        #: bucket time (:data:`~pulsar_nack.lateness.Sampled`; None: neither) and its key, outside the
+        #: Called by :meth:`pop_due` for each kept copy it hands out, with its nack's due time, exact or
+        #: estimated (``ArrivalFilter.take_due``; None: not known) and its key, outside the
         #: lock: it counts in ``nack_stats()`` as redelivered, with its lateness, as the forwarded
         #: redeliveries do, and later copies of it are not first deliveries.
-        self.on_handout: Callable[[Sampled | None, Key], object] | None = None
+        self.on_handout: Callable[[float | None, Key], object] | None = None
 
     def __len__(self) -> int:
         return len(self.held)
@@ -153,7 +151,7 @@ class ChunkHold:
         size: int,
         *,
         copy: bool = False,
-        sampled_due: Sampled | None = None,
+        sampled_due: float | None = None,
     ) -> bool:
         """Keep ``message`` (``size`` payload bytes) until ``due_ms``, to be handed out with
         ``redelivery_count``. False, counted in ``chunked_over_bound``, if that would pass ``max_bytes``

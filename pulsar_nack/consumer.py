@@ -868,12 +868,13 @@ class NackBridge:
         due = self.tracker.index.due_of(ledger_id, entry_id, -1, topic)
         if due is None or not self._arrivals.take_pending(ledger_id, entry_id, topic):
             return  # (forwarded meanwhile: its copy comes)
-        sampled = self._arrivals.take_due(ledger_id, entry_id, -1, topic)
+        sampled = self._arrivals.take_due(ledger_id, entry_id, -1, topic, due)
         inner = message._message
         key = (topic, ledger_id, entry_id)
         count, size = inner.redelivery_count(), inner.length() + KEPT_COPY_BYTES  # what it pins
-        if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled or (due, False)):
+        if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled):
             # over the bound: pending again
+            self._arrivals.untake_due(due, sampled, entry_id)
             self.tracker.schedule(due, ledger_id, entry_id, -1, topic, refiled=True)
 
     def _keep_spare(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
@@ -902,7 +903,7 @@ class NackBridge:
         due = self.tracker.now() + delay
         key = (topic, ledger_id, entry_id, batch_index)
         # its exact due time is known: its lateness counts as it is
-        if not hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=(due, True)):
+        if not hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=due):
             return False
         if not self._held_unseen(key):
             return True
@@ -958,10 +959,11 @@ class NackBridge:
             if due_or_none is None:
                 return
             due = due_or_none
-        sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic) or (due, False)
+        sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic, due)
         key = (topic, ledger_id, entry_id, batch_index)
         if not hold.hold(key, message, due, inner.redelivery_count(), size, copy=True, sampled_due=sampled):
             # over the bound: pending again
+            arrivals.untake_due(due, sampled, entry_id)
             tracker.schedule(due, ledger_id, entry_id, batch_index, topic, refiled=True)
 
     def _sibling_due(

@@ -218,44 +218,57 @@ def test_each_redelivery_draws_an_offset_of_its_own_bucket() -> None:
     assert histogram.nbytes == empty < MAX_BYTES, "a fixed table: 40 buckets at most"
 
 
-def test_kept_and_sampled_redeliveries_leave_the_drawn_offsets_those_of_the_others() -> None:
+@pytest.mark.parametrize("kept_after", [(1.0, 1.0), (400.0, 800.0)], ids=["first", "after-a-backlog"])
+def test_kept_and_sampled_redeliveries_leave_the_drawn_offsets_those_of_the_others(
+    kept_after: tuple[float, float],
+) -> None:
     """The bias the demo showed (``nack_stats()`` p50 6–16 ms above the application's): in each bucket,
     the consumer hands out the copies it kept at the bucket time, before the forwarded copies arrive, and
     the redeliveries whose due time was sampled count exactly. Here, per bucket of 256 ms, 300 nacks
-    filed in a steady stream (offsets spread over the bucket, in filing order), a third kept (handed out
-    1 ms after the bucket time, first), a fifth sampled, the rest forwarded (arriving 100–200 ms after it,
-    in filing order). Drawn earliest due first from all of a bucket's nacks, the kept copies took the
-    largest offsets and the draws never reached the smallest ones (the sampled nacks' share): p50 read
-    252.6 ms for 240.4. Each nack's own offset counted once: p50 and p99 within 5 ms of the true ones."""
+    filed in a steady stream (offsets spread over the bucket, in filing order), a third kept (taken out of
+    the index before the bucket time; handed out 1 ms after it, first — or 400–800 ms after it, after the
+    forwarded copies: an application working through a backlog), a fifth sampled, the rest forwarded
+    (arriving 100–200 ms after it, in filing order). Drawn earliest due first from all of a bucket's
+    nacks, the kept copies took the largest offsets and the draws never reached the smallest ones (the
+    sampled nacks' share): p50 read 252.6 ms for 240.4. Drawn at the hand-out, kept copies handed out
+    after the forwarded ones took the smallest offsets, which the forwarded draws (in filing order) had
+    left: p99 read 114–127 ms low (5 seeds). Each nack's own offset counted once, a kept copy's drawn when
+    it is taken: p50 within 5 ms of the true one, p99 within 5 ms kept first and 10 ms after a backlog
+    (one of the bucket's offsets stands for a kept copy's own: the pairing alone moved p99 by up to
+    4.9 ms over 5 seeds, 100 buckets)."""
     rng = random.Random(5)
     histogram = LatenessHistogram(window=100_000)
     measured: list[float] = []
-    for bucket in range(10_240, 10_240 + 30 * 256, 256):
+    for bucket in range(10_240, 10_240 + 100 * 256, 256):
         nacks = sorted(bucket - rng.uniform(0, 255) for _ in range(300))
         kinds = [rng.choices(("kept", "sampled", "forwarded"), (0.33, 0.2, 0.47))[0] for _ in nacks]
         for due in nacks:
             histogram.offset(bucket, bucket - int(due))
-        copies: list[tuple[float, float, str]] = []
+        copies: list[tuple[float, float, str, float]] = []
         forwarded = [due for due, kind in zip(nacks, kinds, strict=True) if kind == "forwarded"]
         arrivals = sorted(bucket + rng.uniform(100, 200) for _ in forwarded)
         for due, kind in zip(nacks, kinds, strict=True):
             if kind == "sampled":
                 histogram.taken(int(due))  # (the filter takes its due time at the forward)
-                copies.append((bucket + rng.uniform(100, 200), due, kind))
-            elif kind == "kept":
-                copies.append((bucket + 1.0, due, kind))
-        copies += [(arrival, due, "forwarded") for arrival, due in zip(arrivals, forwarded, strict=True)]
-        for arrival, due, kind in sorted(copies):
+                copies.append((bucket + rng.uniform(100, 200), due, kind, due))
+            elif kind == "kept":  # (taken out of the index when a forward of its entry brought it)
+                handed = bucket + rng.uniform(*kept_after)
+                copies.append((handed, due, kind, histogram.kept_due(bucket)))
+        copies += [(arrival, due, "forwarded", 0.0) for arrival, due in zip(arrivals, forwarded, strict=True)]
+        for arrival, due, kind, known in sorted(copies):
             measured.append(arrival - due)
             if kind == "sampled":
-                histogram.add(arrival - int(due))
-            else:  # (the arrival filter: held_out for a kept copy, _landed for a forwarded one)
-                histogram.add_after_bucket(bucket, arrival - bucket, kept=kind == "kept")
+                histogram.add(arrival - int(known))
+            elif kind == "kept":  # (the arrival filter's held_out)
+                histogram.add(arrival - known)
+            else:  # (the arrival filter's _landed)
+                histogram.add_after_bucket(bucket, arrival - bucket)
     reported = histogram.percentiles([0.5, 0.99])
     assert reported is not None
     wanted = np.percentile(measured, [50, 99])
     assert reported[0] == pytest.approx(wanted[0], abs=5.0), (reported, wanted)
-    assert reported[1] == pytest.approx(wanted[1], abs=5.0), (reported, wanted)
+    tail_ms = 5.0 if kept_after[0] < 256 else 10.0
+    assert reported[1] == pytest.approx(wanted[1], abs=tail_ms), (reported, wanted)
 
 
 @pytest.mark.parametrize("rounding", ["ceil", "floor"])
