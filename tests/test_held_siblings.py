@@ -329,6 +329,74 @@ def test_receive_without_a_timeout_hands_out_a_sibling_kept_from_the_last_copies
     assert not leftover(pulsar_client, unique_topic, SUB_WRAPPED)
 
 
+BACKLOG = 20_000  # messages queued behind the nacked batch: ~6 s of the application's work below
+WORK_S = 0.00025  # the application's work per message
+
+
+def _through_backlog(consumer: Any, delays: dict[bytes, int], per_call: bool) -> tuple[float, int]:
+    """Receive every message once (``delays``' once more, nacked at first sight; the rest acked), working
+    ``WORK_S`` on each: how late m1 came back (ms past its nack time + delay) and how many backlog
+    messages were handed out after it."""
+    nacked: dict[bytes, float] = {}
+    back_ms, after = None, 0
+    deadline = time.monotonic() + 90
+    received = 0
+    while received < BACKLOG + 3 + len(delays) and time.monotonic() < deadline:
+        try:
+            message = consumer.receive(100)
+        except pulsar.Timeout:
+            continue
+        received += 1
+        payload = message.data()
+        if payload in nacked:
+            if payload == b"m1":
+                back_ms = time.monotonic() * 1000 - nacked[payload]
+            consumer.acknowledge(message)
+        elif payload in delays:
+            nacked[payload] = time.monotonic() * 1000 + delays[payload]
+            if per_call:
+                consumer.negative_acknowledge(message, delay_ms=delays[payload])
+            else:
+                consumer.negative_acknowledge(message)
+        else:
+            if back_ms is not None:
+                after += 1
+            consumer.acknowledge(message)
+        time.sleep(WORK_S)
+    assert back_ms is not None, f"m1 never came back ({received} received)"
+    return back_ms, after
+
+
+def test_a_kept_sibling_due_while_a_backlog_is_queued_is_not_held_back_until_it_drains(
+    nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str
+) -> None:
+    """m0 and m1 of one batch nacked with 200 and 1,000 ms, 20,000 messages queued behind them. m0's
+    forward brings m1, kept until due; ``receive`` handed the native queue's messages out first, so m1
+    waited until the broker had nothing more to queue — the whole backlog: 7.0–7.2 s late, where the
+    official consumer's m1 (nacked at its fixed delay of 1,000 ms, back from the broker behind at most a
+    receiver queue of messages) was 547–585 ms late (both brokers). A due held message and the native
+    queue now take turns: m1 not more than 2^k + 500 ms late, with the backlog still queued."""
+    options: dict[str, Any] = {"consumer_type": pulsar.ConsumerType.Shared}
+    wrapped = nack_client.subscribe(unique_topic, SUB_WRAPPED, **options)
+    official = pulsar_client.subscribe(
+        unique_topic, SUB_OFFICIAL, negative_ack_redelivery_delay_ms=1_000, **options
+    )
+    produce_bursts(pulsar_client, unique_topic, 3, batch_size=3)  # one batch: m0, m1, m2
+    produce_bursts(pulsar_client, unique_topic, BACKLOG, batch_size=100, prefix="b")
+    late_ms, after = _through_backlog(wrapped, {b"m0": 200, b"m1": 1_000}, per_call=True)
+    official_late_ms, official_after = _through_backlog(official, {b"m1": 1_000}, per_call=False)
+    stats = wrapped.nack_stats()
+    bound_ms = (1 << wrapped.nack_options.precision_bits) + 500
+    wrapped.close()
+    official.close()
+    assert stats.chunked_redelivered >= 1, ("m1 was not kept: the case is not exercised", stats)
+    assert late_ms <= bound_ms, (
+        f"m1 {late_ms:.0f} ms late, {after} backlog messages after it (official: {official_late_ms:.0f} ms "
+        f"late, {official_after} after it)"
+    )
+    assert after > 1_000, f"the backlog was drained when m1 came back ({after} after it): no case"
+
+
 def test_a_nack_from_another_thread_comes_back_to_a_receive_blocked_without_a_timeout(
     nack_client: pulsar_nack.Client, pulsar_client: Any, unique_topic: str
 ) -> None:
