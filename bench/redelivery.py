@@ -39,6 +39,7 @@ import numpy as np
 import report
 
 from pulsar_nack.consumer import KEPT_COPY_BYTES
+from pulsar_nack.lateness import SAMPLE_SLOTS
 
 BATCH = 10
 NACK_SHARE = 0.3
@@ -492,13 +493,14 @@ def render(saved: dict[str, Any]) -> str:
         )
         parts.append(
             "`nack_stats()` lateness (`pulsar_nack.lateness`) counts every redelivery once: its exact "
-            "lateness if its due time is in the sample of due times (`DueSample`, 512 slots), else the "
-            "time from its bucket time to its arrival (each forward labels its ids with their bucket "
-            "time) plus the offset of one of its own bucket's nacks, taken in the order they were filed "
-            "(a bucket's forwarded copies come in about that order; a copy the consumer kept takes any "
-            "of the bucket's): in a segment of a bucket's nacks whose offsets fell as they were filed (one "
-            "fixed delay) the one filed first of those left, else one drawn evenly over the segment; each "
-            "nack's offset once (a sampled one's leaves the bucket's). No weights. Its size (estimator, "
+            f"lateness if its due time is in the sample of due times (`DueSample`, {SAMPLE_SLOTS} slots), "
+            "else the time from its bucket time to its arrival (each forward labels its ids with their "
+            "bucket time) plus the offset of one of its own bucket's nacks, taken in the order they were "
+            "filed (a bucket's forwarded copies come in about that order; a copy the consumer keeps draws "
+            "any of the bucket's when it is taken out of the index, before its bucket falls due): in a "
+            "segment of a bucket's nacks whose offsets fell as they were filed (one fixed delay) the one "
+            "filed first of those left, else one drawn evenly over the segment; each nack's offset once "
+            "(a sampled one's leaves the bucket's). No weights. Its size (estimator, "
             "`nbytes` of the histogram, the buckets' offsets and the sample) is fixed, whatever the "
             "pending nacks. "
             "Forwards per due bucket: one forward per due bucket *per entry* is the goal. A forward's "
@@ -627,9 +629,9 @@ def _reported(r: dict[str, Any]) -> str:
 def _render_workload(workload: str, facts: dict[str, Any], results: dict[str, Any]) -> str:
     timing_rows = []
     traffic_rows = []
-    for label, runs in results.items():
+    for label, runs in sorted(results.items(), key=lambda item: item[0] != "pulsar-lite"):
         official = runs.get("official-fixed", {})
-        for mode, r in runs.items():
+        for mode, r in sorted(runs.items(), key=lambda item: MODES.index(item[0])):  # (saved sorted by name)
             wrapper = not mode.startswith("official")
             timing_rows.append(
                 [

@@ -53,7 +53,7 @@ from collections.abc import Sequence
 
 from pulsar_nack.memory import python_bytes
 
-__all__ = ["MAX_BYTES", "DueSample", "LatenessHistogram"]
+__all__ = ["MAX_BYTES", "SAMPLE_SLOTS", "DueSample", "LatenessHistogram"]
 
 #: The most the estimator holds (``nbytes`` of a :class:`LatenessHistogram` with its buckets' offsets,
 #: plus a :class:`DueSample` of the default capacity), whatever it counted: it is part of the fixed memory
@@ -83,6 +83,8 @@ def offered(due_ms: int, every: int) -> bool:
 
 #: The sparsest sample of nacks a busy consumer offers to :class:`DueSample`: 1 in 256.
 MAX_EVERY = 255
+#: Slots of a :class:`DueSample` by default (8 bytes each).
+SAMPLE_SLOTS = 256
 
 
 class DueSample:
@@ -107,7 +109,7 @@ class DueSample:
 
     __slots__ = ("_dues", "_keys", "_mask", "every", "horizon_ms", "used")
 
-    def __init__(self, capacity: int = 256, horizon_ms: int = 60_000) -> None:
+    def __init__(self, capacity: int = SAMPLE_SLOTS, horizon_ms: int = 60_000) -> None:
         if capacity < 4 or capacity & (capacity - 1):
             raise ValueError(f"capacity must be a power of two >= 4, got {capacity}")
         self._mask = capacity - 1
