@@ -388,11 +388,15 @@ class SegmentStore:
         for due, mask in parts:
             if due <= bucket and (mask is None or (batch_index >= 0 and mask >> batch_index & 1)):
                 return due  # a copy no later (or the whole entry, no later) covers this nack
-        if parts:
-            # Some loaded part of the entry is later than this nack: the entry's loaded parts move to
-            # the mutable index, where the index's own rule files the nack among them (a segment can
-            # drop a whole entry and keep its earlier messages only by dropping the entry: the whole
-            # entry loaded at 30 and its message 0 at 10, then the whole entry nacked at 20).
+        if parts and (batch_index < 0 or any(mask is None or mask >> batch_index & 1 for _, mask in parts)):
+            # Some loaded part of the entry is later than this nack and holds it: the entry's loaded
+            # parts move to the mutable index, where the index's own rule files the nack among them (a
+            # segment can drop a whole entry and keep its earlier messages only by dropping the entry:
+            # the whole entry loaded at 30 and its message 0 at 10, then the whole entry nacked at 20).
+            # Parts with other messages of the entry only stay: moving them made every message of a
+            # batch move (and be sealed and written again) each time one of its messages was filed
+            # again — the arrival filter re-files due messages whose entry's copy is on its way at
+            # every bucket, and a consumer's pending nacks were durable only between two such moves.
             self._move_to_mutable(ledger_id, entry_id, topic, [])
         covered: int | None = None
         unsure: list[_Record] = []
