@@ -396,8 +396,8 @@ class NackBridge:
         self.received_bytes = 0
         self.acked = 0
         self.count_sizes = False
-        # Fast mode (issue 28): while nothing is nacked, in flight or held, and the consumer has one topic,
-        # no ack timeout and no snapshots, arrivals are handed out without reading their ids (4 native
+        # Fast mode (fast_receive): while nothing is nacked, in flight or held, and the consumer has one
+        # topic, no ack timeout and no snapshots, arrivals are handed out without reading their ids (4 native
         # calls a message) — no copy can be withheld then. Each message handed out is numbered
         # (message._pulsar_nack_ids = its number) and remembered here, number → _pulsar.Message, until the
         # application acks it: when a nack ends fast mode (_take_over), the messages still unacked are

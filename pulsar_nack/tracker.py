@@ -256,7 +256,6 @@ class NackTracker:
         #: Called on the timer thread after each run of the store's life cycle, when set: the watch over
         #: the other members of a Shared subscription (pulsar_nack.snapshot.takeover). Keeps it running.
         self.takeover: Callable[[], object] | None = None
-        self._clock = clock
         #: The clock (ms) due times are measured on; :meth:`now` calls it (the nack path calls it directly).
         self.clock = clock
         self._owns_wheel = wheel is None
@@ -318,7 +317,7 @@ class NackTracker:
                     self._arm_for(bucket)
                     if self._compaction is None:  # nacks moved on: buckets may have gone cold
                         self._compaction = self._wheel.schedule(
-                            self._clock() + self.compact_after_ms, weak_callback(self._compact)
+                            self.clock() + self.compact_after_ms, weak_callback(self._compact)
                         )
                     if self.snapshots is not None and self._maintenance is None:
                         self._schedule_maintenance()
@@ -327,7 +326,7 @@ class NackTracker:
     def _refile(self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
         """The arrival filter wants a forward repeated (its copy came early, or never came)."""
         if not self._closed:
-            self.schedule(max(due_ms, self._clock()), ledger_id, entry_id, batch_index, topic, refiled=True)
+            self.schedule(max(due_ms, self.clock()), ledger_id, entry_id, batch_index, topic, refiled=True)
 
     def acked(
         self, ledger_id: int, entry_id: int, batch_index: int = -1, topic: str = ""
@@ -377,7 +376,7 @@ class NackTracker:
         """(Lock held.) Run the segment store's life cycle one checkpoint interval from now."""
         assert self.snapshots is not None
         interval = max(self.snapshots.config.checkpoint_interval_ms, 1)
-        self._maintenance = self._wheel.schedule(self._clock() + interval, weak_callback(self._maintain))
+        self._maintenance = self._wheel.schedule(self.clock() + interval, weak_callback(self._maintain))
 
     def _maintain(self) -> None:
         """Timer thread: seal new nacks, write removals, load segments due soon, merge; then again one
@@ -386,7 +385,7 @@ class NackTracker:
         if store is None or self._closed:
             return
         try:
-            store.maintain(int(self._clock()))
+            store.maintain(int(self.clock()))
             if self.takeover is not None:
                 self.takeover()
         except Exception:  # a bug, not a storage failure (the store absorbs those): keep the timer alive
@@ -407,7 +406,7 @@ class NackTracker:
         dropped with a warning saying how many nacks were lost. O(ids restored)."""
         store = self._store()
         learned = _Learned()  # taught to the filter after the store's lock is released (lock order)
-        report = store.restore(int(self._clock()), visit=learned.visit)
+        report = store.restore(int(self.clock()), visit=learned.visit)
         self._learn(learned)
         if report.lost_ids or report.corrupt_segments:
             _log.warning(
@@ -431,7 +430,7 @@ class NackTracker:
         if self._closed:
             return 0
         learned = _Learned()
-        adopted = store.adopt(peer, int(self._clock()), visit=learned.visit)
+        adopted = store.adopt(peer, int(self.clock()), visit=learned.visit)
         self._learn(learned)
         self._rearm(adopted > 0)
         return adopted
@@ -467,7 +466,7 @@ class NackTracker:
     def _fire(self) -> None:
         """Timer thread: forward everything that must arrive by ``now + lead``, re-arm for the next bucket.
         O(due buckets × ledgers + due ids)."""
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             timeout = self._timeout
             if self._closed or timeout is None or timeout.pending:
@@ -490,7 +489,7 @@ class NackTracker:
         before it). The filter measures lateness from that time for the redeliveries whose exact due time
         was not sampled (:class:`~pulsar_nack.lateness.LatenessHistogram`). With ``everything``, one pop
         labelled now."""
-        now = self._clock() if now is None else now
+        now = self.clock() if now is None else now
         limit = int(now + self.lead_ms)
         due: list[DueIds] = []
         forwarded = 0
@@ -572,7 +571,7 @@ class NackTracker:
             sweep_at = self.arrivals.sweep_due
             if sweep_at is not None and not self._closed:
                 self._sweep = self._wheel.schedule(
-                    max(sweep_at, self._clock()) + 1, weak_callback(self._sweep_arrivals)
+                    max(sweep_at, self.clock()) + 1, weak_callback(self._sweep_arrivals)
                 )
 
     # -- lifecycle and stats --------------------------------------------------------------------------
@@ -603,7 +602,7 @@ class NackTracker:
         if self.snapshots is not None:
             # A final snapshot: pending nacks (none after a flush) survive the consumer. Memory is freed
             # with the tracker; the files must stay.
-            self.snapshots.close(int(self._clock()))
+            self.snapshots.close(int(self.clock()))
             self.arrivals.clear()
         else:
             self.clear()
@@ -638,7 +637,7 @@ class NackTracker:
 
     def now(self) -> float:
         """The tracker's clock (ms): what ``schedule``'s due times are measured on. O(1)."""
-        return self._clock()
+        return self.clock()
 
     def stats(self, *, with_memory: bool = False) -> NackStats:
         """Counters, pending state and lateness percentiles, without walking the index: O(histogram buckets)

@@ -473,10 +473,10 @@ def test_a_nack_centuries_ahead_does_not_stop_redelivery() -> None:
     forwarded = threading.Event()
     tracker = NackTracker(lambda _due: forwarded.set(), precision_bits=0)
     try:
-        tracker.schedule(tracker._clock() + 10**13, 1, 1)
-        tracker.schedule(tracker._clock() + 1e300, 1, 2)
+        tracker.schedule(tracker.clock() + 10**13, 1, 1)
+        tracker.schedule(tracker.clock() + 1e300, 1, 2)
         time.sleep(0.05)  # the thread goes to sleep for the far bucket
-        tracker.schedule(tracker._clock() + 150, 1, 3)
+        tracker.schedule(tracker.clock() + 150, 1, 3)
         assert forwarded.wait(5.0), "the short nack is forwarded"
         assert tracker.stats().timer_failures == 0
         assert len(tracker.index) == 2
@@ -523,7 +523,7 @@ def test_a_tracker_starts_its_thread_on_the_first_nack() -> None:
     tracker = NackTracker(lambda _due: None)
     try:
         assert tracker._wheel._thread is None, "no thread before a nack"
-        tracker.schedule(tracker._clock() + 60_000, 1, 1)
+        tracker.schedule(tracker.clock() + 60_000, 1, 1)
         thread = tracker._wheel._thread
         assert thread is not None and thread.is_alive()
     finally:
@@ -537,8 +537,8 @@ def test_a_dropped_unclosed_tracker_is_collected_and_its_thread_ends() -> None:
     forwards: list[int] = []
     tracker: NackTracker | None = NackTracker(lambda due: forwards.append(len(due)))
     assert tracker is not None
-    tracker.schedule(tracker._clock() + 60_000, 1, 1)  # pending: its bucket is armed
-    tracker.schedule(tracker._clock(), 1, 2)  # and one forwarded at once
+    tracker.schedule(tracker.clock() + 60_000, 1, 1)  # pending: its bucket is armed
+    tracker.schedule(tracker.clock(), 1, 2)  # and one forwarded at once
     deadline = time.monotonic() + 5.0
     while not forwards and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -573,7 +573,7 @@ def test_close_does_not_wait_for_a_hook_blocked_on_the_callers_lock() -> None:
 
     def closer() -> None:
         with app_lock:
-            tracker.schedule(tracker._clock(), 1, 1)
+            tracker.schedule(tracker.clock(), 1, 1)
             if entered.wait(5.0):
                 started = time.monotonic()
                 tracker.close()
