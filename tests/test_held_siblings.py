@@ -26,6 +26,7 @@ from typing import Any
 
 import pulsar
 import pytest
+from fake_clock import FakeClock
 from messaging import leftover, produce_bursts, receive_into
 
 import pulsar_nack
@@ -537,13 +538,13 @@ def test_take_parked_gives_a_parked_copy_of_a_message_the_application_holds_once
     assert arrivals.take_parked(7, 1, 7, "t") is None, "with an ack timeout"
 
 
-def _filter_at(now: list[float], coalesce: bool) -> tuple[ArrivalFilter, TimeBucketIndex]:
-    """A filter over a k = 0 index (bucket = due time) on the clock ``now[0]``, entry 1 of ledger 7 (a
+def _filter_at(now: FakeClock, coalesce: bool) -> tuple[ArrivalFilter, TimeBucketIndex]:
+    """A filter over a k = 0 index (bucket = due time) on the clock ``now``, entry 1 of ledger 7 (a
     batch of 10) handed out; ``coalesce`` as a consumer that keeps copies sets it."""
     index = TimeBucketIndex(0, "ceil")
     arrivals = ArrivalFilter(
         lambda *ids: None,
-        clock=lambda: now[0],
+        clock=now,
         batch_size=lambda _: 10,
         pending_mask=index.pending_mask,
         add=index.add,
@@ -573,16 +574,16 @@ def test_a_message_due_while_its_entry_is_on_its_way_waits_for_that_copy() -> No
     COALESCE_WITHIN_MS, m1 is forwarded as before."""
     from pulsar_nack.arrivals import COALESCE_WITHIN_MS
 
-    now = [1_000.0]
+    now = FakeClock(1_000.0)
     arrivals, index = _filter_at(now, coalesce=True)
     arrivals.file(2_000, 7, 1, 0, "t")
     arrivals.file(2_100, 7, 1, 1, "t")
-    now[0] = 1_900.0
-    assert _learn(arrivals, index, 2_000, now[0]) is None, "m0 goes"
-    now[0] = 2_050.0
-    assert _learn(arrivals, index, 2_150, now[0]) == {1}, "m1 waits for m0's copy"
+    now.now = 1_900.0
+    assert _learn(arrivals, index, 2_000, now.now) is None, "m0 goes"
+    now.now = 2_050.0
+    assert _learn(arrivals, index, 2_150, now.now) == {1}, "m1 waits for m0's copy"
     assert index.due_of(7, 1, 1, "t") == 2_150, "filed again, no earlier than its bucket"
-    now[0] = 2_120.0  # m0's copy comes, with m1's
+    now.now = 2_120.0  # m0's copy comes, with m1's
     assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD
     assert arrivals.take_pending_message(7, 1, 1, "t") is True, "kept: no forward of its own"
@@ -607,7 +608,7 @@ def test_a_message_that_waits_again_after_its_kept_copy_waits_at_its_new_bucket(
     (ArrivalFilter._waiting), on every flush until it leaves pending. Once its copy is kept, or it is
     acked, that bucket is forgotten: nacked again and made to wait again, it waits at its new bucket — the
     old one would hand its next copy out early."""
-    now = [1_000.0]
+    now = FakeClock(1_000.0)
     arrivals, index = _filter_at(now, coalesce=True)
     arrivals.file(2_000, 7, 1, 0, "t")
     arrivals.file(2_100, 7, 1, 1, "t")
@@ -615,7 +616,7 @@ def test_a_message_that_waits_again_after_its_kept_copy_waits_at_its_new_bucket(
     assert _learn(arrivals, index, 2_150, 2_050.0) == {1}, "m1 waits for m0's copy"
     assert _learn(arrivals, index, 2_400, 2_300.0) == {1}, "a later flush: m1 still waits"
     assert index.due_of(7, 1, 1, "t") == 2_150, "at the bucket it first waited at, not the later flush's"
-    now[0] = 2_320.0  # m0's copy comes, with m1's: kept
+    now.now = 2_320.0  # m0's copy comes, with m1's: kept
     assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD
     assert arrivals.take_pending_message(7, 1, 1, "t") is True
@@ -624,7 +625,7 @@ def test_a_message_that_waits_again_after_its_kept_copy_waits_at_its_new_bucket(
     assert _learn(arrivals, index, 2_900, 2_800.0) is None, "m0 goes"
     assert _learn(arrivals, index, 3_000, 2_950.0) == {1}, "m1 waits for m0's copy again"
     assert index.due_of(7, 1, 1, "t") == 3_000, "at its new bucket"
-    now[0] = 3_100.0
+    now.now = 3_100.0
     assert arrivals.acked(7, 1, 1, "t")[1] is True, "acked while waiting: no longer pending"
     assert index.pop_due(10_000) == []
 
@@ -634,7 +635,7 @@ def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> Non
     tells forwarded(): take_popped_message keeps it and forwarded() leaves m1 out (not forwarded, not in
     flight: a later copy is the application's duplicate). Not for a message not pending, nor without
     coalescing."""
-    now = [1_000.0]
+    now = FakeClock(1_000.0)
     arrivals, index = _filter_at(now, coalesce=True)
     arrivals.file(2_000, 7, 1, 0, "t")
     arrivals.file(2_100, 7, 1, 1, "t")
@@ -646,7 +647,7 @@ def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> Non
     ids = popped[0]
     waiting = arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, 2_050.0, 2_150)
     assert waiting == {1}, "not forwarded again"
-    now[0] = 2_300.0
+    now.now = 2_300.0
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "the kept copy is the application's"
 
     arrivals, index = _filter_at(now, coalesce=False)
@@ -662,21 +663,21 @@ def test_a_quiet_entry_expanded_while_a_flush_has_popped_one_of_its_messages_kee
     entry comes for m1 (a re-dispatch, a copy the client hands out twice): the record rebuilt then must not
     take m0 for acked — its forward would make no flight, and the copy it brings would be acked at the
     broker and never handed out."""
-    now = [1_000.0]
+    now = FakeClock(1_000.0)
     arrivals, index = _filter_at(now, coalesce=True)
     arrivals.file(2_000, 7, 1, 0, "t")
     arrivals.file(3_000, 7, 1, 1, "t")
     for i in range(2, 10):
         arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
-    now[0] = 1_900.0
+    now.now = 1_900.0
     popped = arrivals.pop(
         index.pop_due, 2_000
     )  # a flush under way (as the tracker pops): m0 leaves the index
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD, "m1's copy comes: m1 is pending"
     assert arrivals.take_pending_message(7, 1, 1, "t") is True, "kept until due"
     for ids in popped:  # the flush tells the filter
-        arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now[0], 2_000)
-    now[0] = 2_100.0  # m0's forward brings its copy
+        arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now.now, 2_000)
+    now.now = 2_100.0  # m0's forward brings its copy
     assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER, "m0 handed out, not taken for acked"
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "m1: the kept copy is the application's"
 

@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pulsar_nack.index import PROMOTE_AT, STAGE_UP_TO
 from pulsar_nack.lowlevel import NackIndex, TimeBucketIndex
+from pulsar_nack.snapshot.redispatch import RedispatchStore
 from pulsar_nack.snapshot.segments import SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.storage import InMemoryStorage
 
@@ -332,9 +333,17 @@ class SegmentStoreMachine(NackIndexRules):
         load_ahead_ms=st.sampled_from([0, 20, 60_000]),
         max_loaded_ids=st.sampled_from([0, 4, 1_000_000]),
         max_segments=st.sampled_from([1, 2, 64]),
+        redispatch=st.booleans(),
     )
     def setup(
-        self, k: int, rounding: str, min_ids: int, load_ahead_ms: int, max_loaded_ids: int, max_segments: int
+        self,
+        k: int,
+        rounding: str,
+        min_ids: int,
+        load_ahead_ms: int,
+        max_loaded_ids: int,
+        max_segments: int,
+        redispatch: bool,
     ) -> None:
         # min_ids 2, 3: a seal cuts the mutable index into several segments; max_segments 1, 2: merges;
         # load_ahead_ms / max_loaded_ids 0: segments stay on storage until due.
@@ -347,11 +356,23 @@ class SegmentStoreMachine(NackIndexRules):
             max_segments=max_segments,
             max_merge_inputs=2,
         )
-        store = SegmentStore(
-            InMemoryStorage(),
-            config,
-            precision_bits=k,
-            rounding=rounding,  # type: ignore[arg-type]
+        # redispatch: the store a consumer with snapshots runs on (RedispatchStore), nothing restored — it
+        # must answer as the plain store does
+        store = (
+            RedispatchStore(
+                InMemoryStorage(),
+                config,
+                precision_bits=k,
+                rounding=rounding,  # type: ignore[arg-type]
+                clock=lambda: float(self.now),
+            )
+            if redispatch
+            else SegmentStore(
+                InMemoryStorage(),
+                config,
+                precision_bits=k,
+                rounding=rounding,  # type: ignore[arg-type]
+            )
         )
         self.start(store, k, rounding)
 
@@ -434,6 +455,9 @@ def _index_kinds() -> dict[str, Callable[[], NackIndex]]:
         "index": lambda: TimeBucketIndex(0),
         "store, segments loaded": lambda: SegmentStore(InMemoryStorage(), loaded, precision_bits=0),
         "store, segments on storage": lambda: SegmentStore(InMemoryStorage(), stored, precision_bits=0),
+        "redispatch store": lambda: RedispatchStore(
+            InMemoryStorage(), loaded, precision_bits=0, clock=lambda: 0.0
+        ),
     }
 
 
