@@ -103,7 +103,7 @@ class _Held:
     size: int
     # a broker copy kept for a pending nack (not a nacked chunked message): the nack's due time, exact or
     # estimated (ArrivalFilter.take_due), for the lateness of its hand-out, and whether it is such a copy
-    sampled_due: float | None = None
+    lateness_due: float | None = None
     copy: bool = False
 
 
@@ -151,12 +151,12 @@ class ChunkHold:
         size: int,
         *,
         copy: bool = False,
-        sampled_due: float | None = None,
+        lateness_due: float | None = None,
     ) -> bool:
         """Keep ``message`` (``size`` payload bytes) until ``due_ms``, to be handed out with
         ``redelivery_count``. False, counted in ``chunked_over_bound``, if that would pass ``max_bytes``
         (nothing is kept then: the caller nacks it at the broker). A message held already is replaced.
-        ``copy``: a broker copy kept for a pending nack (its ``sampled_due``: see :attr:`on_handout`), which
+        ``copy``: a broker copy kept for a pending nack (its ``lateness_due``: see :attr:`on_handout`), which
         :meth:`drain_copies` gives back. Calls :attr:`on_hold` with ``due_ms`` once it is held."""
         with self._lock:
             previous = self.held.get(key)
@@ -164,7 +164,7 @@ class ChunkHold:
             if self._bytes - freed + size > self.max_bytes:
                 self.over_bound += 1
                 return False
-            held = _Held(due_ms, message, redelivery_count, size, sampled_due, copy)
+            held = _Held(due_ms, message, redelivery_count, size, lateness_due, copy)
             self.held[key] = held
             self._bytes += size - freed
             heapq.heappush(self._heap, (due_ms, next(self._sequence), key, held))
@@ -207,7 +207,7 @@ class ChunkHold:
             del self.held[key]
             self._bytes -= held.size
         if held.copy and self.on_handout is not None:
-            self.on_handout(held.sampled_due, key)
+            self.on_handout(held.lateness_due, key)
         return held.message, held.redelivery_count, key
 
     def drain_copies(self) -> list[tuple[Key, float]]:

@@ -869,13 +869,13 @@ class NackBridge:
         due = self.tracker.index.due_of(ledger_id, entry_id, -1, topic)
         if due is None or not self._arrivals.take_pending(ledger_id, entry_id, topic):
             return  # (forwarded meanwhile: its copy comes)
-        sampled = self._arrivals.take_due(ledger_id, entry_id, -1, topic, due)
+        lateness_due = self._arrivals.take_due(ledger_id, entry_id, -1, topic, due)
         inner = message._message
         key = (topic, ledger_id, entry_id)
         count, size = inner.redelivery_count(), inner.length() + KEPT_COPY_BYTES  # what it pins
-        if not self.hold.hold(key, message, due, count, size, copy=True, sampled_due=sampled):
+        if not self.hold.hold(key, message, due, count, size, copy=True, lateness_due=lateness_due):
             # over the bound: pending again
-            self._arrivals.untake_due(due, sampled, entry_id)
+            self._arrivals.untake_due(due, lateness_due, entry_id)
             self.tracker.schedule(due, ledger_id, entry_id, -1, topic, refiled=True)
 
     def _keep_spare(self, message: Any, ids: tuple[int, int, int, str], delay: float) -> bool:
@@ -904,7 +904,7 @@ class NackBridge:
         due = self.tracker.now() + delay
         key = (topic, ledger_id, entry_id, batch_index)
         # its exact due time is known: its lateness counts as it is
-        if not hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, sampled_due=due):
+        if not hold.hold(key, kept, due, copy.redelivery_count(), size, copy=True, lateness_due=due):
             return False
         if not self._held_unseen(key):
             return True
@@ -960,11 +960,12 @@ class NackBridge:
             if due_or_none is None:
                 return
             due = due_or_none
-        sampled = arrivals.take_due(ledger_id, entry_id, batch_index, topic, due)
+        lateness_due = arrivals.take_due(ledger_id, entry_id, batch_index, topic, due)
         key = (topic, ledger_id, entry_id, batch_index)
-        if not hold.hold(key, message, due, inner.redelivery_count(), size, copy=True, sampled_due=sampled):
+        count = inner.redelivery_count()
+        if not hold.hold(key, message, due, count, size, copy=True, lateness_due=lateness_due):
             # over the bound: pending again
-            arrivals.untake_due(due, sampled, entry_id)
+            arrivals.untake_due(due, lateness_due, entry_id)
             tracker.schedule(due, ledger_id, entry_id, batch_index, topic, refiled=True)
 
     def _sibling_due(
@@ -1279,6 +1280,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         # due before a wait here would end.
         token = object()
         nacks.waiting[token] = None
+        store = nacks.tracker.snapshots
         try:
             while True:
                 # A held message that is due and the native queue's messages take turns: the native queue
@@ -1288,7 +1290,6 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
                 # queue has goes first: it sends the rest as these are read, and pulsar-lite stalled that
                 # re-dispatch once the application acked kept copies meanwhile (3,128 of 10,000 back in
                 # 60 s when kept copies went first).
-                store = nacks.tracker.snapshots
                 if self._held_turn and not (isinstance(store, RedispatchStore) and store.waiting):
                     self._held_turn = False
                     held = self._due_held()
