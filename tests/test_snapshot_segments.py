@@ -681,14 +681,21 @@ def test_seals_while_fresh_nacks_arrive_from_another_thread() -> None:
     added: list[int] = []
     done = threading.Event()
     errors: list[BaseException] = []
+    # The nacking thread adds up to ``budget`` ids, then waits for the next round: it never runs out of
+    # work before the last seal however slowly the seals go (a fixed count ran out on a loaded machine).
+    budget = [0]
 
     def nack() -> None:
+        entry = 0
+        deadline = time.monotonic() + 300  # a bound for a stuck test, not a timing assertion
         try:
-            for entry in range(10**6):  # (a bound: the test stops it long before)
-                if done.is_set():
-                    return
+            while not done.is_set() and time.monotonic() < deadline:
+                if entry >= budget[0]:
+                    time.sleep(0.0005)
+                    continue
                 store.add(1_000 + entry % 3_000, 1, entry, fresh=True)
                 added.append(entry)
+                entry += 1
                 if entry % 200 == 0:
                     time.sleep(0.001)  # let the seals run meanwhile
         except BaseException as error:  # asserted below
@@ -701,6 +708,7 @@ def test_seals_while_fresh_nacks_arrive_from_another_thread() -> None:
     try:
         for _ in range(seals):
             mark = len(added)
+            budget[0] = mark + 2_000  # the nacks of this round: one before the seal, the rest may meet it
             deadline = time.monotonic() + 60  # a safety net for a stuck thread, not a timing assertion
             while len(added) <= mark and thread.is_alive() and time.monotonic() < deadline:
                 time.sleep(0.002)
