@@ -144,9 +144,9 @@ def _probe_measure(measure: str, due: Any, ledgers: Any, entries: Any, k: int) -
     import tracemalloc
 
     from pulsar_nack.lowlevel import TimeBucketIndex
-    from pulsar_nack.memory import heap_in_use, release_free_heap
+    from pulsar_nack.memory import heap_in_use, release_free_heap, rss_bytes
 
-    read: Any = {"tracemalloc": lambda: tracemalloc.get_traced_memory()[0], "rss": report.rss_bytes}.get(
+    read: Any = {"tracemalloc": lambda: tracemalloc.get_traced_memory()[0], "rss": rss_bytes}.get(
         measure, heap_in_use
     )
     gc.collect()

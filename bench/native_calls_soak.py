@@ -83,7 +83,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     import pulsar
 
     import pulsar_nack
-    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.memory import heap_in_use, rss_bytes
     from pulsar_nack.native import batch_size
 
     url, minutes, rate, share = payload["url"], payload["minutes"], payload["rate"], payload["share"]
@@ -173,7 +173,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
                 table[taken] = (
                     now - started,
                     heap_in_use(),
-                    report.rss_bytes(),
+                    rss_bytes(),
                     received,
                     nacked,
                     entry_acks,

@@ -1,6 +1,6 @@
 """Shared plumbing of the benchmarks: machine facts, JSON results, sections of docs/performance.md, a probe
-in a fresh interpreter (:func:`run_probe`), the process's RSS (:func:`rss_bytes`), and the brokers and
-clients the broker benchmarks run (:func:`brokers`, :func:`client`).
+in a fresh interpreter (:func:`run_probe`), and the brokers and clients the broker
+benchmarks run (:func:`brokers`, :func:`client`).
 
 Each benchmark owns one section of ``docs/performance.md`` between ``<!-- BEGIN name -->`` and
 ``<!-- END name -->`` and rewrites only that, so benchmarks can run separately.
@@ -138,12 +138,6 @@ def run_probe(
         raise RuntimeError(f"probe {payload} failed:\n{out.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
-
-
-def rss_bytes() -> int:
-    """This process's resident set size (``/proc/self/statm``), bytes. O(1)."""
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 #: The two consumers the broker benchmarks compare: the official client's and pulsar-nack's.

@@ -64,7 +64,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     import tracemalloc
 
     from pulsar_nack.lowlevel import TimeBucketIndex
-    from pulsar_nack.memory import heap_in_use, release_free_heap
+    from pulsar_nack.memory import heap_in_use, release_free_heap, rss_bytes
     from pulsar_nack.sweep.baselines import HashMapTracker, TripleLongHeap
     from pulsar_nack.sweep.workloads import Workload
 
@@ -85,7 +85,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
     def now() -> int:
         if measure == "tracemalloc":
             return int(tracemalloc.get_traced_memory()[0])
-        return report.rss_bytes() if measure == "rss" else heap_in_use()
+        return rss_bytes() if measure == "rss" else heap_in_use()
 
     if measure == "tracemalloc":
         tracemalloc.start()

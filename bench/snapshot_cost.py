@@ -183,7 +183,7 @@ def restore_probe(directory: str, part: str) -> dict[str, Any]:
     import gc
     import resource
 
-    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.memory import heap_in_use, rss_bytes
     from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentStore
     from pulsar_nack.timer import TimerWheel
     from pulsar_nack.tracker import NackTracker
@@ -192,7 +192,7 @@ def restore_probe(directory: str, part: str) -> dict[str, Any]:
         return float(RESTORE_NOW)
 
     gc.collect()
-    heap_before, rss_before = heap_in_use(), report.rss_bytes()
+    heap_before, rss_before = heap_in_use(), rss_bytes()
     high_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     store = SegmentStore(LocalDirectoryStorage(directory, fsync=False))  # the default memory bound
     started = time.perf_counter()

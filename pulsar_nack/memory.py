@@ -302,6 +302,12 @@ def release_free_heap() -> bool:
 _ALLOCATED_BLOCKS = re.compile(rb"# bytes in allocated blocks\s*=\s*([\d,]+)")
 
 
+def rss_bytes() -> int:
+    """This process's resident set size (``/proc/self/statm``, pages x page size), bytes. O(1). Linux only."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def heap_in_use() -> int:
     """Bytes this process holds in pymalloc blocks plus glibc in-use chunks. O(heap metadata).
 

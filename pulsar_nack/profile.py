@@ -522,11 +522,6 @@ def _redeliver(tracker: Any, due: Sequence[Any], size: int) -> None:
                     tracker.acked(ledger_id, entry_id, index, topic)
 
 
-def _rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dict[str, Any]:
     """One measurement in this (fresh) interpreter: ``"default"`` (times, RSS, pympler breakdown,
     structure), ``"malloc"`` (mallinfo2 delta; run with PYTHONMALLOC=malloc), ``"malloc-warm"`` (the same
@@ -536,7 +531,7 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
     ``"tracemalloc"``."""
     import tracemalloc
 
-    from pulsar_nack.memory import heap_in_use, release_free_heap
+    from pulsar_nack.memory import heap_in_use, release_free_heap, rss_bytes
 
     baseline: dict[str, int] = {}
     cold: int | None = None
@@ -563,7 +558,7 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
             baseline["heap"] = heap_in_use()
         else:  # the tracker's compaction trims glibc's heap: trim first, or earlier frees count as its own
             release_free_heap()
-            baseline["rss"] = _rss_bytes()
+            baseline["rss"] = rss_bytes()
 
     run = _drive(workload, progress, before)
     gc.collect()
@@ -587,7 +582,7 @@ def probe(mode: str, workload: Workload, progress: Callable[[int], None]) -> dic
             "reported": stats.memory_bytes,
         }
         return out
-    out["bytes"] = _rss_bytes() - baseline["rss"]
+    out["bytes"] = rss_bytes() - baseline["rss"]
     hold = run.hold
     stats = hold.stats(tracker.stats(with_memory=True), with_memory=True)  # what nack_stats() reports
     index = tracker.index

@@ -44,7 +44,6 @@ from pulsar_nack.profile import (
     ProfileResult,
     Workload,
     _probe_env,
-    _rss_bytes,
     java_side,
     run_child,
     type_breakdown,
@@ -156,7 +155,7 @@ def probe_broker(
     import pulsar
 
     import pulsar_nack
-    from pulsar_nack.memory import heap_in_use
+    from pulsar_nack.memory import heap_in_use, rss_bytes
 
     native = mode.startswith("native")
     measure = "malloc" if mode.endswith("malloc") else "tracemalloc" if mode == "tracemalloc" else "rss"
@@ -186,7 +185,7 @@ def probe_broker(
             tracemalloc.start()
             baseline = tracemalloc.get_traced_memory()[0]
         else:
-            baseline = heap_in_use() if measure == "malloc" else _rss_bytes()
+            baseline = heap_in_use() if measure == "malloc" else rss_bytes()
         originals = nacked = copies = 0
         nack_s = 0.0
         perf = time.perf_counter
@@ -235,7 +234,7 @@ def probe_broker(
             grown = tracemalloc.get_traced_memory()[0] - baseline
             tracemalloc.stop()
         else:
-            grown = (heap_in_use() if measure == "malloc" else _rss_bytes()) - baseline
+            grown = (heap_in_use() if measure == "malloc" else rss_bytes()) - baseline
         out: dict[str, Any] = {
             "mode": mode,
             "bytes": grown,

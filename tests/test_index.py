@@ -963,10 +963,8 @@ def test_batch_members_cost_a_dict_entry_each() -> None:
 _RSS_PROCESS = """
 import gc, json, sys
 from pulsar_nack.lowlevel import TimeBucketIndex
+from pulsar_nack.memory import rss_bytes as rss
 from pulsar_nack.sweep.workloads import Workload
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * 4096
 due, ledgers, entries = Workload(x=1, n=3_000_000).generate()
 warm = TimeBucketIndex(10)
 warm.add_many(due[:2000], ledgers[:2000], entries[:2000]); warm.compact(); del warm
