@@ -6,8 +6,9 @@ client's objects, on real messages received from an embedded pulsar-lite broker:
 
 * ``getters`` — what the wrapper does today: ``m._message.message_id()`` then ``ledger_id()``,
   ``entry_id()``, ``batch_index()`` (four pybind11 calls);
-* ``getters + size`` — the same plus the batch size from ``serialize()`` (pulsar_nack.native.batch_size),
-  as if it were read for every message (the wrapper reads it once per entry);
+* ``getters + size`` — the same plus the batch size from ``serialize()``
+  (pulsar_nack.native.client.batch_size), as if it were read for every message (the wrapper reads it once
+  per entry);
 * ``str`` — ``str(message_id)`` (``(ledger,entry,partition,batch index)``) parsed in Python (no size);
 * ``serialize`` — the ``MessageIdData`` protobuf of ``serialize()`` parsed in Python (all four fields);
 * ``native ids`` / ``native ids_all`` — the prototype extension in native_ids/ (if it was built:
@@ -48,7 +49,7 @@ import _pulsar
 import pulsar
 import report
 
-from pulsar_nack.native import batch_size
+from pulsar_nack.native.client import batch_size
 from pulsar_nack.testing import PulsarLite
 
 ROOT = Path(__file__).resolve().parent.parent

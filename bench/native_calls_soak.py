@@ -84,7 +84,7 @@ def probe(payload: dict[str, Any]) -> dict[str, Any]:
 
     import pulsar_nack
     from pulsar_nack.memory import heap_in_use, rss_bytes
-    from pulsar_nack.native import batch_size
+    from pulsar_nack.native.client import batch_size
 
     url, minutes, rate, share = payload["url"], payload["minutes"], payload["rate"], payload["share"]
     pattern, round_s, topic = payload["pattern"], payload["round_s"], payload["topic"]

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # what type checkers see of _EXPORTS (tests/test_public_api.p
     from pulsar_nack.consumer import wrap as wrap
     from pulsar_nack.delay_limit import DelayLimitedProducer as DelayLimitedProducer
     from pulsar_nack.delay_limit import DelayLimitExceeded as DelayLimitExceeded
-    from pulsar_nack.tracker import NATIVE_DELAY_MS as NATIVE_DELAY_MS
+    from pulsar_nack.native import NATIVE_DELAY_MS as NATIVE_DELAY_MS
     from pulsar_nack.tracker import NackStats as NackStats
 
 #: The public names, each with the module that defines it: ``__all__`` and the lazy import read this.
@@ -36,7 +36,7 @@ _EXPORTS: Final[dict[str, str]] = {
     "NackOptions": "pulsar_nack.consumer",
     "wrap": "pulsar_nack.consumer",
     "NackStats": "pulsar_nack.tracker",
-    "NATIVE_DELAY_MS": "pulsar_nack.tracker",
+    "NATIVE_DELAY_MS": "pulsar_nack.native",
     "MultiplierRedeliveryBackoff": "pulsar_nack.backoff",
     "RedeliveryBackoff": "pulsar_nack.backoff",
     "DelayLimitedProducer": "pulsar_nack.delay_limit",

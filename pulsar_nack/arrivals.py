@@ -6,8 +6,9 @@ after a reconnect or an ack timeout. :class:`ArrivalFilter` decides for each arr
 does not depend on arrival order or on which thread received the message:
 
 * a message **in flight** (its nack was forwarded) is handed out once, by the first copy that arrives
-  no earlier than its bucket time *and* at least :data:`NATIVE_MIN_DELAY_MS` after the forward (the
-  native client never asks the broker sooner, so an earlier copy was requested for something else);
+  no earlier than its bucket time *and* at least :data:`~pulsar_nack.native.NATIVE_MIN_DELAY_MS` after
+  the forward (the native client never asks the broker sooner, so an earlier copy was requested for
+  something else);
   a copy of our own forward that still comes early schedules the message again;
 * a message whose nack is **pending** is held back: it comes back when due;
 * a batch message the application **acked** is not handed out; the copy is acked — unless its batch was
@@ -23,7 +24,7 @@ does not depend on arrival order or on which thread received the message:
 
 Batched entries are followed while the application has any unacked message of them, plus
 ``linger_ms`` after their last forward (copies may still be on their way). A batch's size is read from
-the message id (:func:`pulsar_nack.native.batch_size`), never inferred from arrival order.
+the message id (:func:`pulsar_nack.native.client.batch_size`), never inferred from arrival order.
 
 All methods are O(1) in the number of pending nacks and buckets (dict and Roaring-bitmap lookups) and
 thread-safe (one lock; no calls into the native client while it is held). The per-message paths are
@@ -55,19 +56,16 @@ from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
 from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import python_bytes
+from pulsar_nack.native import NATIVE_MIN_DELAY_MS
 
 __all__ = [
     "ACK_TIMEOUT_SLACK_MS",
     "COALESCE_WITHIN_MS",
-    "NATIVE_MIN_DELAY_MS",
     "ArrivalFilter",
     "FilterCounts",
     "Verdict",
 ]
 
-#: The native client's minimum nack delay (``max(delay, 100)`` in pulsar-client-cpp): a copy a forward
-#: asked for never arrives sooner after the forward.
-NATIVE_MIN_DELAY_MS = 100
 #: How much sooner than the ack timeout a copy of a held message may come and still be taken for the
 #: timeout's. The native tracker starts a message's timeout when the client's receive returns it, a moment
 #: before the filter sees it; a copy of another cause (a sibling's nack, a reconnect) taken for the

@@ -2,7 +2,7 @@
 
 A message above the broker's ``maxMessageSize`` sent with ``create_producer(chunking_enabled=True)`` is
 stored as several chunk entries; the consumer reassembles them and the message's id names the last chunk
-(its serialized id also carries the first, :func:`pulsar_nack.native.chunk_first_entry`). pulsar-client
+(its serialized id also carries the first, :func:`pulsar_nack.native.client.chunk_first_entry`). pulsar-client
 3.13 (C++ core 4.2.0) nacks only that assembled id: the broker re-sends the last chunk, the consumer drops
 it as an "uncached chunk", and the message is never handed out again while the consumer lives
 (apache/pulsar-client-cpp #604, fixed after 4.2.0). Measured on both brokers (docs/parameters.md):

@@ -50,7 +50,8 @@ from pulsar_nack.delay_limit import (
     limit_delay,
 )
 from pulsar_nack.index import DueIds, Rounding, TimeBucketIndex
-from pulsar_nack.native import batch_size, chunk_of, entry_message_id, forward, message_id_of
+from pulsar_nack.native import NATIVE_DELAY_MS, NativeTiming
+from pulsar_nack.native.client import batch_size, chunk_of, entry_message_id, forward, message_id_of
 from pulsar_nack.snapshot.redispatch import RedispatchStore
 from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.snapshot.takeover import Adoption
@@ -63,7 +64,7 @@ from pulsar_nack.snapshot.wiring import (
     tracker_snapshot_arguments,
 )
 from pulsar_nack.timer import monotonic_ms
-from pulsar_nack.tracker import NATIVE_DELAY_MS, NackStats, NackTracker, NativeTiming
+from pulsar_nack.tracker import NackStats, NackTracker
 
 __all__ = ["NACK_ARGUMENTS", "Client", "NackBridge", "NackConsumer", "NackOptions", "wrap"]
 
@@ -1428,10 +1429,10 @@ def subscribe_arguments(
 ) -> tuple[dict[str, Any], NackOptions]:
     """Split ``subscribe(*args, **kwargs)`` into the arguments of the official ``subscribe`` (bound to its
     ``official`` signature: a ``TypeError`` names an unknown argument), whose nack delay becomes
-    :data:`NATIVE_DELAY_MS`, and the :class:`NackOptions` — the caller's ``negative_ack_redelivery_delay_ms``
-    (default 60000) and every nack option, all checked before anything is subscribed. Takes the nack
-    options out of ``kwargs``. Both clients' ``subscribe`` call it directly (deprecation warnings name
-    their caller's line)."""
+    :data:`~pulsar_nack.native.NATIVE_DELAY_MS`, and the :class:`NackOptions` — the caller's
+    ``negative_ack_redelivery_delay_ms`` (default 60000) and every nack option, all checked before anything
+    is subscribed. Takes the nack options out of ``kwargs``. Both clients' ``subscribe`` call it directly
+    (deprecation warnings name their caller's line)."""
     nack = {
         name: kwargs.pop(name)
         for name in list(kwargs)
@@ -1552,17 +1553,17 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
     """Wrap an existing ``pulsar.Consumer``: its nacks go through the PIP-393 tracker from now on.
 
     ``native_delay_ms`` (required: the official consumer does not expose it) must be the
-    ``negative_ack_redelivery_delay_ms`` the consumer was subscribed with — the official default is 60000
-    if it was not given. Due ids are handed to the native tracker that long before they are due; the
-    native tracker then redelivers them on its own check grid (every ``native_delay_ms / 3``), and a
-    forward waits for a moment that does not disturb the previous one (:class:`NativeTiming`). So with a
-    native delay *D*, a nack comes back up to about ``2·D/3`` ms after it is due, and never sooner than
-    *D* after the nack: a delay shorter than *D* comes back up to ``D - delay + 2·D/3`` late (about
-    ``5·D/3`` for a delay near 0). Measured on pulsar-lite: D = 3000 → up to 2.0 s late for delays of
-    4-8 s, 3.0-4.9 s late for delays under 0.1 s; D = 102 → up to 69 ms. A wrong ``native_delay_ms``
-    makes every redelivery early or late by the difference. Subscribe with
-    ``negative_ack_redelivery_delay_ms=pulsar_nack.NATIVE_DELAY_MS`` (102) for redelivery within
-    ~70 ms of the due time, or use :meth:`Client.subscribe`, which does that itself.
+    ``negative_ack_redelivery_delay_ms`` the consumer was subscribed with — the official default is 60000 if
+    it was not given. Due ids are handed to the native tracker that long before they are due; the native
+    tracker then redelivers them on its own check grid (every ``native_delay_ms / 3``), and a forward waits
+    for a moment that does not disturb the previous one (:class:`~pulsar_nack.native.NativeTiming`). So with a
+    native delay *D*, a nack comes back up to about ``2·D/3`` ms after it is due, and never sooner than *D*
+    after the nack: a delay shorter than *D* comes back up to ``D - delay + 2·D/3`` late (about ``5·D/3`` for
+    a delay near 0). Measured on pulsar-lite: D = 3000 → up to 2.0 s late for delays of 4-8 s, 3.0-4.9 s late
+    for delays under 0.1 s; D = 102 → up to 69 ms. A wrong ``native_delay_ms`` makes every redelivery early or
+    late by the difference. Subscribe with ``negative_ack_redelivery_delay_ms=pulsar_nack.NATIVE_DELAY_MS``
+    (102) for redelivery within ~70 ms of the due time, or use :meth:`Client.subscribe`, which does that
+    itself.
 
     Logs a warning when the native timing is coarser than the index's buckets (``2·D/3`` >
     ``2**negative_ack_precision_bit_cnt``). A ``message_listener`` set on the wrapped consumer keeps receiving
@@ -1594,7 +1595,7 @@ def wrap_options(
             f"{caller}(): this consumer is already wrapped: use the NackConsumer that {caller}() returned"
         )
     nack = NackOptions.from_arguments(options, caller=caller, stacklevel=3, native_delay_ms=native_delay_ms)
-    late_ms, short_late_ms = _wrap_lateness_ms(nack.native_delay_ms)
+    late_ms, short_late_ms = NativeTiming(nack.native_delay_ms).wrapped_lateness_ms()
     if nack.native_delay_ms > NATIVE_DELAY_MS and late_ms > 2**nack.precision_bits:
         _log.warning(
             "wrapped consumer has a %d ms native nack delay: nacks come back up to ~%d ms after they are due "
@@ -1605,7 +1606,7 @@ def wrap_options(
             short_late_ms,
             nack.native_delay_ms,
             NATIVE_DELAY_MS,
-            _wrap_lateness_ms(NATIVE_DELAY_MS)[0],
+            NativeTiming().wrapped_lateness_ms()[0],
         )
     # The consumer's name is part of the key: two wrapped consumers of one subscription sharing a directory
     # must not collide (each locks its own key). Without a consumer_name the client makes one up, which a
@@ -1634,15 +1635,6 @@ with_signature(
         return_annotation="NackConsumer",
     )
 )(wrap)
-
-
-def _wrap_lateness_ms(native_delay_ms: int) -> tuple[int, int]:
-    """How late a wrapped consumer with this native delay redelivers, at most (ms, give or take the timer's
-    few ms): for delays of at least ``native_delay_ms``, and for a delay near 0. From :class:`NativeTiming`:
-    a forward may wait two native check intervals for its slot, and the native tracker needs its latency."""
-    timing = NativeTiming(native_delay_ms)
-    slot_ms = 2 * timing.interval_ms
-    return slot_ms, timing.latency_ms + slot_ms
 
 
 def _redelivery_count(message: Any) -> int:

@@ -68,7 +68,7 @@ def tracker_default(name: str) -> float:
 
 def _forward_lead_ms() -> float:
     """How long before its time the tracker forwards a bucket: the native client's latency."""
-    from pulsar_nack.tracker import NativeTiming
+    from pulsar_nack.native import NativeTiming
 
     return float(NativeTiming().latency_ms)
 

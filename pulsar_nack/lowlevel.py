@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from pulsar_nack.index import DueIds, NackIndex, TimeBucketIndex
 from pulsar_nack.memory import MemoryUsage
+from pulsar_nack.native import NativeTiming
 from pulsar_nack.timer import TimerWheel
-from pulsar_nack.tracker import NackTracker, NativeTiming
+from pulsar_nack.tracker import NackTracker
 
 __all__ = [
     "DueIds",

@@ -39,6 +39,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from pulsar_nack.native import NATIVE_MIN_DELAY_MS
 from pulsar_nack.profile import (
     ProfileError,
     ProfileResult,
@@ -63,7 +64,6 @@ _QUEUE: Final = 500
 _PADDING: Final = 2 * _QUEUE
 _SETTLE_S: Final = 0.5  # after subscribing: the broker fills the receiver queue meanwhile
 _PROGRESS_EVERY: Final = 1_000
-_NATIVE_MIN_DELAY_MS: Final = 100  # the C++ client's minimum nack delay
 
 
 def check_broker_run(workload: Workload, service_url: str, timeout_s: float) -> None:
@@ -166,7 +166,7 @@ def probe_broker(
     }
     if native:
         client: Any = pulsar.Client(service_url, operation_timeout_seconds=30, logger=logger)
-        delay_ms = max(_NATIVE_MIN_DELAY_MS, round(workload.delay.mean_ms))
+        delay_ms = max(NATIVE_MIN_DELAY_MS, round(workload.delay.mean_ms))
         options["negative_ack_redelivery_delay_ms"] = delay_ms
     else:
         client = pulsar_nack.Client(service_url, operation_timeout_seconds=30, logger=logger)

@@ -12,9 +12,9 @@ tracker only weakly, so a tracker dropped without :meth:`NackTracker.close` is c
 timer and ends the thread. ``forward`` (and with it the consumer's ``on_redelivery`` hook) runs without any
 of the tracker's or timer's locks held, and :meth:`NackTracker.close` never waits for it.
 
-When forwards happen is decided by :class:`NativeTiming`, a model of the native tracker's timer (see
-there): a bucket's ids are forwarded one native latency before the bucket's time, and only at moments that
-neither postpone an earlier forward's redelivery nor starve the native timer.
+When forwards happen is decided by :class:`~pulsar_nack.native.NativeTiming`, a model of the native
+tracker's timer (see there): a bucket's ids are forwarded one native latency before the bucket's time, and
+only at moments that neither postpone an earlier forward's redelivery nor starve the native timer.
 
 Every message the broker delivers passes the :class:`~pulsar_nack.arrivals.ArrivalFilter` the tracker
 keeps informed of nacks and forwards (see there): each nack is handed out once when due, never early, and
@@ -29,29 +29,25 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from pyroaring import BitMap
 
-from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.arrivals import ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, NackIndex, Rounding, TimeBucketIndex
 from pulsar_nack.ledgers import LedgerRegistry
+from pulsar_nack.native import NativeTiming
 from pulsar_nack.snapshot.format import Group
 from pulsar_nack.snapshot.segments import RestoreReport, SegmentStore, SnapshotStats
 from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.timer import Timeout, TimerWheel, check_finite, monotonic_ms, weak_callback
 
-__all__ = ["NackStats", "NackTracker", "NativeTiming", "Verdict", "epoch_clock"]
+__all__ = ["NackStats", "NackTracker", "Verdict", "epoch_clock"]
 
 _log = logging.getLogger(__name__)
 _ceil = math.ceil  # (a global and an attribute lookup less per nack)
-#: The native delay pulsar_nack subscribes with: the smallest multiple of 3 above the minimum, so that the
-#: native timer's third check (every delay/3) falls exactly on the due time: a deterministic latency.
-NATIVE_DELAY_MS = 102
-
-
 def epoch_clock() -> Callable[[], float]:
     """A monotonic clock that reads as Unix epoch milliseconds: ``time.monotonic()`` plus one offset taken
     now. A tracker that keeps snapshots runs on it, so that due times mean the same after a restart
@@ -63,56 +59,6 @@ def epoch_clock() -> Callable[[], float]:
     monotonic = time.monotonic
     offset = time.time() * 1000.0 - monotonic() * 1000.0
     return lambda: monotonic() * 1000.0 + offset
-
-
-@dataclass(frozen=True)
-class NativeTiming:
-    """When the native tracker (pulsar-client-cpp 3.x/4.x ``NegativeAcksTracker``) redelivers a nacked id.
-
-    Each native nack re-arms one timer to fire ``interval = delay // 3`` ms later; each firing redelivers
-    the ids nacked at least ``delay`` ago and re-arms it again. So an id forwarded at t comes back at the
-    first check at or after t + delay — at t + ``latency`` — *unless* another forward re-arms the timer
-    in between and shifts the checks. Hence forwards go only at moments that keep earlier forwards on time:
-    exactly ``2 * interval`` after the previous one (the checks stay on the same grid, and the check in
-    between still fires), or once the previous forward's ids are out (``latency`` + a margin). Forwarding
-    every ``interval`` or faster would postpone the native check for ever (the native starvation).
-
-    A timer never fires exactly on the same-grid slot; up to ``margin`` after it still counts: the
-    native check of the slot has fired, and the forward re-arms the next one, so the previous forward's ids
-    come back that much late. (Without this tolerance, a 1 ms late timer pushed the forward to the free
-    slot: ~40 ms later.)
-    """
-
-    delay_ms: int = NATIVE_DELAY_MS
-    margin_ms: float = 5.0  # timer jitter allowed for before a fresh forward may re-arm the native timer
-    _free_after: float = field(init=False, repr=False, compare=False, default=0.0)
-    _same_grid_after: float = field(init=False, repr=False, compare=False, default=0.0)
-
-    def __post_init__(self) -> None:
-        # forward_at's two constants, computed once: it runs at every forward, with cold caches, where
-        # the two property calls cost several µs.
-        object.__setattr__(self, "_free_after", self.latency_ms + self.margin_ms)
-        object.__setattr__(self, "_same_grid_after", 2 * self.interval_ms)
-
-    @property
-    def interval_ms(self) -> int:
-        return max(self.delay_ms, NATIVE_MIN_DELAY_MS) // 3
-
-    @property
-    def latency_ms(self) -> int:
-        """Forward → redelivery request sent. Exact when ``delay_ms`` is a multiple of 3."""
-        delay = max(self.delay_ms, NATIVE_MIN_DELAY_MS)
-        return -(-delay // self.interval_ms) * self.interval_ms
-
-    def forward_at(self, desired_ms: float, last_ms: float) -> float:
-        """The earliest moment >= ``desired_ms`` at which a forward keeps the one at ``last_ms`` on time."""
-        free_ms = last_ms + self._free_after
-        same_grid_ms = last_ms + self._same_grid_after
-        if desired_ms >= free_ms:
-            return desired_ms
-        if desired_ms <= same_grid_ms:
-            return same_grid_ms
-        return desired_ms if desired_ms <= same_grid_ms + self.margin_ms else free_ms
 
 
 @dataclass(frozen=True)
@@ -350,7 +296,8 @@ class NackTracker:
 
     def _arm(self, bucket: float, at_ms: float | None = None) -> None:
         """(Lock held.) Arm the one forward timeout for ``bucket`` (inf: disarm), at ``at_ms`` or else at
-        the first moment :class:`NativeTiming` allows a forward one native latency before it. O(1)."""
+        the first moment :class:`~pulsar_nack.native.NativeTiming` allows a forward one native latency
+        before it. O(1)."""
         if self._timeout is not None:
             self._timeout.cancel()
             self._timeout = None

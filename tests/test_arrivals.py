@@ -16,9 +16,10 @@ from fake_clock import FakeClock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pulsar_nack.arrivals import _PENDING, _QUIET, _WATCH, NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.arrivals import _PENDING, _QUIET, _WATCH, ArrivalFilter, Verdict
 from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.native import NATIVE_MIN_DELAY_MS
 
 
 def make() -> tuple[ArrivalFilter, FakeClock, list[tuple[float, int, int, int, str]]]:

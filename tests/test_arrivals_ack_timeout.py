@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 from fake_clock import FakeClock
 
-from pulsar_nack.arrivals import ACK_TIMEOUT_SLACK_MS, NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.arrivals import ACK_TIMEOUT_SLACK_MS, ArrivalFilter, Verdict
+from pulsar_nack.native import NATIVE_MIN_DELAY_MS
 
 TIMEOUT_MS = 10_000
 D, H = Verdict.DELIVER, Verdict.DUPLICATE

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from fake_clock import FakeClock
 
-from pulsar_nack.arrivals import NATIVE_MIN_DELAY_MS, ArrivalFilter, Verdict
+from pulsar_nack.arrivals import ArrivalFilter, Verdict
 from pulsar_nack.index import TimeBucketIndex
+from pulsar_nack.native import NATIVE_MIN_DELAY_MS
 
 LINGER_MS = 1_000
 DUE = 60_000

@@ -40,7 +40,7 @@ from messaging import leftover, nothing_more, receive_all, receive_into
 from harness.standalone import PulsarStandalone
 from pulsar_nack import Client, MultiplierRedeliveryBackoff, aio
 from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkHold, HeldMessage
-from pulsar_nack.native import chunk_first_entry
+from pulsar_nack.native.client import chunk_first_entry
 from pulsar_nack.testing import Broker, PulsarLite
 from pulsar_nack.tracker import NackStats
 

@@ -27,8 +27,7 @@ from messaging import produce, receive_all
 
 import pulsar_nack
 from pulsar_nack import DelayLimitExceeded, MultiplierRedeliveryBackoff, NackConsumer, NackOptions, aio
-from pulsar_nack.consumer import _wrap_lateness_ms
-from pulsar_nack.lowlevel import NativeTiming, TimeBucketIndex
+from pulsar_nack.lowlevel import TimeBucketIndex
 from pulsar_nack.testing import PulsarLite
 
 NAN, INF = math.nan, math.inf
@@ -481,16 +480,6 @@ def test_wrap_rejects_a_bad_native_delay(value: Any, error: type[Exception]) -> 
 def test_wrap_rejects_what_is_no_consumer(consumer: Any) -> None:
     with pytest.raises(TypeError, match=r"pulsar\.Consumer"):
         pulsar_nack.wrap(consumer, native_delay_ms=102)
-
-
-def test_wrap_states_its_precision_as_native_timing_gives_it() -> None:
-    """A forward may wait two native check intervals (2·D/3) for its slot; a delay under D also waits for the
-    native latency D. Measured on pulsar-lite (D = 3000): up to 2.0 s late for delays of 4-8 s, 3.0-4.9 s
-    for delays under 0.1 s."""
-    assert _wrap_lateness_ms(3000) == (2000, 5000)
-    assert _wrap_lateness_ms(pulsar_nack.NATIVE_DELAY_MS) == (68, 170)
-    timing = NativeTiming(999)
-    assert _wrap_lateness_ms(999) == (2 * timing.interval_ms, timing.latency_ms + 2 * timing.interval_ms)
 
 
 def test_wrap_warns_truthfully_and_takes_numpy(

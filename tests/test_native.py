@@ -1,35 +1,36 @@
-"""pulsar_nack.native: whole-entry ids rebuilt for forwards and entry acks (real ``_pulsar.MessageId``s)."""
+"""pulsar_nack.native: the native tracker's timing model (no client needed)."""
 
 from __future__ import annotations
 
-import pulsar_nack.native as native
-from pulsar_nack.native import entry_message_id
+from pulsar_nack.native import NATIVE_DELAY_MS, NativeTiming
 
 
-def test_entry_message_id_reads_the_partition_from_the_topic_each_time_the_same() -> None:
-    topics = {
-        "persistent://public/default/t-partition-3": 3,
-        "persistent://public/default/t-partition-12": 12,
-        "persistent://public/default/t": -1,
-        "persistent://public/default/t-partition-x": -1,
-        "": -1,
-    }
-    for _ in range(3):  # the first call parses the name, later ones use the cache: same answer
-        for topic, partition in topics.items():
-            message_id = entry_message_id(topic, 7, 11)
-            assert (message_id.partition(), message_id.ledger_id(), message_id.entry_id()) == (
-                partition,
-                7,
-                11,
-            )
-            assert message_id.batch_index() == -1
+def test_native_timing_matches_the_cpp_tracker() -> None:
+    timing = NativeTiming()  # 102 ms: checks every 34 ms, the third lands on the due time
+    assert (timing.interval_ms, timing.latency_ms) == (34, 102)
+    assert NativeTiming(100).latency_ms == 132, "100/3 = 33: the third check at 99 ms is 1 ms short"
+    assert NativeTiming(60_000).interval_ms == 20_000
 
 
-def test_partition_cache_is_bounded() -> None:
-    native._PARTITIONS.clear()
-    bound = native._MAX_PARTITIONS
-    for n in range(bound + 10):
-        assert (
-            entry_message_id(f"persistent://public/default/t{n}-partition-{n % 7}", 1, 2).partition() == n % 7
-        )
-        assert len(native._PARTITIONS) <= bound
+def test_forward_times_keep_the_previous_forward_on_time() -> None:
+    timing = NativeTiming()
+    last = 1_000.0
+    assert timing.forward_at(last + 500, last) == last + 500, "free once the last forward's ids are out"
+    assert timing.forward_at(last + 10, last) == last + 68, "soon after: on the same check grid"
+    assert timing.forward_at(last + 80, last) == last + 102 + timing.margin_ms
+    # A timer re-armed for the same-grid slot fires a little late: it still takes the slot.
+    assert timing.forward_at(last + 68.9, last) == last + 68.9
+    assert timing.forward_at(last + 68 + timing.margin_ms, last) == last + 68 + timing.margin_ms
+    assert timing.forward_at(last + 68.1 + timing.margin_ms, last) == last + 102 + timing.margin_ms
+    assert timing.forward_at(5.0, -float("inf")) == 5.0
+
+
+def test_a_wrapped_consumers_lateness_follows_its_native_delay() -> None:
+    """A forward may wait two native check intervals (2·D/3) for its slot; a delay under D also waits for the
+    native latency D. Measured on pulsar-lite (D = 3000): up to 2.0 s late for delays of 4-8 s, 3.0-4.9 s
+    for delays under 0.1 s."""
+    assert NativeTiming(3000).wrapped_lateness_ms() == (2000, 5000)
+    assert NativeTiming(NATIVE_DELAY_MS).wrapped_lateness_ms() == (68, 170)
+    timing = NativeTiming(999)
+    slot_ms = 2 * timing.interval_ms
+    assert timing.wrapped_lateness_ms() == (slot_ms, timing.latency_ms + slot_ms)

@@ -13,7 +13,7 @@ import _pulsar
 import pulsar
 import pytest
 
-from pulsar_nack.native import batch_size
+from pulsar_nack.native.client import batch_size
 from pulsar_nack.testing import PulsarLite
 
 NATIVE_DIR = Path(__file__).resolve().parent.parent / "native_ids"

@@ -86,6 +86,7 @@ def _imported_after(statement: str) -> set[str]:
         "pulsar_nack.sweep.report, pulsar_nack.sweep.plots",
         "import pulsar_nack.index, pulsar_nack.timer",
         "import pulsar_nack.lowlevel",
+        "import pulsar_nack.native, pulsar_nack.index",
     ],
 )
 def test_the_pulsar_client_is_not_imported(statement: str) -> None:

@@ -60,29 +60,6 @@ class Harness:
             self.callbacks += self.wheel.run_due()
 
 
-# -- NativeTiming ---------------------------------------------------------------------------------
-
-
-def test_native_timing_matches_the_cpp_tracker() -> None:
-    timing = NativeTiming()  # 102 ms: checks every 34 ms, the third lands on the due time
-    assert (timing.interval_ms, timing.latency_ms) == (34, 102)
-    assert NativeTiming(100).latency_ms == 132, "100/3 = 33: the third check at 99 ms is 1 ms short"
-    assert NativeTiming(60_000).interval_ms == 20_000
-
-
-def test_forward_times_keep_the_previous_forward_on_time() -> None:
-    timing = NativeTiming()
-    last = 1_000.0
-    assert timing.forward_at(last + 500, last) == last + 500, "free once the last forward's ids are out"
-    assert timing.forward_at(last + 10, last) == last + 68, "soon after: on the same check grid"
-    assert timing.forward_at(last + 80, last) == last + 102 + timing.margin_ms
-    # A timer re-armed for the same-grid slot fires a little late: it still takes the slot.
-    assert timing.forward_at(last + 68.9, last) == last + 68.9
-    assert timing.forward_at(last + 68 + timing.margin_ms, last) == last + 68 + timing.margin_ms
-    assert timing.forward_at(last + 68.1 + timing.margin_ms, last) == last + 102 + timing.margin_ms
-    assert timing.forward_at(5.0, -float("inf")) == 5.0
-
-
 # -- forwarding ------------------------------------------------------------------------------------
 
 
