@@ -22,18 +22,18 @@ if TYPE_CHECKING:  # what type checkers see of _EXPORTS (tests/test_public_api.p
     from pulsar_nack.backoff import RedeliveryBackoff as RedeliveryBackoff
     from pulsar_nack.consumer import Client as Client
     from pulsar_nack.consumer import NackConsumer as NackConsumer
-    from pulsar_nack.consumer import NackOptions as NackOptions
     from pulsar_nack.consumer import wrap as wrap
     from pulsar_nack.delay_limit import DelayLimitedProducer as DelayLimitedProducer
     from pulsar_nack.delay_limit import DelayLimitExceeded as DelayLimitExceeded
     from pulsar_nack.native import NATIVE_DELAY_MS as NATIVE_DELAY_MS
+    from pulsar_nack.options import NackOptions as NackOptions
     from pulsar_nack.tracker import NackStats as NackStats
 
 #: The public names, each with the module that defines it: ``__all__`` and the lazy import read this.
 _EXPORTS: Final[dict[str, str]] = {
     "Client": "pulsar_nack.consumer",
     "NackConsumer": "pulsar_nack.consumer",
-    "NackOptions": "pulsar_nack.consumer",
+    "NackOptions": "pulsar_nack.options",
     "wrap": "pulsar_nack.consumer",
     "NackStats": "pulsar_nack.tracker",
     "NATIVE_DELAY_MS": "pulsar_nack.native",

@@ -41,8 +41,8 @@ import pulsar
 import pulsar.asyncio
 
 from pulsar_nack.chunks import AsyncDeadLetters, HeldMessage
-from pulsar_nack.consumer import (
-    NackBridge,
+from pulsar_nack.consumer import NackBridge, refuse_wrapped
+from pulsar_nack.options import (
     NackOptions,
     nack_parameters,
     subscribe_arguments,
@@ -393,6 +393,7 @@ def wrap(consumer: pulsar.asyncio.Consumer, *, native_delay_ms: int, **options: 
         raise TypeError(f"aio.wrap() takes a pulsar.asyncio.Consumer, got {type(consumer).__name__}")
     if isinstance(consumer, NackConsumer):
         raise TypeError("this consumer is already wrapped")
+    refuse_wrapped(consumer, "aio.wrap")
     nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="aio.wrap")
     wrapped = NackConsumer(consumer, nack, snapshots)
     wrapped._nacks.marks_all = False  # messages received before aio.wrap() carry no mark

@@ -489,7 +489,7 @@ def test_wrap_warns_truthfully_and_takes_numpy(
     try:
         topic = new_topic()
         slow = client.subscribe(topic, "slow", negative_ack_redelivery_delay_ms=3000)
-        with caplog.at_level(logging.WARNING, logger="pulsar_nack.consumer"):
+        with caplog.at_level(logging.WARNING, logger="pulsar_nack.options"):
             wrapped = pulsar_nack.wrap(slow, native_delay_ms=np.int64(3000))  # type: ignore[arg-type]
         assert wrapped.nack_options.native_delay_ms == 3000
         (record,) = [r for r in caplog.records if "native nack delay" in r.getMessage()]
@@ -500,7 +500,7 @@ def test_wrap_warns_truthfully_and_takes_numpy(
         wrapped.close()
         caplog.clear()
         fast = client.subscribe(topic, "fast", negative_ack_redelivery_delay_ms=pulsar_nack.NATIVE_DELAY_MS)
-        with caplog.at_level(logging.WARNING, logger="pulsar_nack.consumer"):
+        with caplog.at_level(logging.WARNING, logger="pulsar_nack.options"):
             pulsar_nack.wrap(fast, native_delay_ms=pulsar_nack.NATIVE_DELAY_MS).close()
         assert not [r for r in caplog.records if "native nack delay" in r.getMessage()]
     finally:

@@ -133,7 +133,7 @@ def test_the_nack_options_are_one_definition_every_entry_point_shows() -> None:
     import pulsar.asyncio
 
     from pulsar_nack import aio
-    from pulsar_nack.consumer import NACK_ARGUMENTS
+    from pulsar_nack.options import NACK_ARGUMENTS
 
     official = "negative_ack_redelivery_delay_ms"  # the official subscribe's own argument
     assert _keyword_only(pulsar_nack.wrap) == NACK_OPTIONS | {"native_delay_ms"}
