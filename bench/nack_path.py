@@ -86,7 +86,7 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
     """The sparse shape: every nack files a bucket and a ledger slot of its own (nacks ``SPREAD_MS``
     apart, wider than a bucket), beside ``ledgers`` other ledgers with one pending id each in a bucket
     of their own. Native and wrapper rounds alternate, as for the dense rows."""
-    from pulsar_nack.consumer import _ADMITTED_IDS, NackBridge
+    from pulsar_nack.bridge import _ADMITTED_IDS, NackBridge
     from pulsar_nack.index import TimeBucketIndex
     from pulsar_nack.options import NackOptions
 
@@ -142,7 +142,7 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
 def measure(service_url: str) -> dict[str, Any]:
     import pulsar
 
-    from pulsar_nack.consumer import _ADMITTED_IDS, NackBridge
+    from pulsar_nack.bridge import _ADMITTED_IDS, NackBridge
     from pulsar_nack.index import TimeBucketIndex
     from pulsar_nack.options import NackOptions
 

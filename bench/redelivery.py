@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import report
 
-from pulsar_nack.consumer import KEPT_COPY_BYTES
+from pulsar_nack.bridge import KEPT_COPY_BYTES
 from pulsar_nack.lateness import SAMPLE_SLOTS
 
 BATCH = 10

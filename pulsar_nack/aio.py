@@ -9,7 +9,7 @@ Same behaviour as :mod:`pulsar_nack.consumer`, in ``pulsar.asyncio``'s call styl
     message = await consumer.receive()
     await consumer.negative_acknowledge(message, delay_ms=250)
 
-The logic is the sync consumer's :class:`~pulsar_nack.consumer.NackBridge`; this module adds only the
+The logic is the sync consumer's :class:`~pulsar_nack.bridge.NackBridge`; this module adds only the
 ``await`` surface. Forwarding due ids happens on the tracker's timer thread, through the C++ consumer's own
 (thread-safe, non-blocking) ``negative_acknowledge``: never on the event loop, and never blocking it.
 ``on_redelivery`` hooks run on that thread too.
@@ -40,8 +40,8 @@ import _pulsar
 import pulsar
 import pulsar.asyncio
 
+from pulsar_nack.bridge import NackBridge, refuse_wrapped
 from pulsar_nack.chunks import AsyncDeadLetters, HeldMessage
-from pulsar_nack.consumer import NackBridge, refuse_wrapped
 from pulsar_nack.options import (
     NackOptions,
     nack_parameters,

@@ -29,7 +29,7 @@ from messaging import leftover, produce, receive_all
 
 import pulsar_nack
 from pulsar_nack.arrivals import ArrivalFilter, Verdict
-from pulsar_nack.consumer import HOLD_SIBLINGS_WITHIN_MS
+from pulsar_nack.bridge import HOLD_SIBLINGS_WITHIN_MS
 from pulsar_nack.index import TimeBucketIndex
 from pulsar_nack.testing import PulsarLite
 

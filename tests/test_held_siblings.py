@@ -686,8 +686,8 @@ def test_kept_copies_count_in_the_memory_figures() -> None:
     """A kept copy counts in ``nack_stats(with_memory=True).memory_bytes`` (part 'held chunked') at what it
     pins — batch size × payload + KEPT_COPY_BYTES, the figure bounded by max_held_chunked_bytes — and
     ``chunked_held_bytes``; none once it is gone."""
+    from pulsar_nack.bridge import KEPT_COPY_BYTES
     from pulsar_nack.chunks import ChunkHold
-    from pulsar_nack.consumer import KEPT_COPY_BYTES
     from pulsar_nack.tracker import NackStats
 
     base = NackStats(

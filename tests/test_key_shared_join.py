@@ -5,7 +5,7 @@ A client that holds received messages without acking them can stall Key_Shared's
 consumer joins: the broker gives the joiner a share of the hashes and sends it nothing of a moved hash until
 the old owner has acked what it was sent of that hash. The wrapper holds copies: a copy of a message whose
 nack is pending, re-sent early (here by ``redeliver_unacknowledged_messages``), is kept and handed out at the
-nack's due time (:meth:`pulsar_nack.consumer` ``_keep``). So a moved key waits at most until its nacks are due
+nack's due time (:meth:`pulsar_nack.bridge` ``_keep``). So a moved key waits at most until its nacks are due
 — as long as with the official consumer, whose pending nacks are unacked at the broker too.
 
 Apache Pulsar standalone only (pulsar-lite's Key_Shared stalls same-key redeliveries). One test, the official

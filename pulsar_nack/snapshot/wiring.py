@@ -2,7 +2,7 @@
 storage view (:mod:`~pulsar_nack.snapshot.namespace`) → a :class:`~pulsar_nack.snapshot.segments.SegmentStore`
 and an epoch clock for its :class:`~pulsar_nack.tracker.NackTracker`.
 
-Kept out of ``consumer.py`` so that the consumer's wiring is four calls: check the options
+Kept out of the bridge (``bridge.py``) so that its wiring is four calls: check the options
 (:func:`check_snapshot_options`), open the storage before subscribing (:func:`arguments_snapshots` or
 :func:`subscription_storage`), build the tracker with :func:`tracker_snapshot_arguments`, restore, and
 take over the dead members' snapshots (:func:`start_takeover`).
