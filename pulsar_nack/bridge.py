@@ -345,23 +345,13 @@ class NackBridge:
             message._pulsar_nack_ids = (ledger_id, entry_id, batch_index, topic)
             key = (topic, ledger_id, entry_id)
             verdict = arrivals.admit_message(key, batch_index, message_id)
-            if verdict is _DELIVER or (
-                arrivals.inferred
-                and (verdict is _ACKED or verdict is _COVERED)
-                and self._first_copy(inner, key, batch_index)
+            if verdict is _DELIVER or self._withheld(
+                message, verdict, ledger_id, entry_id, batch_index, topic
             ):
                 self.received += 1  # (Java: received.count/.size, what the application gets)
                 if self.count_sizes:
                     self.received_bytes += inner.length()
                 return True
-            if verdict is _HOLD:
-                if self.holding:
-                    self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
-                return False
-            if verdict is _ACKED or (
-                verdict is _DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
-            ):
-                self._native.acknowledge(inner)
             return False
         if batch_index < 0 and topic is not None and not self.held:
             # a non-batched message of a single-topic consumer, no chunked message held: the common case
@@ -380,11 +370,7 @@ class NackBridge:
                 if self.count_sizes:
                     self.received_bytes += inner.length()
                 return True
-            if verdict is _ACKED:  # (a DUPLICATE needs no ack: the application's ack of its id covers it)
-                self._native.acknowledge(inner)
-            elif verdict is _HOLD and self.holding:
-                self._keep(message, ledger_id, entry_id, topic)
-            return False
+            return self._withheld(message, verdict, ledger_id, entry_id, -1, topic)
         ledger_id = message_id.ledger_id()
         if topic is None:
             topic = self._learn_topic(ledger_id, inner.topic_name())
@@ -402,27 +388,54 @@ class NackBridge:
                 self.received_bytes += inner.length()
             return True
         verdict = arrivals.admit(ledger_id, entry_id, batch_index, topic, message_id)
-        if verdict is _DELIVER or (
-            batch_index >= 0
-            and arrivals.inferred
-            and (verdict is _ACKED or verdict is _COVERED)
-            and self._first_copy(inner, (topic, ledger_id, entry_id), batch_index)
-        ):
+        if verdict is _DELIVER or self._withheld(message, verdict, ledger_id, entry_id, batch_index, topic):
             self.received += 1  # (Java: received.count/.size, what the application gets)
             if self.count_sizes:
                 self.received_bytes += inner.length()
             return True
-        if verdict is _HOLD and self.holding:
-            if batch_index < 0:
+        return False
+
+    def _withheld(
+        self,
+        message: pulsar.Message,
+        verdict: Verdict,
+        ledger_id: int,
+        entry_id: int,
+        batch_index: int,
+        topic: str,
+    ) -> bool:
+        """The one rule for an arrival the filter did not deliver, for every admission path: True if the
+        application gets it after all, else what becomes of the copy. O(1).
+
+        * a batch message the filter could only infer about (fast mode's messages, whose ids were not read)
+          is handed out when it is the first copy of it after all (:meth:`_first_copy`);
+        * HOLD (its nack is pending): kept in memory to be handed out when due, if copies are kept
+          (:meth:`_keep`, :meth:`_keep_sibling`), else dropped: the nack's forward fetches it again;
+        * ACKED (the application acked it): acked now, so that the broker completes its entry;
+        * DUPLICATE (the application holds another copy): a batch message's is parked and acked with the
+          application's own copy (or now, when it cannot be parked); a non-batched one needs no ack of its
+          own: the application's ack of its id covers it;
+        * COVERED: nothing (its entry's ack covers it).
+        """
+        arrivals = self._arrivals
+        inner = message._message
+        if batch_index < 0:
+            if verdict is _ACKED:
+                self._native.acknowledge(inner)
+            elif verdict is _HOLD and self.holding:
                 self._keep(message, ledger_id, entry_id, topic)
-            else:
-                self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
             return False
-        if verdict is Verdict.ACKED or (
-            # a non-batched copy needs no ack of its own: the application's ack of its id covers it
-            verdict is Verdict.DUPLICATE
-            and batch_index >= 0
-            and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
+        if (
+            arrivals.inferred
+            and (verdict is _ACKED or verdict is _COVERED)
+            and self._first_copy(inner, (topic, ledger_id, entry_id), batch_index)
+        ):
+            return True
+        if verdict is _HOLD:
+            if self.holding:
+                self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
+        elif verdict is _ACKED or (
+            verdict is _DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
         ):
             self._native.acknowledge(inner)
         return False
@@ -483,12 +496,8 @@ class NackBridge:
                 batched.append(ids)  # (one tuple for both: the filter reads the id of a new entry only)
                 continue
             verdict = arrivals.admit_entry(ledger_id, entry_id, topic)
-            if verdict is _DELIVER:
+            if verdict is _DELIVER or self._withheld(message, verdict, ledger_id, entry_id, -1, topic):
                 admitted.append(message)
-            elif verdict is _ACKED:  # (a DUPLICATE needs no ack: the application's ack of its id covers it)
-                self._native.acknowledge(inner)
-            elif verdict is _HOLD and self.holding:
-                self._keep(message, ledger_id, entry_id, topic)
         if not batched:
             self.count_received(admitted)
             return admitted  # (no None in it without batch messages)
@@ -507,21 +516,8 @@ class NackBridge:
             position = positions[index]
             message = admitted[position]
             assert message is not None
-            inner = message._message
-            if (
-                arrivals.inferred
-                and (verdict is _ACKED or verdict is _COVERED)
-                and self._first_copy(inner, (topic, ledger_id, entry_id), batch_index)
-            ):
-                continue  # a first delivery after all: handed out
-            admitted[position] = None
-            if verdict is _HOLD:
-                if self.holding:
-                    self._keep_sibling(message, ledger_id, entry_id, batch_index, topic)
-            elif verdict is _ACKED or (  # a DUPLICATE is acked along with the application's own copy
-                verdict is _DUPLICATE and not arrivals.park(ledger_id, entry_id, batch_index, topic, inner)
-            ):
-                self._native.acknowledge(inner)
+            if not self._withheld(message, verdict, ledger_id, entry_id, batch_index, topic):
+                admitted[position] = None
         handed = [m for m in admitted if m is not None]
         self.count_received(handed)
         return handed
