@@ -296,9 +296,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
     async def _stop_tracking(self) -> None:
         if self._nacks.tracker.closed:
             return
-        wait_s = await asyncio.to_thread(self._nacks.close)
-        if wait_s:
-            await asyncio.sleep(wait_s)
+        await asyncio.to_thread(self._nacks.close)  # (its wait after a flush: on a worker thread)
 
     def _forget_orphans(self) -> None:
         """Closing fails outstanding native receives; nobody awaits the orphaned ones any more."""

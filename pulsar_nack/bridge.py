@@ -914,12 +914,12 @@ class NackBridge:
             self.tracker.schedule(due, key[1], key[2], key[3] if len(key) > 3 else -1, key[0], refiled=True)
         self.tracker.arrivals.forget_holdings()
 
-    def close(self) -> float:
+    def close(self, *, wait: bool = True) -> None:
         """Stop the tracker, dropping or flushing pending nacks (``on_close``). Idempotent.
 
-        Returns how long (seconds) the caller should wait before closing the native consumer, so that
-        flushed ids reach the broker (0 when nothing was flushed). Returns at once otherwise: a flush hook
-        in progress on the timer thread is not waited for.
+        After a flush it waits (``wait``) until the native tracker has sent the flushed ids — one native
+        latency, ~0.15 s — so that the native consumer may be closed next. Otherwise returns at once: a
+        flush hook in progress on the timer thread is not waited for.
         """
         self.hold.clear()  # unacked at the broker: it redelivers them when the consumer goes
         self.fast = False
@@ -928,13 +928,13 @@ class NackBridge:
         if self.delivery is not None:
             self.delivery.stop()
         if self.tracker.closed:
-            return 0.0
+            return
         flushing = self.options.on_close == "flush"
         self.tracker.close(flush=flushing)
         if self._snapshots is not None:
             self._snapshots.unlock()
-        # The native tracker sends forwarded ids after its own delay; wait for that, not longer.
-        return self.options.native.latency_ms / 1000.0 + 0.05 if flushing else 0.0
+        if flushing and wait:  # the native tracker sends forwarded ids after its own delay: that, not longer
+            time.sleep(self.options.native.latency_ms / 1000.0 + 0.05)
 
     @property
     def redispatching(self) -> bool:

@@ -275,14 +275,14 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         """Like the official call; the subscription's snapshot is deleted (its pending nacks are void)."""
         super().unsubscribe()
         self._nacks.tracker.discard_snapshots()
-        self._nacks.close()
+        self._nacks.close(wait=False)  # (the subscription is gone: nothing to wait for)
 
     def close(self) -> None:
         """Stop the tracker (dropping or flushing pending nacks, per ``on_close``), then close the consumer.
 
         Never hangs on a flush in progress: the timer is given a bounded time to finish it.
         """
-        time.sleep(self._nacks.close())
+        self._nacks.close()
         if self._dead_letters is not None:
             self._dead_letters.close()
         super().close()
@@ -340,7 +340,7 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
         then close the client and with it its producers and consumers."""
         for consumer in list(self._consumers):
             if isinstance(consumer, NackConsumer):
-                time.sleep(consumer._nacks.close())
+                consumer._nacks.close()
         super().close()
 
     def create_producer(
