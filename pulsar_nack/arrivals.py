@@ -51,7 +51,7 @@ import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
 from pulsar_nack.entry_sets import EntrySets
-from pulsar_nack.index import DueIds, batch_mask, merge_due
+from pulsar_nack.index import DueIds, NackIndex, batch_mask, merge_due
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
 from pulsar_nack.ledgers import LedgerRegistry
@@ -350,7 +350,7 @@ def _dropped_copy(entry: _Entry, acked: int) -> Verdict:
 
 
 def _no_index(*ids: Any) -> int:
-    raise TypeError("this ArrivalFilter files no nacks: it was made without add")
+    raise TypeError("this ArrivalFilter files no nacks: it was made without an index")
 
 
 @dataclass(frozen=True)
@@ -372,14 +372,20 @@ class ArrivalFilter:
 
     ``reschedule(due_ms, ledger_id, entry_id, batch_index, topic)`` files a message for a new forward
     (the tracker's schedule); it is called without the filter's lock held. ``batch_size(token)`` tells the
-    size of a batch from the ``token`` passed to :meth:`admit` (the message id). ``pending_mask(ledger_id,
-    entry_id, topic)`` asks the index which batch indexes of an entry are pending (-1: all); with it, a
+    size of a batch from the ``token`` passed to :meth:`admit` (the message id).
+
+    ``index``: the tracker's nack index, which this filter writes into: :meth:`file` adds a nack and
+    :meth:`acked` removes one under the filter's lock, so that no ack, nack or arrival of the message sees
+    the filter and the index disagree — **lock order: this filter's lock, then the index's** (the index
+    never calls the filter). Its ``pending_mask`` tells which batch indexes of an entry are pending, so a
     batched entry whose messages are all acked or pending is kept as one bit (``_quiet``) instead of a
-    record — the state of PIP-393's use case, one nack in a batch whose other messages are acked.
-    ``add`` and ``remove`` are the index's: :meth:`file` files a nack and :meth:`acked` removes one under
-    the filter's lock, so that no ack, nack or arrival of the message sees the filter and the index
-    disagree (lock order: this filter's lock, then the index's). ``ledgers``: the tracker's numbering of
-    ledgers, shared with its index (the filter's own if None).
+    record — the state of PIP-393's use case, one nack in a batch whose other messages are acked. Without
+    an index (tests of the classification alone) the filter files nothing and keeps every entry as a
+    record. ``ledgers``: the tracker's numbering of ledgers, shared with its index (the filter's own if
+    None).
+
+    ``reschedule`` stays a callable, not the tracker: the filter is below the tracker and must not import
+    it; the tracker passes its refile method.
     """
 
     def __init__(
@@ -388,9 +394,7 @@ class ArrivalFilter:
         *,
         clock: Callable[[], float],
         batch_size: Callable[[Any], int] = int,
-        pending_mask: Callable[[int, int, str], int] | None = None,
-        add: Callable[[int, int, int, int, str, bool], int] | None = None,
-        remove: Callable[[int, int, int, str], object] | None = None,
+        index: NackIndex | None = None,
         linger_ms: float = 30_000.0,
         max_reforwards: int = 3,
         lateness_window: int = 4096,
@@ -399,9 +403,10 @@ class ArrivalFilter:
         self._reschedule = reschedule
         self._clock = clock
         self._batch_size = batch_size
-        self._pending_mask = pending_mask
-        self._add = add if add is not None else _no_index
-        self._remove = remove
+        # The index's calls, bound once: the nack and ack paths call them without an attribute lookup.
+        self._pending_mask = index.pending_mask if index is not None else None
+        self._add: Callable[..., int] = index.add if index is not None else _no_index
+        self._remove = index.remove if index is not None else None
         self.linger_ms = float(linger_ms)
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()

@@ -274,7 +274,7 @@ def test_an_entry_acked_or_nacked_in_any_order_ends_as_one_bit(
     condition before the full one: it must never miss the moment."""
     index = TimeBucketIndex(8, "floor")
     clock = FakeClock()
-    arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, pending_mask=index.pending_mask)
+    arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, index=index)
     nacked = set(data.draw(st.sets(st.integers(0, size - 1), min_size=1), label="nacked"))
     order = list(range(size))
     rng.shuffle(order)
@@ -375,9 +375,7 @@ class _Model:
             lambda *ids: self.refiled.append(ids),
             clock=clock,
             linger_ms=1_000,
-            pending_mask=self.index.pending_mask,
-            add=self.index.add,
-            remove=self.index.remove,
+            index=self.index,
         )
 
     def nack(self, entry: int, index: int, delay: int) -> None:
@@ -674,7 +672,7 @@ def test_acked_plain_records_acks_beside_pending_nacks() -> None:
     one bit, and copies of it are still classified."""
     index = TimeBucketIndex(8, "floor")
     clock = FakeClock()
-    arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, pending_mask=index.pending_mask)
+    arrivals = ArrivalFilter(lambda *ids: None, clock=clock, linger_ms=1_000, index=index)
     for batch_index in range(3):
         assert admit(arrivals, 1, batch_index, size=3) is Verdict.DELIVER
     fresh = arrivals.pending(7, 1, 1, "t")

@@ -26,9 +26,7 @@ class Setup:
             lambda *ids: self.refiled.append(ids),
             clock=self.clock,
             linger_ms=LINGER_MS,
-            pending_mask=self.index.pending_mask,
-            add=self.index.add,
-            remove=self.index.remove,
+            index=self.index,
         )
 
     def nack(self, ledger: int, entry: int, index: int = -1, topic: str = "t") -> None:

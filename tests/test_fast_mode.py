@@ -157,9 +157,7 @@ def _filter() -> tuple[ArrivalFilter, FakeClock]:
         lambda *ids: None,
         clock=clock,
         batch_size=int,
-        pending_mask=index.pending_mask,
-        add=index.add,
-        remove=index.remove,
+        index=index,
         linger_ms=1_000,
     )
     return arrivals, clock

@@ -120,9 +120,7 @@ def test_take_pending_takes_a_pending_nack_only() -> None:
     arrivals = ArrivalFilter(
         lambda *ids: None,
         clock=lambda: 1_000.0,
-        pending_mask=index.pending_mask,
-        add=index.add,
-        remove=index.remove,
+        index=index,
     )
     for entry in (1, 2):
         arrivals.file(5_000, 7, entry, -1, "t")
@@ -146,9 +144,7 @@ def test_a_later_copy_of_a_kept_message_handed_out_is_not_handed_out_again() -> 
     arrivals = ArrivalFilter(
         lambda *ids: None,
         clock=lambda: 1_000.0,
-        pending_mask=index.pending_mask,
-        add=index.add,
-        remove=index.remove,
+        index=index,
     )
     arrivals.file(5_000, 7, 1, -1, "t")
     assert arrivals.admit_entry(7, 1, "t") is Verdict.HOLD

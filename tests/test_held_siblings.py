@@ -463,9 +463,7 @@ def test_take_pending_message_takes_a_batch_message_pending_on_its_own_only() ->
             lambda *ids: None,
             clock=lambda: 1_000.0,
             batch_size=lambda _: 10,
-            pending_mask=index.pending_mask,
-            add=index.add,
-            remove=index.remove,
+            index=index,
         )
         for i in range(10):
             assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
@@ -517,9 +515,7 @@ def test_take_parked_gives_a_parked_copy_of_a_message_the_application_holds_once
         lambda *ids: None,
         clock=lambda: 1_000.0,
         batch_size=lambda _: 10,
-        pending_mask=index.pending_mask,
-        add=index.add,
-        remove=index.remove,
+        index=index,
     )
     for i in range(10):
         assert arrivals.admit(7, 1, i, "t", None) is Verdict.DELIVER
@@ -546,9 +542,7 @@ def _filter_at(now: FakeClock, coalesce: bool) -> tuple[ArrivalFilter, TimeBucke
         lambda *ids: None,
         clock=now,
         batch_size=lambda _: 10,
-        pending_mask=index.pending_mask,
-        add=index.add,
-        remove=index.remove,
+        index=index,
     )
     arrivals.coalesce = coalesce
     for i in range(10):
