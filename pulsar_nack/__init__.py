@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # what type checkers see of _EXPORTS (tests/test_public_api.p
     from pulsar_nack.delay_limit import DelayLimitExceeded as DelayLimitExceeded
     from pulsar_nack.native import NATIVE_DELAY_MS as NATIVE_DELAY_MS
     from pulsar_nack.options import NackOptions as NackOptions
-    from pulsar_nack.tracker import NackStats as NackStats
+    from pulsar_nack.stats import NackStats as NackStats
 
 #: The public names, each with the module that defines it: ``__all__`` and the lazy import read this.
 _EXPORTS: Final[dict[str, str]] = {
@@ -35,7 +35,7 @@ _EXPORTS: Final[dict[str, str]] = {
     "NackConsumer": "pulsar_nack.consumer",
     "NackOptions": "pulsar_nack.options",
     "wrap": "pulsar_nack.consumer",
-    "NackStats": "pulsar_nack.tracker",
+    "NackStats": "pulsar_nack.stats",
     "NATIVE_DELAY_MS": "pulsar_nack.native",
     "MultiplierRedeliveryBackoff": "pulsar_nack.backoff",
     "RedeliveryBackoff": "pulsar_nack.backoff",

@@ -30,8 +30,9 @@ from pulsar_nack.options import NackOptions
 from pulsar_nack.snapshot.redispatch import RedispatchStore
 from pulsar_nack.snapshot.takeover import Adoption
 from pulsar_nack.snapshot.wiring import SubscriptionStorage, start_takeover, tracker_snapshot_arguments
+from pulsar_nack.stats import NackStats
 from pulsar_nack.timer import monotonic_ms
-from pulsar_nack.tracker import NackStats, NackTracker
+from pulsar_nack.tracker import NackTracker
 
 __all__ = ["HOLD_SIBLINGS_WITHIN_MS", "KEPT_COPY_BYTES", "MAX_FAST_HELD", "NackBridge", "refuse_wrapped"]
 
@@ -945,7 +946,7 @@ class NackBridge:
 
     def stats(self, *, with_memory: bool = False) -> NackStats:
         """The tracker's stats with the held messages' ``chunked_*`` counters (one
-        :class:`~pulsar_nack.tracker.NackStats`)."""
+        :class:`~pulsar_nack.stats.NackStats`)."""
         stats = self.hold.stats(self.tracker.stats(with_memory=with_memory), with_memory=with_memory)
         return replace(stats, received=self.received, received_bytes=self.received_bytes, acked=self.acked)
 

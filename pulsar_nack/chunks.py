@@ -46,7 +46,7 @@ import pulsar
 
 from pulsar_nack.checks import check_int
 from pulsar_nack.memory import python_bytes
-from pulsar_nack.tracker import NackStats
+from pulsar_nack.stats import NackStats
 
 __all__ = [
     "DEFAULT_MAX_HELD_CHUNKED_BYTES",

@@ -39,7 +39,7 @@ from pulsar_nack.options import (
     wrap_options,
 )
 from pulsar_nack.snapshot.wiring import SubscriptionStorage, arguments_snapshots
-from pulsar_nack.tracker import NackStats
+from pulsar_nack.stats import NackStats
 
 __all__ = ["Client", "NackConsumer", "wrap"]
 

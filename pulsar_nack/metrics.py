@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from pulsar_nack.observed import NackSource, ObservedConsumers
-from pulsar_nack.tracker import NackStats
+from pulsar_nack.stats import NackStats
 
 __all__ = ["NackCollector", "NackSource"]
 

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from pulsar_nack.tracker import NackStats
+from pulsar_nack.stats import NackStats
 
 __all__ = ["NackSource", "ObservedConsumers"]
 

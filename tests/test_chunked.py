@@ -41,8 +41,8 @@ from harness.standalone import PulsarStandalone
 from pulsar_nack import Client, MultiplierRedeliveryBackoff, aio
 from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkHold, HeldMessage
 from pulsar_nack.native.client import chunk_first_entry
+from pulsar_nack.stats import NackStats
 from pulsar_nack.testing import Broker, PulsarLite
-from pulsar_nack.tracker import NackStats
 
 SHARED = pulsar.ConsumerType.Shared
 SUB = "sub"

@@ -682,7 +682,7 @@ def test_kept_copies_count_in_the_memory_figures() -> None:
     ``chunked_held_bytes``; none once it is gone."""
     from pulsar_nack.bridge import KEPT_COPY_BYTES
     from pulsar_nack.chunks import ChunkHold
-    from pulsar_nack.tracker import NackStats
+    from pulsar_nack.stats import NackStats
 
     base = NackStats(
         0, 0, 0, 0, 0, 0, 0, 0, 0, None, None, memory_bytes=1_000, memory_parts=(("index", 1_000),)

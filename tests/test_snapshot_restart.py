@@ -29,8 +29,8 @@ from snapshot_helpers import assert_each_once_on_time
 
 from pulsar_nack import Client
 from pulsar_nack.snapshot.topic import TopicSnapshotStorage
+from pulsar_nack.stats import NackStats
 from pulsar_nack.testing import Broker
-from pulsar_nack.tracker import NackStats
 
 HELPER = Path(__file__).resolve().parent / "snapshot_consumer.py"
 EARLY_MS = 255 + 5  # 2^k - 1 with floor rounding (k = 8), plus reading two clocks
