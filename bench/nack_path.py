@@ -90,7 +90,7 @@ def _sparse(consumer: Any, messages: list[Any], ledger_id: int, topic: str, ledg
     from pulsar_nack.index import TimeBucketIndex
     from pulsar_nack.options import NackOptions
 
-    bridge = NackBridge(consumer._consumer, consumer.topic(), NackOptions())
+    bridge = NackBridge(consumer._consumer, consumer.topic(), NackOptions(), keep_copies=False)
     tracker = bridge.tracker
     index = tracker.index
     assert isinstance(index, TimeBucketIndex)
@@ -182,7 +182,7 @@ def measure(service_url: str) -> dict[str, Any]:
     id_calls_us = _best(id_calls, MESSAGES)
     rows = []
     for buckets in BUCKETS:
-        bridge = NackBridge(consumer._consumer, consumer.topic(), NackOptions())
+        bridge = NackBridge(consumer._consumer, consumer.topic(), NackOptions(), keep_copies=False)
         tracker = bridge.tracker
         for message in messages:
             bridge.admit(message)  # as the consumer does on receive

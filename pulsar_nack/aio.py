@@ -73,10 +73,21 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         native: pulsar.asyncio.Consumer,
         options: NackOptions,
         snapshots: SubscriptionStorage | None = None,
+        *,
+        ack_timeout_ms: float | None = None,
+        marks_all: bool = True,
     ) -> None:
-        """Take over ``native``'s C++ consumer and start the tracker (restoring ``snapshots``)."""
+        """Take over ``native``'s C++ consumer and start the tracker (restoring ``snapshots``); the
+        keywords are :class:`~pulsar_nack.bridge.NackBridge`'s."""
         super().__init__(native._consumer, native._schema)
-        self._nacks = NackBridge(self._consumer, self._consumer.topic(), options, snapshots)
+        self._nacks = NackBridge(
+            self._consumer,
+            self._consumer.topic(),
+            options,
+            snapshots,
+            ack_timeout_ms=ack_timeout_ms,
+            marks_all=marks_all,
+        )
         self._requests = itertools.count()
         self._orphans: list[_Receive] = []  # native receives whose caller was cancelled
         self._listener_task: asyncio.Task[None] | None = None  # runs an async message_listener
@@ -86,7 +97,6 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         self._loop = asyncio.get_running_loop()
         self._waiting: set[asyncio.Future[Any]] = set()
         self._woken: set[asyncio.Future[Any]] = set()
-        self._nacks.keep_copies()
         self._nacks.hold.on_hold = self._on_hold
 
     @property
@@ -345,9 +355,8 @@ class Client(pulsar.asyncio.Client):  # type: ignore[misc]  # pulsar is untyped
             if snapshots is not None:
                 snapshots.unlock()
             raise
-        consumer = NackConsumer(native, options, snapshots)
-        # its copies of held messages are handed out again, as the official consumer's (before any receive)
-        consumer._nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
+        timeout_ms = arguments.get("unacked_messages_timeout_ms")
+        consumer = NackConsumer(native, options, snapshots, ack_timeout_ms=timeout_ms)
         policy = arguments.get("dead_letter_policy")
         if policy is not None:
             create = functools.partial(pulsar.asyncio.Client.create_producer, self)
@@ -393,9 +402,7 @@ def wrap(consumer: pulsar.asyncio.Consumer, *, native_delay_ms: int, **options: 
         raise TypeError("this consumer is already wrapped")
     refuse_wrapped(consumer, "aio.wrap")
     nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="aio.wrap")
-    wrapped = NackConsumer(consumer, nack, snapshots)
-    wrapped._nacks.marks_all = False  # messages received before aio.wrap() carry no mark
-    return wrapped
+    return NackConsumer(consumer, nack, snapshots, marks_all=False)  # (earlier messages carry no mark)
 
 
 with_signature(

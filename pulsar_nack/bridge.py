@@ -114,15 +114,32 @@ class NackBridge:
     """
 
     def __init__(
-        self, native: Any, topic: str, options: NackOptions, snapshots: SubscriptionStorage | None = None
+        self,
+        native: Any,
+        topic: str,
+        options: NackOptions,
+        snapshots: SubscriptionStorage | None = None,
+        *,
+        ack_timeout_ms: float | None = None,
+        marks_all: bool = True,
+        keep_copies: bool = True,
     ) -> None:
         """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns; ``snapshots``:
         where this subscription's pending nacks are kept (:meth:`NackOptions.snapshots_for`) — they are
-        restored now, before the application can receive anything."""
+        restored now, before the application can receive anything.
+
+        ``ack_timeout_ms``: the consumer's ``unacked_messages_timeout_ms`` (its copies of held messages are
+        handed out again, as the official consumer's: :meth:`ArrivalFilter.expect_ack_timeout
+        <pulsar_nack.arrivals.ArrivalFilter.expect_ack_timeout>`). ``marks_all``: every message this
+        consumer hands out is marked (admit), so an unmarked ``pulsar.Message`` is another consumer's —
+        False for a wrapped consumer, whose messages received before ``wrap()`` carry no mark.
+        ``keep_copies``: the consumer hands kept copies out (receive, a listener's
+        :class:`~pulsar_nack.chunks.HeldDelivery`, the asyncio receive): hold chunked messages and batch
+        siblings in memory, and let a batch message due while its entry's forward is under way wait for
+        that forward's copy (:attr:`ArrivalFilter.coalesce <pulsar_nack.arrivals.ArrivalFilter.coalesce>`);
+        False: every such copy is dropped and fetched again by a forward of its own."""
         self.options = options
-        # Every message this consumer hands out is marked (admit): an unmarked pulsar.Message is another
-        # consumer's. False for wrap(): messages received before it carry no mark and are ours.
-        self.marks_all = True
+        self.marks_all = marks_all
         self._native = native
         _TAKEN_OVER.add(native)
         self._topic = topic
@@ -138,6 +155,8 @@ class NackBridge:
             **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
         self._arrivals = self.tracker.arrivals
+        self._arrivals.expect_ack_timeout(ack_timeout_ms)  # before anything arrives (and before a restore)
+        self._arrivals.coalesce = keep_copies
         # The nack path's constants (the options are frozen): the delay of a nack without one while no
         # backoff or limit applies (else None), whether a per-call delay needs no limit, and the clock.
         plain = options.backoff is None and not options.max_redelivery_delay_ms
@@ -151,7 +170,7 @@ class NackBridge:
         self.hold = ChunkHold(options.max_held_chunked_bytes)
         self.hold.on_handout = self._arrivals.held_out  # a kept copy's lateness counts in nack_stats()
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
-        self.holding = False
+        self.holding = keep_copies
         # The synchronous receive() calls waiting in the native receive now (a token each: added before the
         # wait, removed after). A thread blocked there cannot see the hold, so a nack from another thread
         # keeps nothing in memory while one waits: it is filed, and the broker's redelivery wakes the wait
@@ -895,13 +914,12 @@ class NackBridge:
         self._fast_held.clear()
         self._fast_recent = [None] * _FAST_RECENT
 
-    def keep_copies(self) -> None:
-        """This consumer hands kept copies out (receive, a listener's HeldDelivery, the asyncio receive):
-        hold chunked messages and batch siblings, and let a batch message due while its entry's forward is
-        under way wait for that forward's copy (:attr:`ArrivalFilter.coalesce
-        <pulsar_nack.arrivals.ArrivalFilter.coalesce>`). O(1)."""
-        self.holding = True
-        self._arrivals.coalesce = True
+    def deliver_held(self, deliver: Callable[[], object], name: str) -> None:
+        """Hand held messages out as they fall due: a thread of its own (``name``) calls ``deliver`` when
+        one is — for a ``message_listener``'s consumer, which no ``receive`` call serves. Stopped by
+        :meth:`close`. O(1)."""
+        self.delivery = HeldDelivery(self.hold, self.tracker.now, deliver, name)
+        self.hold.on_hold = self.delivery.wake
 
     def forget_holdings(self) -> None:
         """Before ``redeliver_unacknowledged_messages``: the application's unacked copies come again, and

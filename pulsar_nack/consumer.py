@@ -28,7 +28,7 @@ from typing import Any
 import pulsar
 
 from pulsar_nack.bridge import NackBridge, refuse_wrapped
-from pulsar_nack.chunks import DeadLetters, HeldDelivery, HeldMessage
+from pulsar_nack.chunks import DeadLetters, HeldMessage
 from pulsar_nack.delay_limit import DelayLimitedProducer, check_limit_options
 from pulsar_nack.options import (
     NackOptions,
@@ -64,10 +64,25 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     _listener_lock: threading.Lock
 
     def _attach(
-        self, native: pulsar.Consumer, options: NackOptions, snapshots: SubscriptionStorage | None = None
+        self,
+        native: pulsar.Consumer,
+        options: NackOptions,
+        snapshots: SubscriptionStorage | None = None,
+        *,
+        ack_timeout_ms: float | None = None,
+        marks_all: bool = True,
     ) -> None:
-        """Take over ``native``'s C++ consumer; start the tracker (restoring ``snapshots``)."""
-        self._nacks = NackBridge(native._consumer, native.topic(), options, snapshots)
+        """Take over ``native``'s C++ consumer; start the tracker (restoring ``snapshots``). The consumer
+        is created before ``native`` (a ``message_listener`` is given it when subscribing), hence this second
+        step."""
+        self._nacks = NackBridge(
+            native._consumer,
+            native.topic(),
+            options,
+            snapshots,
+            ack_timeout_ms=ack_timeout_ms,
+            marks_all=marks_all,
+        )
         self._consumer = native._consumer
         self._client = native._client
         self._schema = native._schema
@@ -319,19 +334,15 @@ class Client(pulsar.Client):  # type: ignore[misc]  # pulsar is untyped
             if snapshots is not None:
                 snapshots.unlock()
             raise
-        consumer._attach(native, options, snapshots)
-        nacks = consumer._nacks
-        # its copies of held messages are handed out again, as the official consumer's (before any receive)
-        nacks.tracker.arrivals.expect_ack_timeout(arguments.get("unacked_messages_timeout_ms"))
-        nacks.keep_copies()  # held chunked messages: receive() hands them out, or a HeldDelivery thread
+        timeout_ms = arguments.get("unacked_messages_timeout_ms")
+        consumer._attach(native, options, snapshots, ack_timeout_ms=timeout_ms)
         policy = arguments.get("dead_letter_policy")
         if policy is not None:
             create = functools.partial(pulsar.Client.create_producer, self)
             consumer._dead_letters = DeadLetters(create, policy, arguments["subscription_name"])
         if listener is not None:
             name = f"pulsar-nack-held-{arguments['subscription_name']}"
-            nacks.delivery = HeldDelivery(nacks.hold, nacks.tracker.now, consumer._deliver_held, name)
-            nacks.hold.on_hold = nacks.delivery.wake
+            consumer._nacks.deliver_held(consumer._deliver_held, name)
             consumer._ready.set()
         return consumer
 
@@ -416,9 +427,9 @@ def wrap(consumer: pulsar.Consumer, *, native_delay_ms: int, **options: Any) -> 
     refuse_wrapped(consumer, "wrap")
     nack, snapshots = wrap_options(consumer, native_delay_ms, options, caller="wrap")
     wrapped = NackConsumer()
-    wrapped._attach(consumer, nack, snapshots)
-    wrapped._nacks.keep_copies()  # its dead_letter_policy is unknown here: held ones are not dead-lettered
-    wrapped._nacks.marks_all = False  # messages received before wrap() carry no mark
+    # (its dead_letter_policy is unknown here: held messages are not dead-lettered); messages received
+    # before wrap() carry no mark
+    wrapped._attach(consumer, nack, snapshots, marks_all=False)
     return wrapped
 
 
