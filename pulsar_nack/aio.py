@@ -34,14 +34,14 @@ import inspect
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import _pulsar
 import pulsar
 import pulsar.asyncio
 
 from pulsar_nack.bridge import NackBridge, refuse_wrapped
 from pulsar_nack.chunks import AsyncDeadLetters, HeldMessage
+from pulsar_nack.native.client import OK, message_of
 from pulsar_nack.options import (
     NackOptions,
     nack_parameters,
@@ -52,6 +52,9 @@ from pulsar_nack.options import (
 )
 from pulsar_nack.snapshot.wiring import SubscriptionStorage, arguments_snapshots
 from pulsar_nack.stats import NackStats
+
+if TYPE_CHECKING:
+    import _pulsar
 
 __all__ = ["Client", "NackConsumer", "wrap"]
 
@@ -147,10 +150,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
             raise
         finally:
             self._waiting.discard(waiting)
-        message = pulsar.Message()
-        message._message = raw
-        message._schema = self._schema
-        return message
+        return message_of(raw, self._schema)
 
     def __aiter__(self) -> NackConsumer:
         """``async for message in consumer``: every message the application gets, until it is closed."""
@@ -425,7 +425,7 @@ def _settle(future: asyncio.Future[Any], result: Any, value: Any) -> None:
     def complete() -> None:
         if future.done():
             return
-        if result == _pulsar.Result.Ok:
+        if result == OK:
             future.set_result(value)
         else:
             future.set_exception(pulsar.asyncio.PulsarException(result))

@@ -30,6 +30,7 @@ import pulsar
 from pulsar_nack.bridge import NackBridge, refuse_wrapped
 from pulsar_nack.chunks import DeadLetters, HeldMessage
 from pulsar_nack.delay_limit import DelayLimitedProducer, check_limit_options
+from pulsar_nack.native.client import list_in_client
 from pulsar_nack.options import (
     NackOptions,
     nack_parameters,
@@ -86,10 +87,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
         self._consumer = native._consumer
         self._client = native._client
         self._schema = native._schema
-        # pulsar.Consumer.close() removes itself from its client's list (a ValueError if it is not there):
-        # list us in the native consumer's place
-        consumers = self._client._consumers
-        consumers[:] = [self if c is native else c for c in consumers]
+        list_in_client(self._client, native, self)
 
     @property
     def nack_options(self) -> NackOptions:

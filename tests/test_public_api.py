@@ -147,3 +147,35 @@ def test_the_nack_options_are_one_definition_every_entry_point_shows() -> None:
         assert list(inspect.signature(ours).parameters)[: len(official_names)] == official_names
     deprecated = {"negative_ack_precision_bits", "negative_ack_backoff"}
     assert set(NACK_ARGUMENTS) == NACK_OPTIONS | deprecated
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The modules ``path`` imports when it runs (imports under ``if TYPE_CHECKING:`` left out)."""
+    tree = ast.parse(path.read_text())
+    checking = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+    ]
+    skipped = {id(inner) for node in checking for inner in ast.walk(node)}
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_native_module_imports_the_clients_native_binding() -> None:
+    """``_pulsar`` (pulsar-client's C++ binding) is imported by ``pulsar_nack.native.client`` alone: every
+    other module reaches native objects through it (type annotations aside)."""
+    package = ROOT / "pulsar_nack"
+    importers = {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if any(name == "_pulsar" or name.startswith("_pulsar.") for name in _runtime_imports(path))
+    }
+    assert importers == {"native/client.py"}

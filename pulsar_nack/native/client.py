@@ -1,4 +1,14 @@
-"""The one module that knows the official client's native (C++) objects.
+"""The calls into the official client's native (C++) objects and its private attributes.
+
+Besides this module, only the per-message paths read a message's ``_message`` (and ``_schema``) directly
+— :mod:`pulsar_nack.bridge`, the receives of :mod:`pulsar_nack.consumer` and :mod:`pulsar_nack.aio`, and
+:class:`~pulsar_nack.chunks.HeldMessage` — because a call here costs a Python frame a message (~0.1 µs);
+and the two consumers, being ``pulsar.Consumer`` subclasses, set their own ``_consumer``/``_client``/
+``_schema``. ``tests/test_public_api.py`` keeps it so.
+
+* :func:`message_of` — a ``pulsar.Message`` around a native message (the official receive's own step);
+* :func:`list_in_client` — a wrapping consumer in the native one's place in its client's list;
+* :func:`subscribe_exclusive_async` — a bare Exclusive subscription (the snapshot locks on a topic);
 
 * :func:`message_id_of` — the ``_pulsar.MessageId`` behind whatever the official consumers accept;
 * :func:`batch_size` — a batch's size, from the id's serialized ``MessageIdData`` (field 6), because no
@@ -16,7 +26,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import _pulsar
@@ -26,13 +36,23 @@ from pulsar_nack.index import DueIds
 
 __all__ = [
     "MIN_CHUNKED_BYTES",
+    "OK",
+    "REFUSED",
     "batch_size",
     "chunk_first_entry",
     "chunk_of",
     "entry_message_id",
     "forward",
+    "list_in_client",
     "message_id_of",
+    "message_of",
+    "subscribe_exclusive_async",
 ]
+
+#: A native call's result when it succeeded.
+OK = _pulsar.Result.Ok
+#: The results of a subscription the broker did not grant: another consumer holds it, or no answer in time.
+REFUSED = (_pulsar.Result.ConsumerBusy, _pulsar.Result.Timeout)
 
 _PARTITION_SUFFIX = re.compile(r"-partition-(\d+)$")
 _BATCH_SIZE_FIELD = 6  # MessageIdData.batch_size
@@ -186,3 +206,33 @@ def entry_message_id(topic: str, ledger_id: int, entry_id: int) -> Any:
     if topic:
         message_id.topic_name(topic)
     return message_id
+
+
+def message_of(native_message: Any, schema: Any) -> pulsar.Message:
+    """A ``pulsar.Message`` around ``native_message`` (a ``_pulsar.Message``) whose ``value()`` decodes
+    with ``schema``: what the official ``receive`` builds (``pulsar.Message`` has no public constructor
+    for it). O(1)."""
+    message = pulsar.Message()
+    message._message = native_message
+    message._schema = schema
+    return message
+
+
+def list_in_client(client: pulsar.Client, native: pulsar.Consumer, wrapping: Any) -> None:
+    """Put ``wrapping`` in ``native``'s place in ``client``'s list of consumers: ``pulsar.Consumer.close()``
+    removes itself from that list (a ``ValueError`` if it is not there), and ``Client.close()`` closes what
+    it lists. O(consumers of the client)."""
+    consumers = client._consumers
+    consumers[:] = [wrapping if c is native else c for c in consumers]
+
+
+def subscribe_exclusive_async(
+    client: pulsar.Client, topic: str, subscription: str, settled: Callable[[Any, Any], object]
+) -> None:
+    """Subscribe to ``topic`` as the one Exclusive consumer of ``subscription`` (receiver queue 1) without
+    waiting: ``settled(result, consumer)`` is called on a client thread with the native result
+    (:data:`OK`, one of :data:`REFUSED`, or another failure) and the ``_pulsar.Consumer``."""
+    conf = _pulsar.ConsumerConfiguration()
+    conf.consumer_type(_pulsar.ConsumerType.Exclusive)
+    conf.receiver_queue_size(1)
+    client._client.subscribe_async(topic, subscription, conf, settled)

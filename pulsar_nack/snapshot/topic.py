@@ -43,9 +43,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import _pulsar
 import pulsar
 
+from pulsar_nack.native.client import OK, REFUSED, subscribe_exclusive_async
 from pulsar_nack.snapshot.storage import SnapshotStorageError, check_name
 
 __all__ = ["TopicSnapshotStorage"]
@@ -210,9 +210,6 @@ class TopicSnapshotStorage:
         with self._lock:
             if key in self._members:
                 return False
-        conf = _pulsar.ConsumerConfiguration()
-        conf.consumer_type(_pulsar.ConsumerType.Exclusive)
-        conf.receiver_queue_size(1)
         answered = threading.Event()
         outcome: dict[str, Any] = {}
         guard = threading.Lock()
@@ -222,23 +219,23 @@ class TopicSnapshotStorage:
                 late = outcome.setdefault("late", False)
                 if not late:
                     outcome["result"], outcome["consumer"] = result, consumer
-            if late and result == _pulsar.Result.Ok:
+            if late and result == OK:
                 consumer.close_async(lambda _result: None)
             answered.set()
 
         client = self._probe_client if probe else self._client
-        client._client.subscribe_async(self.members_topic, key, conf, settled)
+        subscribe_exclusive_async(client, self.members_topic, key, settled)
         answered.wait(self.lock_timeout_ms / 1000)
         with guard:
             if "result" not in outcome:
                 outcome["late"] = True
                 return False
         result = outcome["result"]
-        if result == _pulsar.Result.Ok:
+        if result == OK:
             with self._lock:
                 self._members[key] = outcome["consumer"]
             return True
-        if result in (_pulsar.Result.ConsumerBusy, _pulsar.Result.Timeout):
+        if result in REFUSED:
             return False
         raise SnapshotStorageError(errno.EIO, f"cannot lock {key} on {self.members_topic}: {result}")
 
