@@ -2884,18 +2884,6 @@ class TimeBucketIndex:
             if self._packed.remove(key, entry_id, batch_index):
                 removed = True
             return due, removed
-            key = _key(ledger_id, topic)
-            packed = next(
-                (
-                    b
-                    for b, m in self._packed.parts(key, entry_id)
-                    if batch_index < 0 or m is None or m >> batch_index & 1
-                ),
-                None,
-            )
-            if self._packed.remove(key, entry_id, batch_index) and packed is not None:
-                return packed if due is None or packed < due else due
-            return due
 
     def clear(self) -> None:
         """Forget everything. O(B + ledgers) (the structures are dropped)."""

@@ -80,11 +80,6 @@ class CloseWatch:
         self._unread = array.array("i", [0])  # FIONREAD's answer (poll, under the lock)
         self._firing = threading.Lock()  # held from reading events to the end of their callbacks
 
-    @property
-    def supported(self) -> bool:
-        """Whether this system has inotify (Linux)."""
-        return self._libc is not None
-
     def watch(self, token: str, path: str, on_close: Callable[[], None]) -> bool:
         """Watch ``path`` under ``token`` (replacing a watch of the same token). False if it cannot be
         (no inotify, no such file, closed). O(1)."""
