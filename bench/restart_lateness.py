@@ -99,7 +99,7 @@ def run(broker: Any, batched: bool, count: int) -> dict[str, Any]:
             ids: dict[str, tuple[int, int, int]] = {}
             drain(consumer, set(due), max(due.values()), handouts, ids)
             stats = consumer.nack_stats()
-            store = consumer._nacks.tracker.snapshots  # (the deferral count is the store's own figure)
+            store = consumer._nacks.tracker.index  # (the deferral count is the store's own figure)
             deferred = getattr(store, "deferred_total", None)
         finally:
             client.close()

@@ -11,7 +11,7 @@ defaults (precision 8, ceil rounding):
 
 * **store**: ``RedispatchStore.restore`` (the consumer's snapshot store: every segment read, the due ones
   loaded into its index);
-* **tracker**: ``NackTracker.restore`` on such a store — what subscribe does: the store's restore, then the
+* **tracker**: ``SnapshotKeeper.restore`` on such a store — what subscribe does: the store's restore, then the
   arrival filter taught every restored id.
 
 Median and best of :data:`ROUNDS` restores (a fresh store each, same files, this process). ``--label``
@@ -70,6 +70,7 @@ def write(directory: str, batched: bool, count: int) -> int:
 def restore_once(directory: str, part: str) -> tuple[float, int]:
     """One restore (``store`` or ``tracker``) of the snapshot in ``directory``: (ms, ids restored)."""
     from pulsar_nack.snapshot import LocalDirectoryStorage
+    from pulsar_nack.snapshot.keeper import SnapshotKeeper
     from pulsar_nack.snapshot.redispatch import RedispatchStore
     from pulsar_nack.timer import TimerWheel
     from pulsar_nack.tracker import NackTracker
@@ -83,10 +84,10 @@ def restore_once(directory: str, part: str) -> tuple[float, int]:
         restored = store.restore(NOW_MS + RESTORE_AFTER_MS)
     else:
         tracker = NackTracker(
-            lambda due: None, clock=clock, wheel=TimerWheel(clock=clock, start=False), snapshots=store,
+            lambda due: None, clock=clock, wheel=TimerWheel(clock=clock, start=False), index=store,
             rounding="ceil",
         )  # fmt: skip
-        restored = tracker.restore()
+        restored = SnapshotKeeper(tracker, store).restore()
     elapsed = (time.perf_counter() - started) * 1000
     return elapsed, restored.ids
 

@@ -80,7 +80,7 @@ def _tracker(snapshots: bool, directory: str) -> Any:
     if not snapshots:
         return NackTracker(lambda due: None)
     store = SegmentStore(LocalDirectoryStorage(directory))
-    return NackTracker(lambda due: None, snapshots=store, clock=epoch_clock())
+    return NackTracker(lambda due: None, index=store, clock=epoch_clock())
 
 
 def nack_call_us(snapshots: bool) -> float:
@@ -124,10 +124,11 @@ def probe(snapshots: bool) -> dict[str, Any]:
         cpu = time.process_time() - cpu_started
         wall = time.monotonic() - wall_started
         stats = tracker.stats()
+        store_stats = tracker.index.stats() if snapshots else None
         tracker.close()
     result: dict[str, Any] = {"cpu_s": cpu, "wall_s": wall, "nacks": entry, "pending": stats.pending}
-    if stats.snapshots is not None:
-        s = stats.snapshots
+    if store_stats is not None:
+        s = store_stats
         result |= {
             "segments": s.segments_total,
             "bytes": s.bytes_total,
@@ -185,6 +186,7 @@ def restore_probe(directory: str, part: str) -> dict[str, Any]:
 
     from pulsar_nack.memory import heap_in_use, rss_bytes
     from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentStore
+    from pulsar_nack.snapshot.keeper import SnapshotKeeper
     from pulsar_nack.timer import TimerWheel
     from pulsar_nack.tracker import NackTracker
 
@@ -201,9 +203,9 @@ def restore_probe(directory: str, part: str) -> dict[str, Any]:
         keep: Any = store
     else:
         tracker = NackTracker(
-            lambda due: None, clock=clock, wheel=TimerWheel(clock=clock, start=False), snapshots=store
+            lambda due: None, clock=clock, wheel=TimerWheel(clock=clock, start=False), index=store
         )
-        restored = tracker.restore()
+        restored = SnapshotKeeper(tracker, store).restore()
         keep = tracker
     seconds = time.perf_counter() - started
     high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

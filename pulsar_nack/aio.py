@@ -275,7 +275,7 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         nacks are void) and the tracker stopped, as the sync consumer does. The storage work runs on a worker
         thread: the event loop never waits for a disk."""
         await super().unsubscribe()
-        await asyncio.to_thread(self._nacks.tracker.discard_snapshots)
+        await asyncio.to_thread(self._nacks.discard_snapshots)
         await self._stop_tracking()
 
     async def close(self) -> None:

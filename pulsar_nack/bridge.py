@@ -29,7 +29,12 @@ from pulsar_nack.native.client import batch_size, chunk_of, entry_message_id, fo
 from pulsar_nack.options import NackOptions
 from pulsar_nack.snapshot.redispatch import RedispatchStore
 from pulsar_nack.snapshot.takeover import Adoption
-from pulsar_nack.snapshot.wiring import SubscriptionStorage, start_takeover, tracker_snapshot_arguments
+from pulsar_nack.snapshot.wiring import (
+    SubscriptionStorage,
+    snapshot_keeper,
+    start_takeover,
+    tracker_snapshot_arguments,
+)
 from pulsar_nack.stats import NackStats
 from pulsar_nack.timer import monotonic_ms
 from pulsar_nack.tracker import NackTracker
@@ -154,6 +159,7 @@ class NackBridge:
             batch_size=batch_size,
             **tracker_snapshot_arguments(snapshots, options.precision_bits, options.rounding),
         )
+        self.keeper = snapshot_keeper(self.tracker)  # None without snapshots
         self._arrivals = self.tracker.arrivals
         self._arrivals.expect_ack_timeout(ack_timeout_ms)  # before anything arrives (and before a restore)
         self._arrivals.coalesce = keep_copies
@@ -204,11 +210,11 @@ class NackBridge:
         self._fast_check = 0  # admissions until the next check (_check_fast)
         self._taking_over = threading.Lock()
         self.fast_takeovers = 0  # times fast mode ended (a metric: the cost of a take-over is its reads)
-        if snapshots is not None:
-            self.tracker.restore()
+        if self.keeper is not None:
+            self.keeper.restore()
             # dead members' nacks; the takeover sets check_deaths while it watches a member (else None)
             start_takeover(
-                self.tracker, snapshots, self._hold_arrivals, lambda c: setattr(self, "check_deaths", c)
+                self.keeper, snapshots, self._hold_arrivals, lambda c: setattr(self, "check_deaths", c)
             )
 
     def nack(self, message: Any, delay_ms: float | datetime.timedelta | None = None) -> None:
@@ -734,14 +740,14 @@ class NackBridge:
         inner = message._message
         size = inner.length() * batch_size(inner.message_id()) + KEPT_COPY_BYTES  # what it pins
         hold = self.hold
-        store = tracker.snapshots
-        if store is not None and not arrivals.forwarded_lately(ledger_id, entry_id, topic):
+        keeper = self.keeper
+        if keeper is not None and not arrivals.forwarded_lately(ledger_id, entry_id, topic):
             # A restart's (or takeover's) re-dispatch: a copy of every restored message, kept whatever its
             # due time. One store call looks the due time up and takes the nack: due_of then remove walked
             # the entry's buckets twice (118 us a copy, 90 % of a 10,000-message re-dispatch at load 1.6).
             if hold.held_bytes + size > hold.max_bytes:
                 return  # no room: its own forward fetches it
-            taken = arrivals.take_pending_due(ledger_id, entry_id, batch_index, topic, store.take)
+            taken = arrivals.take_pending_due(ledger_id, entry_id, batch_index, topic, keeper.store.take)
             if taken is None:
                 return  # not pending (popped: its forward's copy decides), or an ack timeout is set
             due = float(taken)
@@ -776,7 +782,7 @@ class NackBridge:
             # Popped by a flush under way (without snapshots nothing else pending is outside the index):
             # its bucket is at most the flush's limit, so handing it out one native latency from now is
             # never early; else that flush's forward would fetch the whole entry again for it.
-            if tracker.snapshots is not None:
+            if self.keeper is not None:
                 return None
             if not arrivals.take_popped_message(ledger_id, entry_id, batch_index, topic):
                 return None
@@ -959,14 +965,26 @@ class NackBridge:
     def redispatching(self) -> bool:
         """True while the broker re-dispatches a dead consumer's messages that restored nacks wait for (after
         a restart or a takeover: :class:`~pulsar_nack.snapshot.redispatch.RedispatchStore`). O(1)."""
-        store = self.tracker.snapshots
+        store = self.tracker.index
         return isinstance(store, RedispatchStore) and store.waiting
+
+    def discard_snapshots(self) -> None:
+        """Delete the subscription's snapshot on storage, and every pending nack with it (an unsubscribe).
+        Nothing without snapshots. O(segments)."""
+        if self.keeper is not None:
+            self.keeper.discard()
 
     def stats(self, *, with_memory: bool = False) -> NackStats:
         """The tracker's stats with the held messages' ``chunked_*`` counters (one
         :class:`~pulsar_nack.stats.NackStats`)."""
         stats = self.hold.stats(self.tracker.stats(with_memory=with_memory), with_memory=with_memory)
-        return replace(stats, received=self.received, received_bytes=self.received_bytes, acked=self.acked)
+        return replace(
+            stats,
+            received=self.received,
+            received_bytes=self.received_bytes,
+            acked=self.acked,
+            snapshots=self.keeper.stats() if self.keeper is not None else None,
+        )
 
 
 def _redelivery_count(message: Any) -> int:

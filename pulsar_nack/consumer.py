@@ -287,7 +287,7 @@ class NackConsumer(pulsar.Consumer):  # type: ignore[misc]  # pulsar is untyped
     def unsubscribe(self) -> None:
         """Like the official call; the subscription's snapshot is deleted (its pending nacks are void)."""
         super().unsubscribe()
-        self._nacks.tracker.discard_snapshots()
+        self._nacks.discard_snapshots()
         self._nacks.close(wait=False)  # (the subscription is gone: nothing to wait for)
 
     def close(self) -> None:

@@ -149,6 +149,21 @@ class NackIndex(Protocol):
         """Forget everything."""
         ...
 
+    @property
+    def upkeep_interval_ms(self) -> int | None:
+        """How often :meth:`upkeep` wants to run while it has work (None: never)."""
+        ...
+
+    def upkeep(self, now_ms: int) -> bool:
+        """Periodic work off the nack path (a segment store's seal, load and merge); True while there is
+        more to come (pending ids, or files on storage)."""
+        ...
+
+    def close(self, now_ms: int) -> None:
+        """The consumer is closing: free the memory (a segment store first seals what is pending, so
+        that its snapshot survives the consumer)."""
+        ...
+
     def memory_usage(self) -> MemoryUsage:
         """The bytes the index holds."""
         ...
@@ -1021,8 +1036,10 @@ class _HotIndex:
                     record.mins = None  # ranges may overlap now
                 self._added += 1
                 return bucket
-            if entry_id > record.hi or entry_id < record.lo or (
-                len(record) == 1 and not self._members and not self._dense
+            if (
+                entry_id > record.hi
+                or entry_id < record.lo
+                or (len(record) == 1 and not self._members and not self._dense)
             ):
                 # Outside every pending id of the ledger, or the ledger's only slot (membership is
                 # exact) and no batch members anywhere (slots with bitmaps of their own keep theirs in
@@ -2895,6 +2912,19 @@ class TimeBucketIndex:
             self._staged_first = _NOT_STAGED
             self._hot.clear()
             self._packed.clear()
+
+    @property
+    def upkeep_interval_ms(self) -> None:
+        """None: this index needs no periodic work but :meth:`compact`."""
+        return None
+
+    def upkeep(self, now_ms: int) -> bool:
+        """Nothing to do (see :attr:`upkeep_interval_ms`); False. O(1)."""
+        return False
+
+    def close(self, now_ms: int) -> None:
+        """:meth:`clear`: nothing outlives the consumer. O(B + ledgers)."""
+        self.clear()
 
     def compact(self, max_buckets: int | None = None) -> int:
         """Compact buckets the add path has moved away from; returns how many were compacted.

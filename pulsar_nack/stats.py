@@ -8,8 +8,10 @@ imports a record, not the tracker that fills it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from pulsar_nack.snapshot.segments import SnapshotStats
+if TYPE_CHECKING:  # (a record: the tracker that fills it must not import snapshot/, which imports it)
+    from pulsar_nack.snapshot.segments import SnapshotStats
 
 __all__ = ["NackStats"]
 

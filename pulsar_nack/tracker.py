@@ -32,15 +32,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from pyroaring import BitMap
 
 from pulsar_nack.arrivals import ArrivalFilter, Verdict
 from pulsar_nack.index import DueIds, NackIndex, Rounding, TimeBucketIndex
 from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.native import NativeTiming
-from pulsar_nack.snapshot.format import Group
-from pulsar_nack.snapshot.segments import RestoreReport, SegmentStore
-from pulsar_nack.snapshot.storage import SnapshotStorage
 from pulsar_nack.stats import NackStats
 from pulsar_nack.timer import Timeout, TimerWheel, check_finite, monotonic_ms, weak_callback
 
@@ -48,6 +44,8 @@ __all__ = ["NackTracker", "Verdict", "epoch_clock"]
 
 _log = logging.getLogger(__name__)
 _ceil = math.ceil  # (a global and an attribute lookup less per nack)
+
+
 def epoch_clock() -> Callable[[], float]:
     """A monotonic clock that reads as Unix epoch milliseconds: ``time.monotonic()`` plus one offset taken
     now. A tracker that keeps snapshots runs on it, so that due times mean the same after a restart
@@ -59,33 +57,6 @@ def epoch_clock() -> Callable[[], float]:
     monotonic = time.monotonic
     offset = time.time() * 1000.0 - monotonic() * 1000.0
     return lambda: monotonic() * 1000.0 + offset
-
-
-class _Learned:
-    """The ids a restore or an adoption visits, gathered for the arrival filter: one bitmap of whole
-    entries per (topic, ledger) — the visited groups are not kept, so a restore holds one segment's
-    decoded groups at a time, not all of them — and one mask of pending batch indexes per partially
-    pending batch entry (its messages' masks of every group ORed)."""
-
-    def __init__(self) -> None:
-        self.whole: dict[tuple[str, int], BitMap] = {}
-        self.members: dict[tuple[str, int, int], int] = {}  # (topic, ledger, entry) → batch index mask
-
-    def visit(self, group: Group) -> None:
-        """O(entries / 64 + batch members) (bitmap OR)."""
-        masks = group.batch_masks()
-        whole = group.entries - BitMap(masks) if masks else group.entries
-        key = (group.topic, group.ledger_id)
-        have = self.whole.get(key)
-        if have is None:
-            self.whole[key] = BitMap(whole)
-        else:
-            have |= whole
-        if masks:
-            members, topic, ledger_id = self.members, group.topic, group.ledger_id
-            for entry, mask in masks.items():
-                member = (topic, ledger_id, entry)
-                members[member] = members.get(member, 0) | mask
 
 
 class NackTracker:
@@ -110,7 +81,7 @@ class NackTracker:
         wheel: TimerWheel | None = None,
         lateness_window: int = 4096,
         batch_size: Callable[[Any], int] = int,
-        snapshots: SegmentStore | None = None,
+        index: NackIndex | None = None,
     ) -> None:
         """``precision_bits``/``rounding``: the index's buckets of ``2**k`` ms. ``"ceil"`` (the default) files
         a nack in the bucket at or after its due time: never handed out early, up to ``2**k - 1`` ms late
@@ -120,19 +91,19 @@ class NackTracker:
         ``batch_size(token)``: the size of a batch from what the consumer passes to the arrival filter
         (see :class:`~pulsar_nack.arrivals.ArrivalFilter`).
 
-        ``snapshots``: keep pending nacks in this (empty) segment store instead of a bare index, so that
-        they survive a restart (:meth:`restore`). Its due times are epoch ms: give a ``clock`` that reads
-        so (:func:`epoch_clock`). Its life cycle (seal, load, merge, rewrite) runs on the timer thread
-        every ``config.checkpoint_interval_ms``; :meth:`close` writes a final snapshot."""
-        self.snapshots = snapshots
+        ``index``: file nacks in this (empty) index instead of a :class:`~pulsar_nack.index.TimeBucketIndex`
+        of its own — a :class:`~pulsar_nack.snapshot.segments.SegmentStore`, which keeps them on storage
+        too (:mod:`pulsar_nack.snapshot.keeper` restores them after a restart; its due times are epoch ms:
+        give a ``clock`` that reads so, :func:`epoch_clock`). Its :meth:`~pulsar_nack.index.NackIndex.upkeep`
+        runs on the timer thread every ``upkeep_interval_ms`` while it has work, from the first nack or
+        :meth:`rearm` on; :meth:`close` closes it (a segment store writes a final snapshot)."""
         # One numbering of the ledgers for the index's packed store and the arrival filter's sets, so that
         # each ledger is paid for once (a snapshot store keeps numberings of its own).
         self.ledgers = LedgerRegistry()
         self.index: NackIndex = (
-            snapshots
-            if snapshots is not None
-            else TimeBucketIndex(precision_bits, rounding, ledgers=self.ledgers)
+            index if index is not None else TimeBucketIndex(precision_bits, rounding, ledgers=self.ledgers)
         )
+        self._upkeep_ms = self.index.upkeep_interval_ms
         self.arrivals = ArrivalFilter(
             self._refile,
             clock=clock,
@@ -150,9 +121,10 @@ class NackTracker:
         self.compact_after_ms = float(compact_after_ms)
         self._compaction: Timeout | None = None
         self._sweep: Timeout | None = None
-        self._maintenance: Timeout | None = None  # the segment store's life cycle, when snapshots are kept
-        #: Called on the timer thread after each run of the store's life cycle, when set: the watch over
-        #: the other members of a Shared subscription (pulsar_nack.snapshot.takeover). Keeps it running.
+        self._upkeep: Timeout | None = None  # the index's upkeep, when it has one
+        #: Called on the timer thread after each run of the index's upkeep, when set: the watch over the
+        #: other members of a Shared subscription (pulsar_nack.snapshot.takeover). Keeps the upkeep running.
+        #: ``close`` calls its ``stop()``, if it has one.
         self.takeover: Callable[[], object] | None = None
         #: The clock (ms) due times are measured on; :meth:`now` calls it (the nack path calls it directly).
         self.clock = clock
@@ -217,8 +189,8 @@ class NackTracker:
                         self._compaction = self._wheel.schedule(
                             self.clock() + self.compact_after_ms, weak_callback(self._compact)
                         )
-                    if self.snapshots is not None and self._maintenance is None:
-                        self._schedule_maintenance()
+                    if self._upkeep is None and self._upkeep_ms is not None:
+                        self._schedule_upkeep(self._upkeep_ms)
         return bucket
 
     def _refile(self, due_ms: float, ledger_id: int, entry_id: int, batch_index: int, topic: str) -> None:
@@ -269,96 +241,44 @@ class NackTracker:
         if not self._closed:
             self.index.compact()
 
-    # -- snapshots ---------------------------------------------------------------------------------
+    # -- the index's upkeep ----------------------------------------------------------------------
 
-    def _schedule_maintenance(self) -> None:
-        """(Lock held.) Run the segment store's life cycle one checkpoint interval from now."""
-        assert self.snapshots is not None
-        interval = max(self.snapshots.config.checkpoint_interval_ms, 1)
-        self._maintenance = self._wheel.schedule(self.clock() + interval, weak_callback(self._maintain))
+    def _schedule_upkeep(self, interval_ms: int) -> None:
+        """(Lock held.) Run the index's upkeep one interval from now."""
+        self._upkeep = self._wheel.schedule(self.clock() + interval_ms, weak_callback(self._run_upkeep))
 
-    def _maintain(self) -> None:
-        """Timer thread: seal new nacks, write removals, load segments due soon, merge; then again one
-        interval later while anything is pending or unwritten. O(ids sealed, loaded or rewritten)."""
-        store = self.snapshots
-        if store is None or self._closed:
+    def _run_upkeep(self) -> None:
+        """Timer thread: the index's upkeep (a segment store seals new nacks, writes removals, loads
+        segments due soon, merges), then the takeover's look; again one interval later while either has
+        work. O(the upkeep's work)."""
+        if self._closed or self._upkeep_ms is None:
             return
+        more = True
         try:
-            store.maintain(int(self.clock()))
+            more = self.index.upkeep(int(self.clock()))
             if self.takeover is not None:
                 self.takeover()
-        except Exception:  # a bug, not a storage failure (the store absorbs those): keep the timer alive
-            _log.exception("snapshot maintenance failed")
+        except Exception:  # a bug, not a storage failure (a store absorbs those): keep the timer alive
+            _log.exception("the nack index's upkeep failed")
         with self._lock:
-            self._maintenance = None
-            keep = self.takeover is not None or len(store) or store.stats().segments_total
-            if not self._closed and keep:
-                self._schedule_maintenance()
-            following = store.next_due_ms()  # a segment loaded or merged may be due before the armed one
+            self._upkeep = None
+            if not self._closed and (more or self.takeover is not None):
+                self._schedule_upkeep(self._upkeep_ms)
+            following = self.index.next_due_ms()  # a segment loaded or merged may be due before the armed one
             if not self._closed and following is not None:
                 self._arm_for(following)
 
-    def restore(self) -> RestoreReport:
-        """Read the snapshot (the consumer's pending nacks before a restart) into this fresh tracker: ids
-        keep their due times — passed ones are due at once — and the arrival filter learns every pending
-        id, so the copies the broker redelivers at once are held back until due. A corrupt segment is
-        dropped with a warning saying how many nacks were lost. O(ids restored)."""
-        store = self._store()
-        learned = _Learned()  # taught to the filter after the store's lock is released (lock order)
-        report = store.restore(int(self.clock()), visit=learned.visit)
-        self._learn(learned)
-        if report.lost_ids or report.corrupt_segments:
-            _log.warning(
-                "restored %d pending nacks from %d snapshot segments; %d corrupt segments dropped: "
-                "%d pending nacks lost (their messages are redelivered at once)",
-                report.ids,
-                report.segments,
-                report.corrupt_segments,
-                report.lost_ids,
-            )
-        self._rearm(bool(report.segments))
-        return report
-
-    def adopt(self, peer: SnapshotStorage) -> int:
-        """Take over a dead member's snapshot (``peer``: its storage view, locked by the caller): its
-        pending nacks become this tracker's, at their due times, and the arrival filter learns them, so
-        the copies of its messages the broker hands to this consumer are held back until due
-        (:meth:`SegmentStore.adopt <pulsar_nack.snapshot.segments.SegmentStore.adopt>`). Returns how many
-        ids were adopted. O(ids adopted)."""
-        store = self._store()
-        if self._closed:
-            return 0
-        learned = _Learned()
-        adopted = store.adopt(peer, int(self.clock()), visit=learned.visit)
-        self._learn(learned)
-        self._rearm(adopted > 0)
-        return adopted
-
-    def _store(self) -> SegmentStore:
-        if self.snapshots is None:
-            raise RuntimeError("this tracker keeps no snapshots")
-        return self.snapshots
-
-    def _learn(self, learned: _Learned) -> None:
-        """Teach the arrival filter the restored ids: whole entries in bulk (one bitmap update per ledger,
-        the ledgers numbered together), batch members an entry at a time (one mask each).
-        O(ledgers + entries) plus O(whole entries) numpy."""
-        self.arrivals.pending_entries(learned.whole)
-        learned.whole.clear()
-        self.arrivals.pending_members(learned.members)
-        learned.members.clear()
-
-    def _rearm(self, maintain: bool) -> None:
-        """After a restore or an adoption: arm the timer for the earliest pending id, and the store's
-        life cycle if anything is kept."""
-        store = self._store()
+    def rearm(self, *, upkeep: bool) -> None:
+        """The index was filled behind the nack path (a restore, an adoption: see
+        :mod:`pulsar_nack.snapshot.keeper`): arm the forward for its earliest pending id, and start the
+        index's upkeep when ``upkeep``. O(log B + S)."""
         with self._lock:
             if not self._closed:
-                following = store.next_due_ms()
+                following = self.index.next_due_ms()
                 if following is not None:
                     self._arm_for(following)
-                if self._maintenance is None and maintain:
-                    self._schedule_maintenance()
+                if upkeep and self._upkeep is None and self._upkeep_ms is not None:
+                    self._schedule_upkeep(self._upkeep_ms)
 
     # -- the timer path ----------------------------------------------------------------------------
 
@@ -487,7 +407,7 @@ class NackTracker:
         with self._lock:
             self._closed = True
             timeouts = [
-                t for t in (self._timeout, self._compaction, self._sweep, self._maintenance) if t is not None
+                t for t in (self._timeout, self._compaction, self._sweep, self._upkeep) if t is not None
             ]
             self._timeout, self._armed_bucket, self._arm_below = None, math.inf, math.inf
         for timeout in timeouts:
@@ -498,19 +418,9 @@ class NackTracker:
             stop()  # a takeover in progress adopts no further member (it is not waited for)
         if self._finalizer is not None:
             self._finalizer()  # closes the wheel without waiting for its thread
-        if self.snapshots is not None:
-            # A final snapshot: pending nacks (none after a flush) survive the consumer. Memory is freed
-            # with the tracker; the files must stay.
-            self.snapshots.close(int(self.clock()))
-            self.arrivals.clear()
-        else:
-            self.clear()
-
-    def discard_snapshots(self) -> None:
-        """Delete the snapshot on storage, and every pending nack with it (the subscription is gone: an
-        unsubscribe). Nothing without snapshots. O(segments)."""
-        if self.snapshots is not None:
-            self.snapshots.clear()
+        # a segment store writes a final snapshot: pending nacks (none after a flush) survive the consumer
+        self.index.close(int(self.clock()))
+        self.arrivals.clear()
 
     def clear(self) -> None:
         """Forget every pending nack and what the arrival filter knows (a seek; close) — with snapshots,
@@ -564,7 +474,6 @@ class NackTracker:
             lateness_early_share=lateness.early_share,
             lateness_samples=len(lateness),
             timer_failures=self._wheel.failures,
-            snapshots=self.snapshots.stats() if self.snapshots is not None else None,
         )
 
 

@@ -112,8 +112,9 @@ def main(config: dict[str, Any]) -> None:
     # no redelivered copy, so the arrival filter files every due message whose entry's copy is on its way
     # again at each bucket, and the snapshot store was durable only between such filings and the next seal).
     tracker = consumer._nacks.tracker
-    store = tracker.snapshots
-    assert store is not None
+    keeper = consumer._nacks.keeper
+    assert keeper is not None
+    store = keeper.store
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         store.checkpoint(int(tracker.now()))

@@ -179,3 +179,30 @@ def test_only_the_native_module_imports_the_clients_native_binding() -> None:
         if any(name == "_pulsar" or name.startswith("_pulsar.") for name in _runtime_imports(path))
     }
     assert importers == {"native/client.py"}
+
+
+def _unit_imports() -> dict[str, set[str]]:
+    """Each top-level module or subpackage of the package → the others it imports when it runs."""
+    package = ROOT / "pulsar_nack"
+    edges: dict[str, set[str]] = {}
+    for path in package.rglob("*.py"):
+        unit = path.relative_to(package).parts[0].removesuffix(".py")
+        for name in _runtime_imports(path):
+            parts = name.split(".")
+            if parts[0] == "pulsar_nack" and len(parts) > 1 and parts[1] != unit and unit != "__init__":
+                edges.setdefault(unit, set()).add(parts[1])
+    return edges
+
+
+def test_no_module_or_subpackage_imports_one_that_imports_it_back() -> None:
+    """The package's modules and subpackages form no import cycle (data flows one way: the tracker does
+    not import ``snapshot/``, whose keeper and wiring import the tracker)."""
+    edges = _unit_imports()
+    for start in edges:
+        seen, frontier = set(), [start]
+        while frontier:
+            for following in edges.get(frontier.pop(), ()):
+                assert following != start, f"{start} imports itself back through {sorted(seen)}"
+                if following not in seen:
+                    seen.add(following)
+                    frontier.append(following)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -109,11 +110,11 @@ class SnapshotConsumer:
         self.wheel = TimerWheel(clock=self.clock, start=False)
         self.store = SegmentStore(flaky, CONFIG, precision_bits=K)
         self.tracker = NackTracker(
-            lambda _due: None, precision_bits=K, clock=self.clock, wheel=self.wheel, snapshots=self.store
+            lambda _due: None, precision_bits=K, clock=self.clock, wheel=self.wheel, index=self.store
         )
 
     def nack_stats(self, *, with_memory: bool = False) -> NackStats:
-        return self.tracker.stats(with_memory=with_memory)
+        return replace(self.tracker.stats(with_memory=with_memory), snapshots=self.store.stats())
 
     def topic(self) -> str:
         return "persistent://public/default/t"

@@ -17,6 +17,7 @@ from fake_clock import FakeClock
 
 from pulsar_nack.lowlevel import DueIds, TimerWheel
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
+from pulsar_nack.snapshot.keeper import SnapshotKeeper
 from pulsar_nack.snapshot.redispatch import REDISPATCH_QUIET_MS, SETTLE_MS, RedispatchStore
 from pulsar_nack.tracker import NackTracker, Verdict
 
@@ -42,8 +43,9 @@ class Consumer:
             else RedispatchStore(storage, precision_bits=K, rounding="ceil", clock=self.clock)
         )
         self.tracker = NackTracker(
-            self.forward, precision_bits=K, clock=self.clock, wheel=self.wheel, snapshots=self.store
+            self.forward, precision_bits=K, clock=self.clock, wheel=self.wheel, index=self.store
         )
+        self.keeper = SnapshotKeeper(self.tracker, self.store)
         self.copies: list[tuple[float, int]] = []  # (arrival time, entry id) of copies on their way
         self.kept: dict[int, float] = {}  # entry id → due time of its kept copy
         self.handed: dict[int, list[float]] = {}
@@ -95,7 +97,7 @@ def restarted(tmp_path: Path, count: int, plain: bool = False) -> tuple[Consumer
     a.run_until(EPOCH + 1_500)  # sealed (a checkpoint interval); nothing due yet
     restart = EPOCH + 3_000
     b = Consumer(tmp_path, restart, plain=plain)
-    assert b.tracker.restore().ids == count
+    assert b.keeper.restore().ids == count
     return b, due, restart
 
 
@@ -229,8 +231,8 @@ def adopted(tmp_path: Path, count: int, plain: bool = False) -> tuple[Consumer, 
     a.run_until(EPOCH + 1_500)
     adoption = EPOCH + 3_000
     b = Consumer(tmp_path / "b", adoption, plain=plain)
-    assert b.tracker.restore().ids == 0
-    assert b.tracker.adopt(LocalDirectoryStorage(tmp_path / "a", fsync=False)) == count
+    assert b.keeper.restore().ids == 0
+    assert b.keeper.adopt(LocalDirectoryStorage(tmp_path / "a", fsync=False)) == count
     return b, due, adoption
 
 
@@ -269,7 +271,7 @@ def test_an_adoption_after_the_restores_wait_ended_waits_again(tmp_path: Path) -
     c.run_until(b.clock.now + 1_500)  # sealed; c dies, B adopts its nacks 1.5 s after them
     b.clock.now = c.clock.now
     b.forwarded.clear()
-    assert b.tracker.adopt(LocalDirectoryStorage(tmp_path / "c", fsync=False)) == 200
+    assert b.keeper.adopt(LocalDirectoryStorage(tmp_path / "c", fsync=False)) == 200
     start = b.clock.now
     b.run_until(start + 12_000, redispatch(start, sorted(later), 5.0))
     assert [e for e in b.forwarded if e in later] == []

@@ -20,6 +20,7 @@ from fake_clock import FakeClock
 from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.lowlevel import DueIds, TimerWheel
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore
+from pulsar_nack.snapshot.keeper import SnapshotKeeper
 from pulsar_nack.tracker import NackTracker, Verdict, epoch_clock
 
 K = 8  # precision bits
@@ -27,7 +28,6 @@ EARLY_MS = 2**K - 1  # floor rounding: at most this early
 EPOCH = 1_790_000_000_000.0  # a fake epoch clock (ms), as the consumer's tracker reads with snapshots
 TOPIC = "persistent://public/default/t"
 NATIVE_MS = 102  # a forwarded id's copy arrives this long after the forward (the native latency)
-
 
 
 class Consumer:
@@ -39,8 +39,9 @@ class Consumer:
         self.wheel = TimerWheel(clock=self.clock, start=False)
         self.store = SegmentStore(LocalDirectoryStorage(path, fsync=False), config, precision_bits=K)
         self.tracker = NackTracker(
-            self.forward, precision_bits=K, clock=self.clock, wheel=self.wheel, snapshots=self.store
+            self.forward, precision_bits=K, clock=self.clock, wheel=self.wheel, index=self.store
         )
+        self.keeper = SnapshotKeeper(self.tracker, self.store)
         self.copies: list[tuple[float, int]] = []  # (arrival time, entry id) of copies on their way
         self.handed: dict[int, list[float]] = {}  # entry id → hand-out times
         self.held = 0
@@ -85,7 +86,7 @@ def test_pending_nacks_survive_a_crash_held_back_until_due_then_handed_out_once(
     # A dies here (no close). B starts 4 s later: some nacks are past due by then.
     restart = EPOCH + 4_000
     b = Consumer(tmp_path, restart)
-    report = b.tracker.restore()
+    report = b.keeper.restore()
     assert report.ids == len(due) and report.lost_ids == 0
     # The broker redelivers every unacked message at once: all held back, none handed out.
     verdicts = {entry: b.arrive(entry) for entry in due}
@@ -99,7 +100,8 @@ def test_pending_nacks_survive_a_crash_held_back_until_due_then_handed_out_once(
     # past due at the restart: at once (the first forward slot, the copy a native latency later)
     late = {e: t[0] - max(due[e], restart) for e, t in b.handed.items()}
     assert max(late.values()) < 2 * NATIVE_MS + 70, f"late by up to {max(late.values())} ms"
-    assert b.tracker.stats().snapshots is not None
+    drained = b.keeper.stats()
+    assert (drained.segments_total, drained.ids_in_memory) == (0, 0), "every restored nack went"
 
 
 class _CountingSets(EntrySets):
@@ -129,7 +131,7 @@ def test_a_restore_of_many_ledgers_teaches_the_filter_in_one_pass(tmp_path: Path
     b = Consumer(tmp_path, EPOCH + 100)
     spy = b.tracker.arrivals._sets = _CountingSets(b.tracker.arrivals._sets._count)
     spy.recodes = 0
-    assert b.tracker.restore().ids == 300 * 5 + 100
+    assert b.keeper.restore().ids == 300 * 5 + 100
     assert spy.recodes <= 1
     admit = b.tracker.arrivals.admit
     for ledger in range(2, 302):
@@ -152,7 +154,7 @@ def test_acks_and_redeliveries_leave_the_snapshot(tmp_path: Path) -> None:
         a.tracker.acked(1, entry, -1, TOPIC)
     a.run_until(EPOCH + 2_500)  # the next checkpoint rewrites the segment without them
     b = Consumer(tmp_path, EPOCH + 3_000)
-    b.tracker.restore()
+    b.keeper.restore()
     pending = {e for e in range(40) if b.store.due_of(1, e, -1, TOPIC) is not None}
     assert pending == set(range(20, 40))
 
@@ -164,7 +166,7 @@ def test_close_writes_a_final_snapshot(tmp_path: Path) -> None:
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".pnk")], "sealed before any checkpoint"
     a.tracker.close()
     b = Consumer(tmp_path, EPOCH + 100)
-    assert b.tracker.restore().ids == 25
+    assert b.keeper.restore().ids == 25
     assert {b.store.due_of(1, e, -1, TOPIC) for e in range(25)} == {(EPOCH + 10_000) // 256 * 256}
 
 
@@ -175,7 +177,7 @@ def test_close_with_flush_leaves_nothing_to_restore(tmp_path: Path) -> None:
     a.run_until(EPOCH + 1_500)
     a.tracker.close(flush=True)  # every pending id forwarded: nothing left for a restart
     b = Consumer(tmp_path, EPOCH + 2_000)
-    assert b.tracker.restore().ids == 0
+    assert b.keeper.restore().ids == 0
 
 
 def test_clear_deletes_the_snapshot(tmp_path: Path) -> None:
@@ -185,7 +187,7 @@ def test_clear_deletes_the_snapshot(tmp_path: Path) -> None:
     a.run_until(EPOCH + 1_500)
     a.tracker.clear()  # a seek: the pending nacks are void, also after a restart
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".pnk")]
-    assert Consumer(tmp_path, EPOCH + 2_000).tracker.restore().ids == 0
+    assert Consumer(tmp_path, EPOCH + 2_000).keeper.restore().ids == 0
 
 
 def test_a_corrupt_snapshot_falls_back_to_empty_with_a_count(
@@ -201,7 +203,7 @@ def test_a_corrupt_snapshot_falls_back_to_empty_with_a_count(
     segment.write_bytes(bytes(data))
     b = Consumer(tmp_path, EPOCH + 100)
     with caplog.at_level(logging.WARNING):
-        report = b.tracker.restore()
+        report = b.keeper.restore()
     assert (report.ids, report.lost_ids, report.corrupt_segments) == (0, 60, 1)
     assert "60 pending nacks lost" in caplog.text
     assert b.arrive(5) is Verdict.DELIVER, "nothing pending: the broker's copy is a first delivery"
@@ -212,7 +214,7 @@ def test_batch_members_are_held_back_siblings_are_not(tmp_path: Path) -> None:
     a.tracker.schedule(EPOCH + 5_000, 1, 7, 2, TOPIC)  # message 2 of the batch in entry 7
     a.tracker.close()
     b = Consumer(tmp_path, EPOCH + 100)
-    b.tracker.restore()
+    b.keeper.restore()
     admit = b.tracker.arrivals.admit
     assert admit(1, 7, 2, TOPIC, 4) is Verdict.HOLD
     assert admit(1, 7, 1, TOPIC, 4) is Verdict.DELIVER, "a sibling with no nack is a first delivery"

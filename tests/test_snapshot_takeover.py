@@ -15,6 +15,7 @@ import pytest
 from fake_clock import FakeClock
 
 from pulsar_nack.snapshot import LocalDirectoryStorage, SegmentConfig, SegmentStore, SnapshotStorageError
+from pulsar_nack.snapshot.keeper import SnapshotKeeper
 from pulsar_nack.snapshot.namespace import SubscriptionStorage, snapshot_key, subscription_prefix
 from pulsar_nack.snapshot.storage import InMemoryStorage, SnapshotStorage
 from pulsar_nack.snapshot.takeover import Takeover
@@ -165,7 +166,6 @@ def test_a_member_busy_taking_over_refuses_the_owner_like_a_duplicate_name(tmp_p
     held.unlock()
 
 
-
 def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_back(tmp_path: Path) -> None:
     """Member B is running (its tracker on a hand-driven wheel) when member A's snapshot turns out to be a
     dead member's: B's next maintenance starts the takeover on its own thread (never on the timer
@@ -185,8 +185,8 @@ def test_a_running_member_takes_over_on_its_maintenance_and_holds_the_copies_bac
     def forward(due: Sequence[DueIds]) -> None:
         forwarded.extend((clock.now + 102, e) for ids in due for e in ids.entry_ids.tolist())
 
-    tracker = NackTracker(forward, precision_bits=K, clock=clock, wheel=wheel, snapshots=store)
-    takeover = Takeover(view, tracker.adopt, interval_ms=0)
+    tracker = NackTracker(forward, precision_bits=K, clock=clock, wheel=wheel, index=store)
+    takeover = Takeover(view, SnapshotKeeper(tracker, store).adopt, interval_ms=0)
     tracker.takeover = takeover
     tracker.schedule(epoch + 60_000, 7, 7)  # B's own nack: its maintenance runs
     dues = {i: epoch + 3_000 + 100 * i for i in range(10)}
@@ -226,14 +226,9 @@ def test_a_closed_consumer_takes_nothing_over_any_more(tmp_path: Path) -> None:
     view = member(base, "b")
     clock = FakeClock(0.0)
     wheel = TimerWheel(clock=clock, start=False)
-    tracker = NackTracker(
-        lambda due: None,
-        precision_bits=K,
-        clock=clock,
-        wheel=wheel,
-        snapshots=SegmentStore(view, SegmentConfig(), precision_bits=K),
-    )
-    takeover = Takeover(view, tracker.adopt, interval_ms=0)
+    store = SegmentStore(view, SegmentConfig(), precision_bits=K)
+    tracker = NackTracker(lambda due: None, precision_bits=K, clock=clock, wheel=wheel, index=store)
+    takeover = Takeover(view, SnapshotKeeper(tracker, store).adopt, interval_ms=0)
     tracker.takeover = takeover
     dead = dead_member(base, "a", [(40_000, 1, 1)])
     tracker.close()

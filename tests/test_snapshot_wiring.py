@@ -86,7 +86,7 @@ def test_subscribe_refuses_bad_options_before_subscribing(tmp_path: Path) -> Non
 def test_the_tracker_gets_a_store_of_its_precision_and_an_epoch_clock() -> None:
     assert tracker_snapshot_arguments(None, 8, "floor") == {}
     arguments = tracker_snapshot_arguments(InMemoryStorage(), 5, "ceil")
-    store = arguments["snapshots"]
+    store = arguments["index"]
     assert isinstance(store, SegmentStore)
     assert store.add(1000, 1, 1) == 1024, "k = 5, ceil"
     assert abs(arguments["clock"]() - pulsar_nack.timer.monotonic_ms()) > 1e12, "epoch ms, not monotonic"

@@ -6,8 +6,9 @@
 * :mod:`~pulsar_nack.snapshot.namespace` — the key of a subscription's snapshot and its view of a shared
   storage (:class:`SubscriptionStorage`, locked while its consumer lives);
 * :mod:`~pulsar_nack.snapshot.wiring` — what the consumers' ``snapshot_dir=`` / ``snapshot_storage=``
-  options turn into: the subscription's storage, a store and an epoch clock for the tracker, whose
-  :meth:`~pulsar_nack.tracker.NackTracker.restore` brings the pending nacks back (docs/snapshots.md);
+  options turn into: the subscription's storage, a store and an epoch clock for the tracker;
+* :mod:`~pulsar_nack.snapshot.keeper` — :class:`~pulsar_nack.snapshot.keeper.SnapshotKeeper`: restores the
+  pending nacks into the tracker after a restart, adopts a dead member's (docs/snapshots.md);
 * :mod:`~pulsar_nack.snapshot.topic` — ``TopicSnapshotStorage``: segments as keyed messages of a Pulsar
   topic (imported from there: this package does not import the Pulsar client).
 """

@@ -991,6 +991,18 @@ class SegmentStore:
         """Seal what is left in memory (a clean shutdown loses nothing)."""
         self.checkpoint(now_ms)
 
+    @property
+    def upkeep_interval_ms(self) -> int:
+        """The checkpoint interval (at least 1 ms): :meth:`upkeep` runs that often while it has work."""
+        return max(self.config.checkpoint_interval_ms, 1)
+
+    def upkeep(self, now_ms: int) -> bool:
+        """:meth:`maintain`; True while ids are pending or segments are on storage (more work may come).
+        O(ids sealed/loaded/merged + S)."""
+        self.maintain(now_ms)
+        with self._lock:
+            return bool(len(self._mutable) + len(self._loaded) or self._records)
+
     def stats(self) -> SnapshotStats:
         """A copy of the counters with the gauges filled in. O(S)."""
         with self._lock:

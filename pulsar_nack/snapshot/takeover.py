@@ -90,7 +90,8 @@ class Takeover:
     round trip, up to its ``lock_timeout_ms`` on a broker that does not answer).
 
     ``view``: this member's storage view (locked); ``adopt``: takes a dead member's storage view and
-    returns how many ids it adopted (:meth:`NackTracker.adopt <pulsar_nack.tracker.NackTracker.adopt>`);
+    returns how many ids it adopted
+    (:meth:`SnapshotKeeper.adopt <pulsar_nack.snapshot.keeper.SnapshotKeeper.adopt>`);
     ``hold``: called with an :class:`Adoption` when a death is seen and with None when its adoption is
     done (see the module docstring); ``hold_ms``: how long an arrival waits for an adoption at most;
     ``publish``: called (under the takeover's lock) with :attr:`check_deaths` each time it changes, so

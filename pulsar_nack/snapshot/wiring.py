@@ -2,10 +2,10 @@
 storage view (:mod:`~pulsar_nack.snapshot.namespace`) → a :class:`~pulsar_nack.snapshot.segments.SegmentStore`
 and an epoch clock for its :class:`~pulsar_nack.tracker.NackTracker`.
 
-Kept out of the bridge (``bridge.py``) so that its wiring is four calls: check the options
+Kept out of the bridge (``bridge.py``) so that its wiring is a few calls: check the options
 (:func:`check_snapshot_options`), open the storage before subscribing (:func:`arguments_snapshots` or
-:func:`subscription_storage`), build the tracker with :func:`tracker_snapshot_arguments`, restore, and
-take over the dead members' snapshots (:func:`start_takeover`).
+:func:`subscription_storage`), build the tracker with :func:`tracker_snapshot_arguments`, restore with its
+:func:`snapshot_keeper`, and take over the dead members' snapshots (:func:`start_takeover`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pulsar_nack.index import Rounding
+from pulsar_nack.snapshot.keeper import SnapshotKeeper
 from pulsar_nack.snapshot.namespace import SubscriptionStorage, legacy_snapshot_key, snapshot_key
 from pulsar_nack.snapshot.redispatch import RedispatchStore
+from pulsar_nack.snapshot.segments import SegmentStore
 from pulsar_nack.snapshot.storage import LocalDirectoryStorage, SnapshotStorage
 from pulsar_nack.snapshot.takeover import Adoption, Takeover
 from pulsar_nack.tracker import NackTracker, epoch_clock
@@ -25,6 +27,7 @@ __all__ = [
     "SubscriptionStorage",
     "arguments_snapshots",
     "check_snapshot_options",
+    "snapshot_keeper",
     "start_takeover",
     "subscription_storage",
     "tracker_snapshot_arguments",
@@ -91,12 +94,12 @@ def arguments_snapshots(options: Any, arguments: Mapping[str, Any]) -> Subscript
 
 
 def start_takeover(
-    tracker: NackTracker,
+    keeper: SnapshotKeeper,
     view: SubscriptionStorage | None,
     hold: Callable[[Adoption | None], None] | None = None,
     publish: Callable[[Callable[[], None] | None], None] | None = None,
 ) -> Takeover | None:
-    """After the tracker restored its own snapshot: adopt every dead member's of the subscription now
+    """After the keeper restored the tracker's own snapshot: adopt every dead member's of the subscription now
     (before the application can receive) and watch the live ones, then keep looking on the tracker's
     timer (:mod:`~pulsar_nack.snapshot.takeover`). ``hold``: the consumer's, to hold arrivals back
     while a dead member's snapshot is adopted; ``publish``: the consumer's, to receive
@@ -104,9 +107,9 @@ def start_takeover(
     changes. None without snapshots."""
     if view is None:
         return None
-    takeover = Takeover(view, tracker.adopt, hold=hold, publish=publish)
+    takeover = Takeover(view, keeper.adopt, hold=hold, publish=publish)
     takeover.run()
-    tracker.takeover = takeover
+    keeper.tracker.takeover = takeover
     return takeover
 
 
@@ -117,9 +120,17 @@ def tracker_snapshot_arguments(
     ``snapshots``: a :class:`~pulsar_nack.snapshot.redispatch.RedispatchStore` (a
     :class:`~pulsar_nack.snapshot.segments.SegmentStore` whose restored ids wait for the broker's
     re-dispatch) with the tracker's precision and an epoch clock (segments hold epoch ms), shared with the
-    tracker. Empty without snapshots (the tracker's defaults: a bare index, the monotonic clock)."""
+    tracker (as its ``index`` and ``clock``). Empty without snapshots (the tracker's defaults: a bare
+    index, the monotonic clock)."""
     if snapshots is None:
         return {}
     clock = epoch_clock()
     store = RedispatchStore(snapshots, precision_bits=precision_bits, rounding=rounding, clock=clock)
-    return {"snapshots": store, "clock": clock}
+    return {"index": store, "clock": clock}
+
+
+def snapshot_keeper(tracker: NackTracker) -> SnapshotKeeper | None:
+    """The keeper of a tracker built with :func:`tracker_snapshot_arguments` (it restores the snapshot:
+    :mod:`~pulsar_nack.snapshot.keeper`); None if the tracker's index keeps no snapshots. O(1)."""
+    index = tracker.index
+    return SnapshotKeeper(tracker, index) if isinstance(index, SegmentStore) else None
