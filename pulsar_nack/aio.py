@@ -83,6 +83,11 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
         """Take over ``native``'s C++ consumer and start the tracker (restoring ``snapshots``); the
         keywords are :class:`~pulsar_nack.bridge.NackBridge`'s."""
         super().__init__(native._consumer, native._schema)
+        # Held chunked messages (pulsar_nack.chunks): handed out by receive(); a loop timer per hold wakes
+        # the receives waiting on the broker (`_waiting`: their shielded waits; `_woken`: those woken).
+        self._loop = asyncio.get_running_loop()
+        self._waiting: set[asyncio.Future[Any]] = set()
+        self._woken: set[asyncio.Future[Any]] = set()
         self._nacks = NackBridge(
             self._consumer,
             self._consumer.topic(),
@@ -90,17 +95,12 @@ class NackConsumer(pulsar.asyncio.Consumer):  # type: ignore[misc]  # pulsar is 
             snapshots,
             ack_timeout_ms=ack_timeout_ms,
             marks_all=marks_all,
+            on_hold=self._on_hold,
         )
         self._requests = itertools.count()
         self._orphans: list[_Receive] = []  # native receives whose caller was cancelled
         self._listener_task: asyncio.Task[None] | None = None  # runs an async message_listener
-        # Held chunked messages (pulsar_nack.chunks): handed out by receive(); a loop timer per hold wakes
-        # the receives waiting on the broker (`_waiting`: their shielded waits; `_woken`: those woken).
         self._dead_letters: AsyncDeadLetters | None = None
-        self._loop = asyncio.get_running_loop()
-        self._waiting: set[asyncio.Future[Any]] = set()
-        self._woken: set[asyncio.Future[Any]] = set()
-        self._nacks.hold.on_hold = self._on_hold
 
     @property
     def nack_options(self) -> NackOptions:

@@ -128,6 +128,7 @@ class NackBridge:
         ack_timeout_ms: float | None = None,
         marks_all: bool = True,
         keep_copies: bool = True,
+        on_hold: Callable[[float], object] | None = None,
     ) -> None:
         """``native``: the ``_pulsar.Consumer``; ``topic``: what its ``topic()`` returns; ``snapshots``:
         where this subscription's pending nacks are kept (:meth:`NackOptions.snapshots_for`) — they are
@@ -142,7 +143,9 @@ class NackBridge:
         :class:`~pulsar_nack.chunks.HeldDelivery`, the asyncio receive): hold chunked messages and batch
         siblings in memory, and let a batch message due while its entry's forward is under way wait for
         that forward's copy (:attr:`ArrivalFilter.coalesce <pulsar_nack.arrivals.ArrivalFilter.coalesce>`);
-        False: every such copy is dropped and fetched again by a forward of its own."""
+        False: every such copy is dropped and fetched again by a forward of its own. ``on_hold``: called
+        with the due time (ms) of each message held in memory, on the nacking thread (the asyncio
+        consumer's wake-up of its waiting receives; a listener's is :meth:`deliver_held`)."""
         self.options = options
         self.marks_all = marks_all
         self._native = native
@@ -173,8 +176,11 @@ class NackBridge:
         # Nacked chunked messages kept in memory (pulsar_nack.chunks); a consumer that hands them out again
         # (receive, a listener's HeldDelivery, the asyncio receive) sets `holding`. Else, and past the
         # bound, they go to the broker as a nack of every chunk entry: last chunk's key → first chunk's entry.
-        self.hold = ChunkHold(options.max_held_chunked_bytes)
-        self.hold.on_handout = self._arrivals.held_out  # a kept copy's lateness counts in nack_stats()
+        self.hold = ChunkHold(
+            options.max_held_chunked_bytes,
+            on_hold=on_hold,
+            on_handout=self._arrivals.held_out,  # a kept copy's lateness counts in nack_stats()
+        )
         self.held = self.hold.held  # the dict itself: `if held` costs no call on the per-message paths
         self.holding = keep_copies
         # The synchronous receive() calls waiting in the native receive now (a token each: added before the

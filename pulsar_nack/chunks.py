@@ -46,6 +46,7 @@ import pulsar
 
 from pulsar_nack.checks import check_int
 from pulsar_nack.memory import python_bytes
+from pulsar_nack.native.client import payload_size, share_message
 from pulsar_nack.stats import NackStats
 
 __all__ = [
@@ -77,8 +78,7 @@ class HeldMessage(pulsar.Message):  # type: ignore[misc]  # pulsar is untyped
 
     def __init__(self, original: pulsar.Message, redelivery_count: int) -> None:
         super().__init__()
-        self._message = original._message
-        self._schema = original._schema
+        share_message(self, original)
         self._redelivery_count = redelivery_count
 
     def redelivery_count(self) -> int:
@@ -115,7 +115,13 @@ class ChunkHold:
     broker's ``maxMessageSize`` and their bytes are bounded by ``max_bytes``. Thread-safe.
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_MAX_HELD_CHUNKED_BYTES) -> None:
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_MAX_HELD_CHUNKED_BYTES,
+        *,
+        on_hold: Callable[[float], object] | None = None,
+        on_handout: Callable[[float | None, Key], object] | None = None,
+    ) -> None:
         self.max_bytes = check_int(max_bytes, "max_held_chunked_bytes")
         self._lock = threading.Lock()
         # key → held message. Public so that the per-message paths can test it as a plain dict (``if
@@ -127,12 +133,12 @@ class ChunkHold:
         self.redelivered = self.dead_lettered = self.over_bound = self.native = self.copies_dropped = 0
         #: Called with the due time (ms) after each successful :meth:`hold`, outside the lock, on the
         #: nacking thread: how a listener's delivery thread or an asyncio consumer learns of a new hold.
-        self.on_hold: Callable[[float], object] | None = None
+        self.on_hold = on_hold
         #: Called by :meth:`pop_due` for each kept copy it hands out, with its nack's due time, exact or
         #: estimated (``ArrivalFilter.take_due``; None: not known) and its key, outside the
         #: lock: it counts in ``nack_stats()`` as redelivered, with its lateness, as the forwarded
         #: redeliveries do, and later copies of it are not first deliveries.
-        self.on_handout: Callable[[float | None, Key], object] | None = None
+        self.on_handout = on_handout
 
     def __len__(self) -> int:
         return len(self.held)
@@ -244,7 +250,7 @@ class ChunkHold:
             yield
         except BaseException:
             message = letter.message
-            self.hold(letter.key, message, now_ms + 1000.0, letter.count, message._message.length())
+            self.hold(letter.key, message, now_ms + 1000.0, letter.count, payload_size(message))
             raise
         self.count("dead_lettered")
 
@@ -383,6 +389,10 @@ class HeldDelivery:
     be called from the listener, which the thread may be waiting for).
 
     Each wake is O(1) plus a ``wait_ms`` (O(1) amortized); the thread costs nothing while nothing is held.
+
+    A thread of its own, not a timeout on the tracker's timer wheel: ``deliver()`` runs the application's
+    listener, which may take as long as processing a message takes, and on the wheel's thread it would
+    hold back this consumer's forwards (every other nack's redelivery) for that long.
     """
 
     def __init__(

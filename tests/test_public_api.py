@@ -199,10 +199,31 @@ def test_no_module_or_subpackage_imports_one_that_imports_it_back() -> None:
     not import ``snapshot/``, whose keeper and wiring import the tracker)."""
     edges = _unit_imports()
     for start in edges:
-        seen, frontier = set(), [start]
+        seen: set[str] = set()
+        frontier = [start]
         while frontier:
             for following in edges.get(frontier.pop(), ()):
                 assert following != start, f"{start} imports itself back through {sorted(seen)}"
                 if following not in seen:
                     seen.add(following)
                     frontier.append(following)
+
+
+#: The official client's private attributes the wrapper reads on its objects.
+CLIENT_PRIVATES = {"_message", "_schema", "_consumer", "_client", "_consumers"}
+
+
+def test_only_the_native_module_and_the_per_message_paths_read_the_clients_private_attributes() -> None:
+    """``X._message`` (and the other privates of pulsar-client's objects) on anything but ``self`` appears
+    in ``native/client.py`` and the per-message paths only (bridge, the two consumers: a call costs a
+    frame a message there): see native/client's docstring."""
+    package = ROOT / "pulsar_nack"
+    readers = {
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Attribute)
+        and node.attr in CLIENT_PRIVATES
+        and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+    }
+    assert readers == {"native/client.py", "bridge.py", "consumer.py", "aio.py"}

@@ -1,12 +1,14 @@
 """The calls into the official client's native (C++) objects and its private attributes.
 
 Besides this module, only the per-message paths read a message's ``_message`` (and ``_schema``) directly
-— :mod:`pulsar_nack.bridge`, the receives of :mod:`pulsar_nack.consumer` and :mod:`pulsar_nack.aio`, and
-:class:`~pulsar_nack.chunks.HeldMessage` — because a call here costs a Python frame a message (~0.1 µs);
-and the two consumers, being ``pulsar.Consumer`` subclasses, set their own ``_consumer``/``_client``/
-``_schema``. ``tests/test_public_api.py`` keeps it so.
+— :mod:`pulsar_nack.bridge` and the receives of :mod:`pulsar_nack.consumer` and :mod:`pulsar_nack.aio` —
+because a call here costs a Python frame a message (~0.1 µs); and the two consumers, being
+``pulsar.Consumer`` subclasses, set their own ``_consumer``/``_client``/``_schema`` from the official
+consumer they take over. ``tests/test_public_api.py`` keeps it so.
 
 * :func:`message_of` — a ``pulsar.Message`` around a native message (the official receive's own step);
+  :func:`share_message` — a message object made another's (a held message handed out again);
+  :func:`payload_size` — a message's payload size, not copied out;
 * :func:`list_in_client` — a wrapping consumer in the native one's place in its client's list;
 * :func:`subscribe_exclusive_async` — a bare Exclusive subscription (the snapshot locks on a topic);
 
@@ -46,6 +48,8 @@ __all__ = [
     "list_in_client",
     "message_id_of",
     "message_of",
+    "payload_size",
+    "share_message",
     "subscribe_exclusive_async",
 ]
 
@@ -216,6 +220,19 @@ def message_of(native_message: Any, schema: Any) -> pulsar.Message:
     message._message = native_message
     message._schema = schema
     return message
+
+
+def share_message(message: pulsar.Message, original: pulsar.Message) -> None:
+    """Make ``message`` (a fresh ``pulsar.Message``, or a subclass's) the same message as ``original``:
+    its native message (bytes, properties, id) and its schema. O(1)."""
+    message._message = original._message
+    message._schema = original._schema
+
+
+def payload_size(message: pulsar.Message) -> int:
+    """The bytes of ``message``'s payload, without copying them out (``len(message.data())`` would copy
+    a chunked message of many megabytes). O(1)."""
+    return int(message._message.length())
 
 
 def list_in_client(client: pulsar.Client, native: pulsar.Consumer, wrapping: Any) -> None:
