@@ -927,10 +927,10 @@ class NackBridge:
         self._fast_recent = [None] * _FAST_RECENT
 
     def deliver_held(self, deliver: Callable[[], object], name: str) -> None:
-        """Hand held messages out as they fall due: a thread of its own (``name``) calls ``deliver`` when
-        one is — for a ``message_listener``'s consumer, which no ``receive`` call serves. Stopped by
-        :meth:`close`. O(1)."""
-        self.delivery = HeldDelivery(self.hold, self.tracker.now, deliver, name)
+        """Hand held messages out as they fall due: the tracker's timer wakes a
+        :class:`~pulsar_nack.chunks.HeldDelivery`, whose thread (``name``) calls ``deliver`` — for a
+        ``message_listener``'s consumer, which no ``receive`` call serves. Stopped by :meth:`close`. O(1)."""
+        self.delivery = HeldDelivery(self.hold, self.tracker.wheel, self.tracker.now, deliver, name)
         self.hold.on_hold = self.delivery.wake
 
     def forget_holdings(self) -> None:

@@ -25,9 +25,9 @@ bounded (``max_held_chunked_bytes``); past the bound — and wherever nothing ca
 :class:`AsyncDeadLetters` (the broker never counted these redeliveries, so the native client would not).
 
 Who hands a held message out: ``receive``/``batch_receive`` of the synchronous consumer when called; for
-a ``message_listener``, a :class:`HeldDelivery` thread that wakes when the next one is due; for the asyncio
-consumer, a timer on its event loop that wakes a waiting ``receive()`` (:attr:`ChunkHold.on_hold` tells
-both of each new hold).
+a ``message_listener``, :class:`HeldDelivery`, woken by the tracker's timer when the next one is due; for
+the asyncio consumer, a timer on its event loop that wakes a waiting ``receive()`` (:attr:`ChunkHold.on_hold`
+tells both of each new hold).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -48,6 +49,7 @@ from pulsar_nack.checks import check_int
 from pulsar_nack.memory import python_bytes
 from pulsar_nack.native.client import payload_size, share_message
 from pulsar_nack.stats import NackStats
+from pulsar_nack.timer import Timeout, TimerWheel, weak_callback
 
 __all__ = [
     "DEFAULT_MAX_HELD_CHUNKED_BYTES",
@@ -383,54 +385,77 @@ class AsyncDeadLetters(_DeadLetterTopic):
 
 class HeldDelivery:
     """Hands held chunked messages out at their due time when nobody calls ``receive``: the
-    ``message_listener`` consumer's. A daemon thread, started on the first :meth:`wake` (the hold's
-    :attr:`ChunkHold.on_hold`), sleeps until the earliest held message is due, then calls ``deliver()``
-    (which pops the due ones and hands them to the listener). :meth:`stop` ends it without waiting (it may
-    be called from the listener, which the thread may be waiting for).
+    ``message_listener`` consumer's. The tracker's timer wheel wakes it when the earliest held message is
+    due (:meth:`wake`, the hold's :attr:`ChunkHold.on_hold`, arms one timeout; no thread sleeps meanwhile);
+    then a thread of its own calls ``deliver()`` (which pops the due ones and hands them to the listener)
+    and ends. Not on the wheel's thread: the listener is the application's and may take as long as
+    processing a message takes, which there would hold back this consumer's forwards. One hand-out thread
+    at a time; when it ends it arms the wheel for the next held message. :meth:`stop` ends it without
+    waiting (it may be called from the listener, which the thread may be waiting for).
 
-    Each wake is O(1) plus a ``wait_ms`` (O(1) amortized); the thread costs nothing while nothing is held.
-
-    A thread of its own, not a timeout on the tracker's timer wheel: ``deliver()`` runs the application's
-    listener, which may take as long as processing a message takes, and on the wheel's thread it would
-    hold back this consumer's forwards (every other nack's redelivery) for that long.
+    Each wake is O(1) plus a ``wait_ms`` (O(1) amortized); nothing runs while nothing held is due.
     """
 
     def __init__(
-        self, hold: ChunkHold, clock: Callable[[], float], deliver: Callable[[], object], name: str
+        self,
+        hold: ChunkHold,
+        wheel: TimerWheel,
+        clock: Callable[[], float],
+        deliver: Callable[[], object],
+        name: str,
     ) -> None:
         self._hold = hold
+        self._wheel = wheel
         self._clock = clock
         self._deliver = deliver
         self._name = name
-        self._condition = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._timeout: Timeout | None = None
+        self._armed_at = math.inf
+        self._running = False  # a hand-out thread is under way: it arms the wheel again when it ends
         self.stopped = False
 
-    def wake(self, _due_ms: float = 0.0) -> None:
-        """A message was held: (re)compute when to deliver next; starts the thread the first time."""
-        with self._condition:
-            if self.stopped:
-                return
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-                self._thread.start()
-            self._condition.notify()
+    def wake(self, due_ms: float = 0.0) -> None:
+        """A message was held until ``due_ms``: arm the wheel for it unless an earlier wake-up is armed or
+        a hand-out is under way (it looks again when it ends). O(1)."""
+        with self._lock:
+            if not self.stopped and not self._running and due_ms < self._armed_at:
+                self._arm(due_ms)
 
     def stop(self) -> None:
-        with self._condition:
+        with self._lock:
             self.stopped = True
-            self._condition.notify()
+            if self._timeout is not None:
+                self._timeout.cancel()
+                self._timeout, self._armed_at = None, math.inf
+
+    def _arm(self, at_ms: float) -> None:
+        """(Lock held.) The one wake-up, at ``at_ms``."""
+        if self._timeout is not None:
+            self._timeout.cancel()
+        try:
+            self._timeout = self._wheel.schedule(at_ms, weak_callback(self._due))
+        except RuntimeError:  # the wheel is closed: so is the consumer
+            self._timeout, self._armed_at = None, math.inf
+            return
+        self._armed_at = at_ms
+
+    def _due(self) -> None:
+        """Timer thread: a held message is due: start the hand-out thread."""
+        with self._lock:
+            self._timeout, self._armed_at = None, math.inf
+            if self.stopped or self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._run, name=self._name, daemon=True).start()
 
     def _run(self) -> None:
-        hold, clock, condition = self._hold, self._clock, self._condition
-        while True:
-            with condition:
-                # The wait is computed under the condition: a wake() cannot slip in before the wait.
-                while not self.stopped and (wait := hold.wait_ms(clock())) != 0:
-                    condition.wait(None if wait is None else wait / 1000.0)
-                if self.stopped:
-                    return
-            try:
-                self._deliver()
-            except Exception:  # a dead-letter send that failed (the message is held again) or a bug
-                _log.exception("handing out held chunked messages failed (%s)", self._name)
+        try:
+            self._deliver()
+        except Exception:  # a dead-letter send that failed (the message is held again) or a bug
+            _log.exception("handing out held chunked messages failed (%s)", self._name)
+        with self._lock:
+            self._running = False
+            wait = self._hold.wait_ms(self._clock())
+            if not self.stopped and wait is not None:
+                self._arm(self._clock() + wait)

@@ -441,6 +441,12 @@ class NackTracker:
         return tuple(parts)
 
     @property
+    def wheel(self) -> TimerWheel:
+        """The timer wheel this tracker forwards on (its own unless one was given): the consumer's other
+        timed work schedules there too (a listener's held messages). Closed with the tracker."""
+        return self._wheel
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -35,14 +35,16 @@ from typing import Any
 import _pulsar
 import pulsar
 import pytest
+from fake_clock import FakeClock
 from messaging import leftover, nothing_more, receive_all, receive_into
 
 from harness.standalone import PulsarStandalone
 from pulsar_nack import Client, MultiplierRedeliveryBackoff, aio
-from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkHold, HeldMessage
+from pulsar_nack.chunks import ORIGIN_MESSAGE_ID, REAL_TOPIC, ChunkHold, HeldDelivery, HeldMessage
 from pulsar_nack.native.client import chunk_first_entry
 from pulsar_nack.stats import NackStats
 from pulsar_nack.testing import Broker, PulsarLite
+from pulsar_nack.timer import TimerWheel
 
 SHARED = pulsar.ConsumerType.Shared
 SUB = "sub"
@@ -561,6 +563,43 @@ def test_hold_bound_order_and_replacement() -> None:
     )  # fmt: skip
     assert stats.memory_bytes is not None and stats.memory_bytes >= 1000 + 100
     assert hold.clear() == 1 and hold.pop_due(10.0) is None
+
+
+def test_held_delivery_is_woken_by_the_trackers_wheel_and_hands_out_on_a_thread_of_its_own() -> None:
+    """A listener's held messages: one wheel timeout for the earliest (no thread before it is due), the
+    hand-out on the delivery's own thread, then the wheel armed again for the next one; stop() cancels."""
+    clock = FakeClock(0.0)
+    wheel = TimerWheel(clock=clock, start=False)
+    hold = ChunkHold(max_bytes=100)
+    handed: list[tuple[str, float, str]] = []
+    delivered = threading.Semaphore(0)
+
+    def deliver() -> None:
+        while (due := hold.pop_due(clock.now)) is not None:
+            handed.append((due[0], clock.now, threading.current_thread().name))
+        delivered.release()
+
+    delivery = HeldDelivery(hold, wheel, clock, deliver, "held-test")
+    hold.on_hold = delivery.wake
+    assert hold.hold(("t", 1, 2), "A", 1_000.0, 1, 10) and hold.hold(("t", 1, 3), "B", 3_000.0, 1, 10)
+    assert len(wheel) == 1, "one wake-up, for the earliest"
+    clock.now = 999.0
+    wheel.run_due()
+    assert not delivered.acquire(timeout=0.2) and handed == [], "nothing before it is due"
+    clock.now = 1_000.0
+    wheel.run_due()
+    assert delivered.acquire(timeout=10)
+    assert handed == [("A", 1_000.0, "held-test")], "on the delivery's thread, not the wheel's"
+    deadline = time.monotonic() + 10
+    while len(wheel) != 1 and time.monotonic() < deadline:  # the thread arms the next one as it ends
+        time.sleep(0.01)
+    assert len(wheel) == 1, "armed again for B"
+    delivery.stop()
+    assert len(wheel) == 0, "stop cancels the wake-up"
+    clock.now = 3_000.0
+    wheel.run_due()
+    assert not delivered.acquire(timeout=0.2) and len(hold) == 1, "stopped: B stays held"
+    wheel.close(0.0)
 
 
 def test_bad_bound_is_refused_before_subscribing(offline_client: Client) -> None:
