@@ -1574,6 +1574,13 @@ class _HotIndex:
     def _walk_memory(self) -> MemoryUsage:
         """:meth:`memory_usage`'s walk of the live structure (caller holds the lock)."""
         seen: set[int] = set()
+        if self._registry is not None:
+            # The ledger keys are the registry's objects (one a ledger), which its own memory_bytes counts:
+            # counted here too they were ~90 B a ledger twice (+12 % at 1,000 ledgers of 100 nacks each).
+            for key in self._registry.ordinals:
+                seen.add(id(key))
+                if isinstance(key, tuple):
+                    seen.add(id(key[1]))
         parts = {"schedule": 0, "buckets": 0, "ledgers": 0, "batch_members": 0, "bitmap_objects": 0}
         roaring = 0
 

@@ -17,7 +17,7 @@ import pytest
 from pulsar_nack.index import MAX_ENTRY_ID, PROMOTE_AT
 from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.lowlevel import TimeBucketIndex
-from pulsar_nack.memory import MEASURING_ENV
+from pulsar_nack.memory import MEASURING_ENV, python_bytes
 
 
 def drain(index: TimeBucketIndex, now: int) -> dict[tuple[str, int, int], tuple[int, ...] | None]:
@@ -714,6 +714,28 @@ def test_ids_of_one_ledger_spread_over_its_entries_cost_a_container_per_slot_not
     figures = json.loads(out.stdout)
     assert figures["measured"] / 50_000 < 40, figures
     assert abs(figures["reported"] / figures["measured"] - 1) <= 0.10, figures
+
+
+def test_an_index_sharing_a_ledger_registry_does_not_count_the_registrys_keys_again() -> None:
+    """The live tier keys its ledgers by the registry's key objects (one a ledger), which the registry's
+    memory_bytes counts: the index sharing a registry reports that much less than one numbering its
+    ledgers itself (it reported the same: the keys counted twice, +12 % of a tracker at 1,000 topics)."""
+    topics = [f"persistent://public/default/t-{i}" for i in range(1_000)]
+
+    def build(registry: LedgerRegistry | None) -> TimeBucketIndex:
+        index = TimeBucketIndex(0, ledgers=registry, pack_below=0, stage_up_to=0)
+        for i, topic in enumerate(topics):  # 1,000 ledgers in one bucket, an id each
+            index.add(3_600_000, 1_000_000 + i, 7, -1, topic)
+        return index
+
+    alone = build(None).memory_usage().total_bytes
+    registry = LedgerRegistry()
+    shared = build(registry).memory_usage().total_bytes
+    keys = sum(
+        python_bytes(key) + python_bytes(key[1]) for key in registry.ordinals if isinstance(key, tuple)
+    )
+    assert keys > 50_000
+    assert alone - shared >= 0.9 * keys, (alone, shared, keys)
 
 
 @pytest.mark.parametrize("promote_at", [1, 128])
