@@ -369,6 +369,10 @@ class _Run:
     forward_s: float
     nack_s: float
     last_target: float
+    #: The simulation's own objects made before the memory baseline (ledger ids, topic names, random
+    #: generators), kept alive with the result: freed when the simulation returned, they made the
+    #: measured heap growth ~65-75 KB smaller than what the tracker keeps at 1,000 topics.
+    driver: tuple[Any, ...] = ()
 
 
 def _new_tracker(workload: Workload) -> tuple[Any, list[float], deque[tuple[float, Sequence[Any]]]]:
@@ -506,6 +510,7 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
         forward_s,
         nack_s,
         last_target,
+        (ledger_of, names, rng, chunk_rng, draw),
     )
 
 
