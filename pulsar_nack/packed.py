@@ -34,6 +34,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import numpy.ma  # (np.unique imports it on first use: ~0.5 MB landing in one index's memory)
@@ -70,6 +71,9 @@ _U_LOW = np.uint64((1 << _ORDINAL_SHIFT) - 1)
 _U32_SLOT_BITS = np.uint32(_SLOT_BITS)
 #: Ordinals a run's split codes can name (uint16).
 _NARROW_ORDINALS = 1 << 16
+#: A run keeps its bucket offsets (relative to its first) and row positions as uint16 below this.
+_NARROW_SPAN = 1 << 16
+_Positions = npt.NDArray[Any]  # uint16 or uint32
 _U_ENTRY_SHIFT = np.uint64(_ENTRY_BITS)
 _ENTRY_MASK = (1 << _ENTRY_BITS) - 1
 #: At most this many low ordinal bits go below the entry id in membership keys (4,096 ledgers share a
@@ -86,16 +90,19 @@ class _Run:
     """Rows sorted by bucket offset; positions below ``head`` are popped.
 
     The offsets are kept run-length encoded when a run holds two rows a bucket or more — the distinct
-    offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket, where
-    an offset per row cost 4 bytes a row, a third of a row — else one per row (``offsets``,
-    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). The codes, one per row, are
+    offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket or less,
+    where an offset per row cost 4 bytes a row, a third of a row — else one per row (``offsets``,
+    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). Offsets are kept relative
+    to the run's first (``base``), as uint16 when the run spans fewer than 65,536 buckets (at k = 0: 65 s
+    of due times, what a sparse run of short delays spans) and ``starts`` as uint16 when the run has fewer
+    than 65,536 rows: 2 bytes a row or bucket less, a sixth of a sparse row. The codes, one per row, are
     kept split when they fit — the ordinal as uint16 (``high``) and ``entry_id << 10 | slot`` as uint32
     (``low``): 6 bytes a row, where a uint64 code cost 8, a quarter of what a row costs at 1,000 sparse
     ledgers — else whole as uint64 in ``low`` (``high`` None: over 65,536 ledgers or an entry id of 2^22
     or more). :attr:`codes` puts them together.
     """
 
-    __slots__ = ("first", "head", "high", "low", "offsets", "starts")
+    __slots__ = ("base", "first", "head", "high", "low", "offsets", "starts")
 
     def __init__(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         """``times``: each row's offset, sorted. O(rows) numpy."""
@@ -103,12 +110,18 @@ class _Run:
 
     def _set(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         change = np.flatnonzero(times[1:] != times[:-1]) + 1
-        self.starts: npt.NDArray[np.uint32] | None = None
+        self.base = int(times[0]) if len(times) else 0
+        narrow = len(times) == 0 or int(times[-1]) - self.base < _NARROW_SPAN
+        relative: _Positions = (times - np.uint32(self.base)).astype(np.uint16 if narrow else np.uint32)
+        self.starts: _Positions | None = None
+        self.offsets: _Positions
         if 2 * (len(change) + 1) <= len(times):
-            self.starts = np.concatenate(([0], change)).astype(np.uint32)
-            self.offsets = times[self.starts].astype(np.uint32)
+            self.starts = np.concatenate(([0], change)).astype(
+                np.uint16 if len(times) < _NARROW_SPAN else np.uint32
+            )
+            self.offsets = relative[self.starts]
         else:
-            self.offsets = np.array(times, np.uint32)  # (a copy: never a view of a larger array)
+            self.offsets = relative  # (a copy: never a view of a larger array)
         self.high: npt.NDArray[np.uint16] | None = None
         self.low: npt.NDArray[np.uint64] | npt.NDArray[np.uint32] = codes
         if len(codes) and int(codes.max()) >> _ORDINAL_SHIFT < _NARROW_ORDINALS:
@@ -118,7 +131,7 @@ class _Run:
                 self.low = low.astype(np.uint32)
         self.head = 0
         #: the offset of the first live row (the timer asks for it at every tick: no search then)
-        self.first = int(self.offsets[0]) if len(codes) else 0
+        self.first = self.base + int(self.offsets[0]) if len(codes) else 0
 
     def __len__(self) -> int:
         return len(self.low) - self.head
@@ -164,20 +177,28 @@ class _Run:
             return position
         return int(np.searchsorted(self.starts, position, "right")) - 1
 
+    def _absolute(self, relative: _Positions) -> npt.NDArray[np.uint32]:
+        """Offsets relative to :attr:`base` made the store's (a new uint32 array). O(len) numpy."""
+        return relative.astype(np.uint32) + np.uint32(self.base)
+
     def times_at(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.uint32]:
         """The offsets of rows at these (absolute) positions. O(k log buckets)."""
         if self.starts is None:
-            return self.offsets[positions]
-        return self.offsets[np.searchsorted(self.starts, positions, "right") - 1]
+            return self._absolute(self.offsets[positions])
+        return self._absolute(self.offsets[np.searchsorted(self.starts, positions, "right") - 1])
 
     def advance(self, head: int) -> None:
         """Pop the rows before ``head`` (< the run's length). O(log buckets)."""
         self.head = head
-        self.first = int(self.offsets[self._group(head)])
+        self.first = self.base + int(self.offsets[self._group(head)])
 
     def end_of(self, limit: int) -> int:
         """The position after the last row whose offset is <= ``limit``. O(log buckets)."""
-        group = int(np.searchsorted(self.offsets, np.uint32(limit), "right"))
+        relative = limit - self.base
+        if relative < 0:
+            return 0
+        top = int(np.iinfo(self.offsets.dtype).max)
+        group = int(np.searchsorted(self.offsets, min(relative, top), "right"))
         if self.starts is None:
             return group
         return int(self.starts[group]) if group < len(self.starts) else self.rows
@@ -185,7 +206,7 @@ class _Run:
     def times(self, start: int, end: int) -> npt.NDArray[np.uint32]:
         """The offsets of rows ``start:end``, one per row. O(end - start + log buckets) numpy."""
         if self.starts is None:
-            return self.offsets[start:end]
+            return self._absolute(self.offsets[start:end])
         if start >= end:
             return np.zeros(0, np.uint32)
         first = self._group(start)
@@ -193,7 +214,7 @@ class _Run:
         bounds = self.starts[first:last].astype(np.intp)
         bounds[0] = start
         counts = np.diff(np.append(bounds, end))
-        return np.repeat(self.offsets[first:last], counts)
+        return self._absolute(np.repeat(self.offsets[first:last], counts))
 
     def distinct(self) -> npt.NDArray[np.uint32]:
         """The distinct offsets of the live rows. O(log buckets), or O(rows) numpy one per row."""
@@ -201,8 +222,8 @@ class _Run:
             return np.zeros(0, np.uint32)
         if self.starts is None:
             times = self.offsets[self.head :]
-            return times[np.concatenate(([True], times[1:] != times[:-1]))]
-        return self.offsets[self._group(self.head) :]
+            return self._absolute(times[np.concatenate(([True], times[1:] != times[:-1]))])
+        return self._absolute(self.offsets[self._group(self.head) :])
 
     def live(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]:
         return self.times(self.head, self.rows), self.code_slice(self.head, self.rows)

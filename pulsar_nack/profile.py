@@ -769,9 +769,20 @@ def run_child(
     """Run a probe ``command`` and return the JSON object of its last ``{...}`` line, passing each
     ``progress N`` line on to ``progress(N)``; :class:`RuntimeError` naming ``what`` with the tail of its
     stderr if it fails or prints no result; killed if it has not ended ``timeout_s`` after its output."""
-    with subprocess.Popen(
-        list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    ) as child:
+    return finish_child(start_child(command, env), what, timeout_s, progress)
+
+
+def start_child(command: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """Start a probe ``command`` with its output piped, for :func:`finish_child`."""
+    return subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def finish_child(
+    child: subprocess.Popen[str], what: str, timeout_s: float, progress: Callable[[int], None]
+) -> dict[str, Any]:
+    """:func:`run_child`'s reading of a started probe: to its end, the JSON object of its last ``{...}``
+    line."""
+    with child:
         assert child.stdout is not None and child.stderr is not None
         result: dict[str, Any] | None = None
         try:
@@ -892,6 +903,7 @@ def render(result: ProfileResult) -> Iterator[str]:
         "tracemalloc": "Python allocations (tracemalloc; misses CRoaring's C heap)",
         "rss": "RSS delta (default allocator; pages, keeps freed memory)",
         "reported": "nack_stats(with_memory=True) (the tracker's own walk)",
+        "released": "given back to the heap when the tracker drops its nacks (malloc)",
     }
     for key, label in labels.items():
         if key not in result.memory:

@@ -14,14 +14,23 @@ subscription created before the first message is sent (so the broker keeps every
   set to the workload's mean delay (the native client has no per-message delay).
 
 Copies a nack brings back before the run ends are acked when they arrive. Memory is the consumer
-process's growth from just after subscribing (once the receiver queue has filled) to the end of the run,
-when padding messages sent after the workload's keep the queue full again — the client library's own
-state (unacked-message tracking, the native nack tracker) included, for both clients alike — beside the
-tracker's own walk (``nack_stats(with_memory=True)``). At small scales the process-level figures are
-dominated by the client library's own churn (hundreds of KB either way): the native tracker's ~450 B per
-pending nack shows from a few thousand nacks on; pulsar-nack's tracker shows in its own walk. Time per
-nack is the ``negative_acknowledge`` call; time per forward is the final drain of the tracker, as the
-offline profile does when nothing fell due.
+process's growth from its baseline to the end of the run. Every probe subscribes, consumes a warm-up (a
+receiver queue's worth of messages a topic, acked) and reads its baseline before the workload's first
+message is sent, then waits for its turn; the run ends once a marker sent after the workload's messages
+has come from every topic. So the receiver queues are empty at both reads (a queue that held messages
+at either read moved the figure by megabytes at 100 topics: a consumer's queue refills in halves, so it
+ends anywhere from half full to full), and the client library has reached its steady state before the
+baseline (at 100 topics it frees ~3 MB a few seconds after its first messages and grows ~1 MB while its
+queues first fill: measured with nothing nacked, both clients alike). The client library's own state
+(unacked-message and batch-ack tracking, the native nack tracker) is included, for both clients alike,
+beside the tracker's own walk (``nack_stats(with_memory=True)``) and, in the ``malloc`` process, what
+the heap gives back when the tracker then drops its pending nacks (``released``: the index and the
+arrival filter, read at one moment, so without the client library's churn between the baseline and the
+end — which moves the growth by a few hundred KB either way even at one topic). So at small scales the
+growth is dominated by that churn: the native tracker's ~450 B per pending nack shows from a few
+thousand nacks on; pulsar-nack's tracker shows in ``released`` and its own walk. Time per nack is the
+``negative_acknowledge`` call; time per forward is the final drain of the tracker, as the offline
+profile does when nothing fell due.
 
 Bounds: at most :data:`MAX_BROKER_MESSAGES` messages; every probe ends within ``timeout_s`` or fails
 naming how many messages it received. Cost: O(messages) per probe, plus the broker's round trips.
@@ -32,8 +41,11 @@ from __future__ import annotations
 import gc
 import json
 import math
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -45,8 +57,9 @@ from pulsar_nack.profile import (
     ProfileResult,
     Workload,
     _probe_env,
+    finish_child,
     java_side,
-    run_child,
+    start_child,
     type_breakdown,
 )
 
@@ -57,12 +70,16 @@ MAX_BROKER_MESSAGES: Final = 1_000_000
 #: The probes, in the order they run: the wrapper's three measures, then the native client's two.
 BROKER_MODES: Final = ("default", "malloc", "tracemalloc", "native", "native-malloc")
 _RECEIVE_MS: Final = 1_000  # one receive() call's wait: the deadline is checked between calls
-#: The probes' receiver queue, and the padding messages sent after the workload's to every topic (two
-#: queues' worth): the consumer's queue is full both when the baseline is read and at the end of the run,
-#: so its prefetched messages cancel out of the memory figures.
-_QUEUE: Final = 500
-_PADDING: Final = 2 * _QUEUE
-_SETTLE_S: Final = 0.5  # after subscribing: the broker fills the receiver queue meanwhile
+_QUEUE: Final = 500  # the probes' receiver queue
+#: Sent to every topic after the workload's messages: a probe that has received every topic's marker has
+#: nothing left in its receiver queues.
+_END: Final = b"end"
+_WARM: Final = b"warm"  # the warm-up's messages (module docstring)
+_WARMED: Final = b"warmed"  # the warm-up's last message to a topic
+_WARM_SETTLE_S: Final = 6.0  # after the warm-up: the client frees ~3 MB ~5 s after its first messages
+_SUBSCRIBED: Final = "subscribed"  # a probe's line once subscribed: the warm-up may be sent
+_READY: Final = "ready"  # a probe's line once its baseline is read: it then waits for its go file
+_GO_POLL_S: Final = 0.05
 _PROGRESS_EVERY: Final = 1_000
 
 
@@ -88,23 +105,21 @@ def _subscription(mode: str) -> str:
 
 
 def _produce(
-    workload: Workload, service_url: str, topics: Sequence[str], progress: Callable[[int], None]
+    workload: Workload,
+    service_url: str,
+    topics: Sequence[str],
+    progress: Callable[[int], None],
+    warm_up: bool = False,
 ) -> None:
-    """Create every probe's subscription, then send the workload's messages round-robin over ``topics``
-    (batches of ``batch_size`` when > 1). O(messages)."""
+    """Send the workload's messages round-robin over ``topics`` (batches of ``batch_size`` when > 1),
+    then :data:`_END` to each; with ``warm_up``, :data:`_QUEUE` :data:`_WARM` messages to each, then
+    :data:`_WARMED`. Every probe's durable subscription exists already. O(messages)."""
     import pulsar
 
     client = pulsar.Client(
         service_url, operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     )
     try:
-        for mode in BROKER_MODES:  # durable subscriptions first: the broker keeps the messages for them
-            client.subscribe(
-                list(topics),
-                _subscription(mode),
-                consumer_type=pulsar.ConsumerType.Shared,
-                initial_position=pulsar.InitialPosition.Earliest,
-            ).close()
         batched = workload.batch_size > 1
         producers = [
             client.create_producer(
@@ -122,21 +137,22 @@ def _produce(
             if result != pulsar.Result.Ok:
                 errors.append(str(result))
 
-        for i in range(workload.messages):
+        count = _QUEUE * len(topics) if warm_up else workload.messages
+        for i in range(count):
             # whole batches per topic: a batch of one topic is batch_size consecutive messages
             t = (i // workload.batch_size) % len(topics)
-            producers[t].send_async(f"{i}".encode(), sent)
-            if (i + 1) % _PROGRESS_EVERY == 0:
+            producers[t].send_async(_WARM if warm_up else f"{i}".encode(), sent)
+            if not warm_up and (i + 1) % _PROGRESS_EVERY == 0:
                 progress(i + 1)
-        for producer in producers:  # never nacked: what the queue holds at the end (module docstring)
-            for _ in range(_PADDING):
-                producer.send_async(b"padding", sent)
+        for producer in producers:
+            producer.send_async(_WARMED if warm_up else _END, sent)
         for producer in producers:
             producer.flush()
             producer.close()
         if errors:
             raise RuntimeError(f"broker: {len(errors)} sends failed ({errors[0]})")
-        progress(workload.messages)
+        if not warm_up:
+            progress(workload.messages)
     finally:
         client.close()
 
@@ -145,11 +161,12 @@ def _produce(
 
 
 def probe_broker(
-    mode: str, service_url: str, topics: Sequence[str], workload: Workload, timeout_s: float
+    mode: str, service_url: str, topics: Sequence[str], workload: Workload, timeout_s: float, go: str
 ) -> dict[str, Any]:
-    """Consume the workload's messages on ``mode``'s subscription in this (fresh) interpreter and measure
-    (see the module docstring); prints ``progress N`` lines. Raises RuntimeError when the messages do not
-    all arrive within ``timeout_s``."""
+    """Subscribe on ``mode``'s subscription in this (fresh) interpreter, read the baseline, print
+    :data:`_READY`, and once the file ``go`` exists consume the workload's messages and measure (see the
+    module docstring); prints ``progress N`` lines. Raises RuntimeError when ``go`` does not appear or
+    the messages do not all arrive within ``timeout_s``."""
     import tracemalloc
 
     import pulsar
@@ -158,7 +175,7 @@ def probe_broker(
     from pulsar_nack.memory import heap_in_use, rss_bytes
 
     native = mode.startswith("native")
-    measure = "malloc" if mode.endswith("malloc") else "tracemalloc" if mode == "tracemalloc" else "rss"
+    measure = _measure(mode)
     logger = pulsar.ConsoleLogger(pulsar.LoggerLevel.Error)
     options: dict[str, Any] = {
         "consumer_type": pulsar.ConsumerType.Shared,
@@ -174,36 +191,58 @@ def probe_broker(
         options["negative_ack_rounding"] = workload.rounding
     try:
         consumer = client.subscribe(list(topics), _subscription(mode), receiver_queue_size=_QUEUE, **options)
+        print(_SUBSCRIBED, flush=True)
+        warmed, warm_until = 0, time.monotonic() + timeout_s
+        while warmed < len(topics):  # the warm-up (module docstring), acked
+            if time.monotonic() > warm_until:
+                raise RuntimeError(
+                    f"broker: the warm-up came from {warmed} of {len(topics)} topics within {timeout_s:g} s"
+                )
+            try:
+                message = consumer.receive(_RECEIVE_MS)
+            except pulsar.Timeout:
+                continue
+            warmed += message.data() == _WARMED
+            consumer.acknowledge(message)
+            del message
+        time.sleep(_WARM_SETTLE_S)
         rng = random.Random(workload.seed)
         draw, share = workload.delay.sampler(rng), workload.nack_share
         # which messages arrived once already (the payload is the message's number): allocated before
         # the baseline, and independent of the broker's redelivery counts
         seen = bytearray(workload.messages)
-        time.sleep(_SETTLE_S)
         gc.collect()
         if measure == "tracemalloc":
             tracemalloc.start()
             baseline = tracemalloc.get_traced_memory()[0]
         else:
             baseline = heap_in_use() if measure == "malloc" else rss_bytes()
-        originals = nacked = copies = 0
+        print(_READY, flush=True)
+        waiting_until = time.monotonic() + timeout_s * (len(BROKER_MODES) + 1)
+        while not os.path.exists(go):
+            if time.monotonic() > waiting_until:
+                raise RuntimeError(f"broker: no turn to consume came (go file {go})")
+            time.sleep(_GO_POLL_S)
+        originals = nacked = copies = ended = 0
         nack_s = 0.0
         perf = time.perf_counter
         started = time.monotonic()
         deadline = started + timeout_s
         per_message_s = 1.0 / workload.rate
-        while originals < workload.messages:
+        while originals < workload.messages or ended < len(topics):
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"broker: received {originals:,} of {workload.messages:,} messages within "
-                    f"{timeout_s:g} s (timeout_s)"
+                    f"broker: received {originals:,} of {workload.messages:,} messages and {ended} of "
+                    f"{len(topics)} topics' ends within {timeout_s:g} s (timeout_s)"
                 )
             try:
                 message = consumer.receive(_RECEIVE_MS)
             except pulsar.Timeout:
                 continue
             data = message.data()
-            if data == b"padding":  # past the workload (the run ends before most of them)
+            if data == _END:  # the topic's last message: its queue is empty once it is taken
+                ended += 1
+                consumer.acknowledge(message)
                 continue
             number = int(data)
             if seen[number]:  # a copy a nack brought back: the application acks it
@@ -235,6 +274,12 @@ def probe_broker(
             tracemalloc.stop()
         else:
             grown = (heap_in_use() if measure == "malloc" else rss_bytes()) - baseline
+        released = None
+        if measure == "malloc" and not native:  # what dropping the pending nacks gives back (docstring)
+            held = heap_in_use()
+            consumer._nacks.tracker.clear()
+            gc.collect()
+            released = held - heap_in_use()
         out: dict[str, Any] = {
             "mode": mode,
             "bytes": grown,
@@ -243,6 +288,7 @@ def probe_broker(
             "pending": nacked - copies,
             "elapsed_s": time.monotonic() - started,
             "nack_us": nack_s / nacked * 1e6 if nacked else 0.0,
+            "released": released,
         }
         if native:
             out["native_delay_ms"] = delay_ms
@@ -279,14 +325,10 @@ def _tracker_figures(consumer: Any) -> dict[str, Any]:
 # -- the parent ---------------------------------------------------------------------------------------
 
 
-def _run(
-    mode: str,
-    service_url: str,
-    topics: Sequence[str],
-    workload: Workload,
-    timeout_s: float,
-    progress: Callable[[int], None],
-) -> dict[str, Any]:
+def _start(
+    mode: str, service_url: str, topics: Sequence[str], workload: Workload, timeout_s: float, go: str
+) -> subprocess.Popen[str]:
+    """Start ``mode``'s probe; it has subscribed and read its baseline once :func:`_await_ready` returns."""
     command = [
         sys.executable,
         "-m",
@@ -296,9 +338,25 @@ def _run(
         json.dumps(list(topics)),
         json.dumps(workload.to_json()),
         repr(float(timeout_s)),
+        go,
     ]
-    env = _probe_env("malloc" if mode.endswith("malloc") else "default")
-    return run_child(command, env, f"broker profile probe {mode!r}", timeout_s + 60, progress)
+    return start_child(command, _probe_env("malloc" if _measure(mode) == "malloc" else "default"))
+
+
+def _measure(mode: str) -> str:
+    """What a probe reads: ``malloc`` (heap in use, PYTHONMALLOC=malloc), ``tracemalloc``, or ``rss``."""
+    return "tracemalloc" if mode == "tracemalloc" else "malloc" if mode.endswith("malloc") else "rss"
+
+
+def _await(child: subprocess.Popen[str], mode: str, line: str) -> None:
+    """Read the probe's output to ``line``; RuntimeError with its stderr if it ends first. Bounded by the
+    probe's own deadlines (the client's operation timeout, the warm-up's ``timeout_s``)."""
+    assert child.stdout is not None and child.stderr is not None
+    for out in child.stdout:
+        if out.strip() == line:
+            return
+    child.wait()
+    raise RuntimeError(f"broker profile probe {mode!r} ended before {line}:\n{child.stderr.read()[-3000:]}")
 
 
 def profile_broker(
@@ -323,12 +381,30 @@ def profile_broker(
     def stage(name: str) -> Callable[[int], None]:
         return lambda done: progress(name, done, workload.messages) if progress is not None else None
 
-    _produce(workload, service_url, topics, stage("produce"))
-    results = {
-        mode: _run(mode, service_url, topics, workload, timeout_s, stage(mode)) for mode in BROKER_MODES
-    }
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="pulsar-nack-profile-") as turns:
+        go = {mode: os.path.join(turns, mode) for mode in BROKER_MODES}
+        children: dict[str, subprocess.Popen[str]] = {}
+        try:  # every probe warms up and reads its baseline before the workload is sent
+            for mode in BROKER_MODES:
+                children[mode] = _start(mode, service_url, topics, workload, timeout_s, go[mode])
+                _await(children[mode], mode, _SUBSCRIBED)
+            _produce(workload, service_url, topics, stage("produce"), warm_up=True)
+            for mode, child in children.items():
+                _await(child, mode, _READY)
+            _produce(workload, service_url, topics, stage("produce"))
+            for mode in BROKER_MODES:  # one at a time: the others wait, subscribed
+                open(go[mode], "w").close()
+                results[mode] = finish_child(
+                    children.pop(mode), f"broker profile probe {mode!r}", timeout_s + 60, stage(mode)
+                )
+        finally:
+            for child in children.values():
+                child.kill()
+                child.wait()
     main = results["default"]
     memory = {"malloc": results["malloc"]["bytes"], "tracemalloc": results["tracemalloc"]["bytes"]}
+    memory["released"] = results["malloc"]["released"]
     memory |= {"rss": main["bytes"], "reported": main["reported"]}
     java_result, java_note = None, "Java: not asked for"
     if java:
@@ -379,12 +455,12 @@ def profile_broker(
 
 def _main(argv: Sequence[str]) -> int:
     """Probe entry point: ``python -m pulsar_nack.profile_broker MODE URL TOPICS_JSON WORKLOAD_JSON
-    TIMEOUT_S``."""
-    mode, url, topics, payload, timeout = argv
+    TIMEOUT_S GO_FILE``."""
+    mode, url, topics, payload, timeout, go = argv
     if mode not in BROKER_MODES:
         raise SystemExit(f"unknown probe mode {mode!r}")
     result = probe_broker(
-        mode, url, json.loads(topics), Workload.from_json(json.loads(payload)), float(timeout)
+        mode, url, json.loads(topics), Workload.from_json(json.loads(payload)), float(timeout), go
     )
     print(json.dumps(result), flush=True)
     return 0

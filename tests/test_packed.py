@@ -58,3 +58,35 @@ def test_runs_of_entry_ids_too_large_to_split_answer_as_split_ones(offset: int) 
         layouts.append({run.high is None for run in store._runs})
     assert layouts == [{False}, {True}]
     assert _timeline(narrow, 0) == _timeline(wide, offset)
+
+
+@pytest.mark.parametrize("spread_ms", [60_000, 200_000])
+def test_runs_spanning_fewer_buckets_than_a_uint16_pop_alike(spread_ms: int) -> None:
+    """A run keeps its bucket offsets relative to its first, as uint16 while it spans fewer than 65,536
+    buckets (2 bytes a row less) and as uint32 beyond: either way every id comes out once, at the first
+    pop at or after its due time."""
+    rng = random.Random(5)
+    index = TimeBucketIndex(precision_bits=0)
+    due_of = {}
+    for entry in range(3_000):
+        due, ledger = 50_000 + rng.randrange(spread_ms), rng.randrange(40)
+        index.add(due, ledger, entry, -1, "t")
+        due_of[ledger, entry] = due
+    assert index.compact() > 0
+    store = index._packed
+    assert isinstance(store, PackedStore) and len(store) > 2_000  # (most rows are the packed tier's)
+    widths = {run.offsets.dtype.itemsize for run in store._runs}
+    if spread_ms < 65_536:
+        assert widths == {2}
+    else:
+        assert 4 in widths
+    popped: dict[tuple[int, int], int] = {}
+    previous = 0
+    for now in [*range(40_000, 50_000 + spread_ms, 6_007), 50_000 + spread_ms]:
+        for due in index.pop_due(now):
+            for entry in due.entry_ids.tolist():
+                key = (due.ledger_id, entry)
+                assert key not in popped and previous < due_of[key] <= now
+                popped[key] = now
+        previous = now
+    assert popped.keys() == due_of.keys() and len(index) == 0
