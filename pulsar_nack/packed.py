@@ -71,7 +71,7 @@ _U_LOW = np.uint64((1 << _ORDINAL_SHIFT) - 1)
 _U32_SLOT_BITS = np.uint32(_SLOT_BITS)
 #: Ordinals a run's split codes can name (uint16).
 _NARROW_ORDINALS = 1 << 16
-#: A run keeps its bucket offsets (relative to its first) and row positions as uint16 below this.
+#: A run keeps its row positions as uint16 below this; its offsets' high bits once a page of this span.
 _NARROW_SPAN = 1 << 16
 _Positions = npt.NDArray[Any]  # uint16 or uint32
 _U_ENTRY_SHIFT = np.uint64(_ENTRY_BITS)
@@ -86,23 +86,88 @@ LedgerKey = int | tuple[str, int]
 PackedSlot = tuple[LedgerKey, list[int], dict[int, int]]
 
 
+class _SortedOffsets:
+    """A sorted sequence of bucket offsets (uint32 values) in 2 bytes each: relative to the first
+    (``base``), the low 16 bits as uint16 (``low``) and, for a sequence spanning 65,536 buckets or more,
+    the high bits once per *page* — the position where they change (``page_starts``) and their value
+    (``page_highs``): a page a 65,536 buckets (at k = 0: 65 s of due times), so at most span / 65,536
+    of them. Reads return uint32 arrays. O(log pages) a value more than a plain array."""
+
+    __slots__ = ("base", "low", "page_highs", "page_starts")
+
+    def __init__(self, values: npt.NDArray[np.uint32]) -> None:
+        """``values``: sorted. O(len) numpy."""
+        self.base = int(values[0]) if len(values) else 0
+        relative = values.astype(np.uint32) - np.uint32(self.base)
+        self.low: npt.NDArray[np.uint16] = (relative & np.uint32(0xFFFF)).astype(np.uint16)
+        self.page_starts: npt.NDArray[np.intp] | None = None
+        self.page_highs: npt.NDArray[np.uint32] | None = None
+        if len(values) and int(relative[-1]) >= _NARROW_SPAN:
+            highs = relative >> np.uint32(16)
+            self.page_starts = np.concatenate(([0], np.flatnonzero(highs[1:] != highs[:-1]) + 1))
+            self.page_highs = (highs[self.page_starts] << np.uint32(16)).astype(np.uint32)
+
+    def __len__(self) -> int:
+        return len(self.low)
+
+    def at(self, indexes: npt.NDArray[np.intp]) -> npt.NDArray[np.uint32]:
+        """The values at ``indexes``. O(len(indexes) log pages) numpy."""
+        values = self.low[indexes].astype(np.uint32) + np.uint32(self.base)
+        if self.page_starts is not None and self.page_highs is not None:
+            values += self.page_highs[np.searchsorted(self.page_starts, indexes, "right") - 1]
+        return values
+
+    def one(self, index: int) -> int:
+        """The value at ``index``. O(log pages)."""
+        value = self.base + int(self.low[index])
+        if self.page_starts is not None and self.page_highs is not None:
+            value += int(self.page_highs[int(np.searchsorted(self.page_starts, index, "right")) - 1])
+        return value
+
+    def slice(self, start: int, end: int) -> npt.NDArray[np.uint32]:
+        """The values ``start:end``. O(end - start) numpy."""
+        if self.page_starts is None:
+            return self.low[start:end].astype(np.uint32) + np.uint32(self.base)
+        return self.at(np.arange(start, max(start, end), dtype=np.intp))
+
+    def count_at_most(self, limit: int) -> int:
+        """How many values are <= ``limit`` (a bisect). O(log len)."""
+        relative = limit - self.base
+        if relative < 0:
+            return 0
+        if self.page_starts is None or self.page_highs is None:
+            return int(np.searchsorted(self.low, min(relative, 0xFFFF), "right"))
+        page = int(np.searchsorted(self.page_highs, relative & ~0xFFFF, "right")) - 1
+        start = int(self.page_starts[page])
+        end = int(self.page_starts[page + 1]) if page + 1 < len(self.page_starts) else len(self.low)
+        if int(self.page_highs[page]) < relative & ~0xFFFF:  # past this page's values: all of it
+            return end
+        return start + int(np.searchsorted(self.low[start:end], relative & 0xFFFF, "right"))
+
+    def memory_bytes(self) -> int:
+        """The object and its arrays. O(1)."""
+        pages = (
+            0 if self.page_starts is None else python_bytes(self.page_starts) + python_bytes(self.page_highs)
+        )
+        return python_bytes(self) + python_bytes(self.low) + pages
+
+
 class _Run:
     """Rows sorted by bucket offset; positions below ``head`` are popped.
 
     The offsets are kept run-length encoded when a run holds two rows a bucket or more — the distinct
     offsets (``offsets``) and the position of each one's first row (``starts``), 8 bytes a bucket or less,
     where an offset per row cost 4 bytes a row, a third of a row — else one per row (``offsets``,
-    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). Offsets are kept relative
-    to the run's first (``base``), as uint16 when the run spans fewer than 65,536 buckets (at k = 0: 65 s
-    of due times, what a sparse run of short delays spans) and ``starts`` as uint16 when the run has fewer
-    than 65,536 rows: 2 bytes a row or bucket less, a sixth of a sparse row. The codes, one per row, are
+    ``starts`` None: at k = 0 and long delays a bucket holds one row or none). The offsets take 2 bytes
+    each (:class:`_SortedOffsets`) and ``starts`` is uint16 when the run has fewer than 65,536 rows: 2
+    bytes a row or bucket less than uint32, a sixth of a sparse row. The codes, one per row, are
     kept split when they fit — the ordinal as uint16 (``high``) and ``entry_id << 10 | slot`` as uint32
     (``low``): 6 bytes a row, where a uint64 code cost 8, a quarter of what a row costs at 1,000 sparse
     ledgers — else whole as uint64 in ``low`` (``high`` None: over 65,536 ledgers or an entry id of 2^22
     or more). :attr:`codes` puts them together.
     """
 
-    __slots__ = ("base", "first", "head", "high", "low", "offsets", "starts")
+    __slots__ = ("first", "head", "high", "low", "offsets", "starts")
 
     def __init__(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         """``times``: each row's offset, sorted. O(rows) numpy."""
@@ -110,18 +175,14 @@ class _Run:
 
     def _set(self, times: npt.NDArray[np.uint32], codes: npt.NDArray[np.uint64]) -> None:
         change = np.flatnonzero(times[1:] != times[:-1]) + 1
-        self.base = int(times[0]) if len(times) else 0
-        narrow = len(times) == 0 or int(times[-1]) - self.base < _NARROW_SPAN
-        relative: _Positions = (times - np.uint32(self.base)).astype(np.uint16 if narrow else np.uint32)
         self.starts: _Positions | None = None
-        self.offsets: _Positions
         if 2 * (len(change) + 1) <= len(times):
             self.starts = np.concatenate(([0], change)).astype(
                 np.uint16 if len(times) < _NARROW_SPAN else np.uint32
             )
-            self.offsets = relative[self.starts]
+            self.offsets = _SortedOffsets(times[self.starts])
         else:
-            self.offsets = relative  # (a copy: never a view of a larger array)
+            self.offsets = _SortedOffsets(times)
         self.high: npt.NDArray[np.uint16] | None = None
         self.low: npt.NDArray[np.uint64] | npt.NDArray[np.uint32] = codes
         if len(codes) and int(codes.max()) >> _ORDINAL_SHIFT < _NARROW_ORDINALS:
@@ -131,7 +192,7 @@ class _Run:
                 self.low = low.astype(np.uint32)
         self.head = 0
         #: the offset of the first live row (the timer asks for it at every tick: no search then)
-        self.first = self.base + int(self.offsets[0]) if len(codes) else 0
+        self.first = self.offsets.one(0) if len(codes) else 0
 
     def __len__(self) -> int:
         return len(self.low) - self.head
@@ -177,28 +238,20 @@ class _Run:
             return position
         return int(np.searchsorted(self.starts, position, "right")) - 1
 
-    def _absolute(self, relative: _Positions) -> npt.NDArray[np.uint32]:
-        """Offsets relative to :attr:`base` made the store's (a new uint32 array). O(len) numpy."""
-        return relative.astype(np.uint32) + np.uint32(self.base)
-
     def times_at(self, positions: npt.NDArray[np.intp]) -> npt.NDArray[np.uint32]:
         """The offsets of rows at these (absolute) positions. O(k log buckets)."""
         if self.starts is None:
-            return self._absolute(self.offsets[positions])
-        return self._absolute(self.offsets[np.searchsorted(self.starts, positions, "right") - 1])
+            return self.offsets.at(positions)
+        return self.offsets.at(np.searchsorted(self.starts, positions, "right") - 1)
 
     def advance(self, head: int) -> None:
         """Pop the rows before ``head`` (< the run's length). O(log buckets)."""
         self.head = head
-        self.first = self.base + int(self.offsets[self._group(head)])
+        self.first = self.offsets.one(self._group(head))
 
     def end_of(self, limit: int) -> int:
         """The position after the last row whose offset is <= ``limit``. O(log buckets)."""
-        relative = limit - self.base
-        if relative < 0:
-            return 0
-        top = int(np.iinfo(self.offsets.dtype).max)
-        group = int(np.searchsorted(self.offsets, min(relative, top), "right"))
+        group = self.offsets.count_at_most(limit)
         if self.starts is None:
             return group
         return int(self.starts[group]) if group < len(self.starts) else self.rows
@@ -206,7 +259,7 @@ class _Run:
     def times(self, start: int, end: int) -> npt.NDArray[np.uint32]:
         """The offsets of rows ``start:end``, one per row. O(end - start + log buckets) numpy."""
         if self.starts is None:
-            return self._absolute(self.offsets[start:end])
+            return self.offsets.slice(start, end)
         if start >= end:
             return np.zeros(0, np.uint32)
         first = self._group(start)
@@ -214,16 +267,16 @@ class _Run:
         bounds = self.starts[first:last].astype(np.intp)
         bounds[0] = start
         counts = np.diff(np.append(bounds, end))
-        return self._absolute(np.repeat(self.offsets[first:last], counts))
+        return np.repeat(self.offsets.slice(first, last), counts)
 
     def distinct(self) -> npt.NDArray[np.uint32]:
         """The distinct offsets of the live rows. O(log buckets), or O(rows) numpy one per row."""
         if not len(self):
             return np.zeros(0, np.uint32)
         if self.starts is None:
-            times = self.offsets[self.head :]
-            return self._absolute(times[np.concatenate(([True], times[1:] != times[:-1]))])
-        return self._absolute(self.offsets[self._group(self.head) :])
+            times = self.offsets.slice(self.head, len(self.offsets))
+            return times[np.concatenate(([True], times[1:] != times[:-1]))]
+        return self.offsets.slice(self._group(self.head), len(self.offsets))
 
     def live(self) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint64]]:
         return self.times(self.head, self.rows), self.code_slice(self.head, self.rows)
@@ -235,7 +288,7 @@ class _Run:
 
     def memory_bytes(self) -> int:
         """The run's object and arrays. O(1)."""
-        total = python_bytes(self) + python_bytes(self.low) + python_bytes(self.offsets)
+        total = python_bytes(self) + python_bytes(self.low) + self.offsets.memory_bytes()
         total += python_bytes(self.high) if self.high is not None else 0
         return total + (python_bytes(self.starts) if self.starts is not None else 0)
 

@@ -60,11 +60,11 @@ def test_runs_of_entry_ids_too_large_to_split_answer_as_split_ones(offset: int) 
     assert _timeline(narrow, 0) == _timeline(wide, offset)
 
 
-@pytest.mark.parametrize("spread_ms", [60_000, 200_000])
-def test_runs_spanning_fewer_buckets_than_a_uint16_pop_alike(spread_ms: int) -> None:
-    """A run keeps its bucket offsets relative to its first, as uint16 while it spans fewer than 65,536
-    buckets (2 bytes a row less) and as uint32 beyond: either way every id comes out once, at the first
-    pop at or after its due time."""
+@pytest.mark.parametrize("spread_ms", [60_000, 200_000, 3_600_000])
+def test_runs_keep_offsets_in_two_bytes_whatever_they_span(spread_ms: int) -> None:
+    """A run keeps its bucket offsets in 2 bytes each: relative to its first, the high bits once a page
+    of 65,536 buckets when it spans more — either way every id comes out once, at the first pop at or
+    after its due time (k = 0: a bucket a ms)."""
     rng = random.Random(5)
     index = TimeBucketIndex(precision_bits=0)
     due_of = {}
@@ -75,18 +75,39 @@ def test_runs_spanning_fewer_buckets_than_a_uint16_pop_alike(spread_ms: int) -> 
     assert index.compact() > 0
     store = index._packed
     assert isinstance(store, PackedStore) and len(store) > 2_000  # (most rows are the packed tier's)
-    widths = {run.offsets.dtype.itemsize for run in store._runs}
+    pages = [0 if run.offsets.page_starts is None else len(run.offsets.page_starts) for run in store._runs]
     if spread_ms < 65_536:
-        assert widths == {2}
+        assert max(pages) == 0
     else:
-        assert 4 in widths
+        assert max(pages) > 1
+    assert {run.offsets.low.dtype.itemsize for run in store._runs} == {2}
     popped: dict[tuple[int, int], int] = {}
     previous = 0
-    for now in [*range(40_000, 50_000 + spread_ms, 6_007), 50_000 + spread_ms]:
-        for due in index.pop_due(now):
-            for entry in due.entry_ids.tolist():
-                key = (due.ledger_id, entry)
+    steps = list(range(40_000, 50_000 + spread_ms, max(6_007, spread_ms // 40)))
+    for now in [*steps, 50_000 + spread_ms]:
+        for ids in index.pop_due(now):
+            for entry in ids.entry_ids.tolist():
+                key = (ids.ledger_id, entry)
                 assert key not in popped and previous < due_of[key] <= now
                 popped[key] = now
         previous = now
     assert popped.keys() == due_of.keys() and len(index) == 0
+
+
+def test_a_pop_between_two_distant_clusters_takes_the_first_whole() -> None:
+    """Two clusters of due times 400 s apart (k = 0: pages of 65,536 buckets with none between): a pop
+    whose limit falls in the empty pages takes the first cluster whole and nothing of the second."""
+    rng = random.Random(7)
+    index = TimeBucketIndex(precision_bits=0)
+    due_of = {}
+    for entry in range(2_000):
+        due = 50_000 + rng.randrange(10_000) + (400_000 if entry % 2 else 0)
+        index.add(due, entry % 30, entry, -1, "t")
+        due_of[entry % 30, entry] = due
+    assert index.compact() > 0
+    # a limit 2 pages + 100 buckets past the first cluster's start: its low bits (100) lie inside the
+    # first cluster's span, so a bisect of the wrong page's low bits would stop inside it
+    popped = {
+        (d.ledger_id, e) for d in index.pop_due(50_000 + 2 * 65_536 + 100) for e in d.entry_ids.tolist()
+    }
+    assert popped == {key for key, due in due_of.items() if due < 100_000}
