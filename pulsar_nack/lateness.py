@@ -246,6 +246,7 @@ _BIN_SHIFT = 16 - (OFFSET_BINS.bit_length() - 1)
 _META = 4
 _GOLDEN = 0.6180339887498949  # spreads the draws of one bin over it (a low-discrepancy sequence)
 _NO_BUCKET = -(1 << 63)
+_NOTHING_REFUSED = (1 << 63) - 1  # (see _BucketOffsets._refused)
 #: A segment holds at most 2**this nacks (its count is 16 bits): past 8 × 2**15 nacks in one bucket (a
 #: busy consumer at k = 15: 8 nacks a ms) its last segment takes the rest.
 _MAX_SEGMENT_LOG = 15
@@ -356,10 +357,11 @@ class _BucketOffsets:
         self._at = self._segment = self._base = self._filled = self._limit = 0
         self.sign = 1
         self.drawn_upto = _NO_BUCKET  # the latest bucket drawn from: much earlier ones are past
-        # The bucket refused a row last (every row taken by earlier buckets): its nacks are not kept until
-        # a row is freed, given away or the draws move on. Asking again cost each of its nacks a scan of
-        # the rows and a raised ValueError (~5 µs; nacks due after 40 pending buckets: bench/nack_path.py).
-        self._refused = _NO_BUCKET
+        # The earliest bucket refused a row (every row taken by earlier buckets) since the rows last
+        # changed: it and every later bucket are refused until a row is freed, given away or the draws
+        # move on. Asking again cost each of their nacks a scan of the rows and a raised ValueError
+        # (~5 µs; nacks due after 40 pending buckets, each in a bucket of its own: bench/nack_path.py).
+        self._refused = _NOTHING_REFUSED
         # The nacks filed since the last one counted, all in this bucket at this offset (a burst: the
         # messages of a batch nacked in one ms share both): counted together by _flush, before anything
         # reads the counts. Counting each nack as it came cost ~0.4 µs of the nack path.
@@ -403,7 +405,7 @@ class _BucketOffsets:
             place = offset_ms << 16 >> self.span_log
         while nacks > 0:
             if (bucket != self._bucket or self._filled >= self._limit) and (
-                bucket == self._refused or not self._open(bucket, place, entry)
+                bucket >= self._refused or not self._open(bucket, place, entry)
             ):
                 return  # (not kept)
             filled = self._filled
@@ -495,7 +497,7 @@ class _BucketOffsets:
             except ValueError:
                 found = self._new_row(bucket)
                 if found is None:
-                    self._refused = bucket
+                    self._refused = bucket  # (after every kept one: a later one is refused too)
                     return False
                 row = found
             hints[hint] = row
@@ -537,7 +539,7 @@ class _BucketOffsets:
             else:
                 return None
         keys[row] = bucket
-        self._refused = _NO_BUCKET  # (the rows changed: another bucket may be kept now)
+        self._refused = _NOTHING_REFUSED  # (the rows changed: another bucket may be kept now)
         self._clear(row)
         return row
 
@@ -633,7 +635,7 @@ class _BucketOffsets:
         within its cell's lowest and highest). None if no bucket at or before it has nacks left.
         O(rows + cells)."""
         self._flush()
-        self._refused = _NO_BUCKET  # (a row may be freed, and the draws move on: ask again)
+        self._refused = _NOTHING_REFUSED  # (a row may be freed, and the draws move on: ask again)
         if bucket == _NO_BUCKET:
             return None
         row = self._row_at_or_before(bucket)
@@ -713,7 +715,7 @@ class _BucketOffsets:
         one fixed delay a segment straddles two bins: taken from the segment before, that one ran out
         early and every later draw of the bucket came one nack ahead). O(rows + segments)."""
         self._flush()
-        self._refused = _NO_BUCKET  # (a row may be freed: ask again)
+        self._refused = _NOTHING_REFUSED  # (a row may be freed: ask again)
         span = OFFSET_BINS << self.shift
         keys = self.keys
         for row, key in enumerate(keys):

@@ -481,6 +481,14 @@ def test_a_bucket_refused_a_row_is_kept_once_a_row_is_freed() -> None:
     for _ in range(100):
         offsets.add(later, 7)
     assert asked.count(later) == 1, asked[-5:]
+    # nor are the nacks of still later buckets, each in a bucket of its own (sparse delays)
+    for step in range(1, 100):
+        offsets.add(later + step * 256, 7)
+    assert asked[-1] == later and len(asked) == rows + 1
+    # an earlier bucket is asked for: the latest row gives way to it
+    earlier = (rows - 1) * 256 - 128  # before the latest row's bucket
+    offsets.add(earlier, 5)
+    assert asked[-1] == earlier and earlier in offsets.keys and (rows - 1) * 256 not in offsets.keys
     assert offsets.draw(0) == 3.0  # bucket 0's only nack: its row is free now
     offsets.add(later, 7)
     assert later in offsets.keys
