@@ -237,6 +237,8 @@ def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str,
 
 def _broker_row(result: dict[str, Any]) -> list[str]:
     point = Point.of(result)
+    if "error" in result:
+        return [*point.cells(), "failed", "–", "–", "–", "–", result["error"].splitlines()[-1][:120]]
     grown, native = result["wrapper_per_nack"], result["native_per_nack"]
     released = result.get("released_per_nack")
     reported = result["reported_bytes"] / result["pending"] if result["pending"] else 0.0
@@ -307,11 +309,18 @@ def main(argv: list[str]) -> int:
         help="a run of points besides the sample: results in bench/results/nack_memory_NAME.json and the "
         "docs section nack-memory-NAME (the sample's file and section untouched; no broker sample)",
     )
+    parser.add_argument(
+        "--broker-only",
+        action="store_true",
+        help="run only the broker sample; the grid's results are kept from the last run",
+    )
     args = parser.parse_args(argv)
     name = "nack_memory" if args.extra is None else f"nack_memory_{args.extra}"
     section = name.replace("_", "-")
     if args.extra is not None:
         args.no_broker = True
+    if args.broker_only and args.no_broker:
+        parser.error("--broker-only: not with --no-broker or --extra")
     if args.render:
         data = json.loads((report.RESULTS / f"{name}.json").read_text())
         report.write_section(section, render(data, args.extra))
@@ -321,8 +330,8 @@ def main(argv: list[str]) -> int:
     if args.sample is not None and args.sample < 0:
         parser.error(f"--sample: at least 0, got {args.sample}")
     facts = report.machine()
-    points = choose(grid(), None if args.all else args.sample, args.points)
-    if not points:
+    points = [] if args.broker_only else choose(grid(), None if args.all else args.sample, args.points)
+    if not points and not args.broker_only:
         parser.error(f"--points: no point's name contains {args.points!r}")
     native, native_source = native_bytes_per_nack()
     results, rows = [], []
@@ -335,6 +344,10 @@ def main(argv: list[str]) -> int:
             f"(reported {result['reported_error']:+.0%}, {result['seconds']:.0f} s)",
             flush=True,
         )
+    previous = report.RESULTS / f"{name}.json"
+    if args.broker_only:  # the grid as the last run measured it
+        old = json.loads(previous.read_text())
+        facts, results, args.pending = old["machine"], old["results"], old["pending_target"]
     totals = summary(results)
     on_broker: list[dict[str, Any]] = []
     if not args.no_broker:
@@ -342,14 +355,20 @@ def main(argv: list[str]) -> int:
 
         with PulsarLite() as broker:
             for point in (Point(*shape) for shape in BROKER_POINTS):
-                on_broker.append(measure_on_broker(point, args.broker_pending, broker.service_url))
+                try:
+                    on_broker.append(measure_on_broker(point, args.broker_pending, broker.service_url))
+                except RuntimeError as error:  # recorded, and the rest of the sample runs
+                    on_broker.append({**point.fields(), "error": str(error)[-400:]})
+                    print(f"[broker] {point.name}: FAILED {str(error)[-200:]}", flush=True)
+                    continue
                 print(
-                    f"[broker] {point.name}: pulsar-nack {on_broker[-1]['wrapper_per_nack']:.1f} B/nack, "
-                    f"native {on_broker[-1]['native_per_nack']} B/nack",
+                    f"[broker] {point.name}: pulsar-nack growth {on_broker[-1]['wrapper_per_nack']:.1f}, "
+                    f"released {on_broker[-1]['released_per_nack']:.1f} B/nack, "
+                    f"native {on_broker[-1]['native_per_nack']:.1f} B/nack",
                     flush=True,
                 )
-    broker_machine, broker_pending = facts, args.broker_pending
-    previous = report.RESULTS / f"{name}.json"
+    broker_machine = report.machine() if args.broker_only else facts
+    broker_pending = args.broker_pending
     if args.no_broker and previous.exists():  # keep the last broker sample, with its own stamp
         old = json.loads(previous.read_text())
         on_broker = old.get("broker", [])
