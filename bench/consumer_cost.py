@@ -43,7 +43,10 @@ nacked; with 10 % nacked, drain time ≤ 1.0× and CPU per message ≤ 1.3×.
 
 Writes ``bench/results/consumer_cost.json`` and the ``consumer-cost`` section of docs/performance.md;
 with ``--fast-receive`` (the wrapper subscribed with ``fast_receive=True``), ``consumer_cost_fast.json``
-and the ``consumer-cost-fast`` section.
+and the ``consumer-cost-fast`` section; with ``--floor`` (no pulsar-nack: in the wrapper's place the
+official consumer behind :class:`_Interposer`, the thinnest Python drop-in — a method of its own around
+``receive``, ``batch_receive``, ``acknowledge`` and the listener, each only calling through — what any
+wrapper written in Python adds at the least), ``consumer_cost_floor.json`` and ``consumer-cost-floor``.
 """
 
 from __future__ import annotations
@@ -232,16 +235,20 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     threading.Thread(target=watchdog, daemon=True).start()
     import pulsar_nack
 
+    floor = wrapper and spec.get("floor", False)
+
     if not pulsar_nack.__file__.startswith(spec["wrapper_path"]):
         raise RuntimeError(f"imported {pulsar_nack.__file__}, not the snapshot in {spec['wrapper_path']}")
-    client = report.client(kind, spec["service_url"])
+    client = report.client("native" if floor else kind, spec["service_url"])
     consumer: Any = None
     args = _subscribe_args(mode)
     if wrapper and spec.get("fast_receive"):
         args["fast_receive"] = True
     if mode == "listener":
-        args["message_listener"] = handle
+        args["message_listener"] = _interposed(handle) if floor else handle
     consumer = client.subscribe(spec["topic"], SUBSCRIPTION, **args)
+    if floor:
+        consumer.__class__ = _interposer()
     if mode == "receive":
         while left:
             handle(consumer, consumer.receive())
@@ -255,6 +262,33 @@ def consume(spec: dict[str, Any]) -> dict[str, Any]:
     consumer.close()
     client.close()
     return figures()
+
+
+def _interposer() -> type:
+    """``--floor``'s consumer class: the official one with a method of its own around each per-message
+    call, each only calling through — the least a drop-in written in Python adds to every message."""
+    import pulsar
+
+    class _Interposer(pulsar.Consumer):  # type: ignore[misc]
+        def receive(self, timeout_millis: int | None = None) -> Any:
+            return super().receive(timeout_millis)
+
+        def batch_receive(self) -> Any:
+            return super().batch_receive()
+
+        def acknowledge(self, message: Any) -> None:
+            super().acknowledge(message)
+
+    return _Interposer
+
+
+def _interposed(listener: Any) -> Any:
+    """``--floor``'s listener: a function of its own around the application's (what a wrapper's is)."""
+
+    def interposed(consumer: Any, message: Any) -> None:
+        listener(consumer, message)
+
+    return interposed
 
 
 # -- the parent: topics, producers, consumer processes ---------------------------------------------
@@ -412,6 +446,7 @@ def run_broker(label: str, broker: Any, args: argparse.Namespace) -> dict[str, A
         "timeout_s": args.timeout,
         "wrapper_path": args.wrapper_path,
         "fast_receive": args.fast_receive,
+        "floor": args.floor,
         "diagnose": args.diagnose,
     }
     try:
@@ -573,10 +608,25 @@ def render(results: dict[str, Any]) -> str:
     params = results["parameters"]
     runs = f"{params['reps']} run{'s' if params['reps'] != 1 else ''}"
     fast = params.get("fast_receive", False)
+    floor = params.get("floor", False)
     parts = [
         "## Per-message cost: pulsar-nack vs the native consumer"
-        + (" (the wrapper with `fast_receive=True`)" if fast else ""),
+        + (" (the wrapper with `fast_receive=True`)" if fast else "")
+        + (": the floor of any Python wrapper" if floor else ""),
         "",
+        *(
+            [
+                "No pulsar-nack in this run: in the wrapper's place (the *wrapper* columns) the official "
+                "consumer behind the thinnest Python drop-in, a method of its own around `receive`, "
+                "`batch_receive`, `acknowledge` and the listener, each only calling through "
+                "(`bench/consumer_cost.py`'s `_Interposer`). What it costs is what any wrapper written "
+                "in Python adds to every message at the least, before it does any work "
+                "(docs/receive_cost.md).",
+                "",
+            ]
+            if floor
+            else []
+        ),
         *(
             [
                 "Fast mode (docs/receive_cost.md): while nothing is nacked the wrapper hands messages out "
@@ -647,9 +697,9 @@ def render(results: dict[str, Any]) -> str:
         )
         if failed:
             parts.append(f"- Failed runs ({len(failed)}): " + "; ".join(f"`{f[:160]}`" for f in failed[:8]))
-        floor = _id_call_floor(rows, results["parameters"].get("fast_receive", False))
-        if floor:
-            parts.append(floor)
+        ids_floor = _id_call_floor(rows, results["parameters"].get("fast_receive", False))
+        if ids_floor and not floor:
+            parts.append(ids_floor)
     return "\n".join(parts)
 
 
@@ -771,6 +821,13 @@ def main(argv: list[str]) -> int:
         help="subscribe the wrapper with fast_receive=True (fast mode); results go to "
         "bench/results/consumer_cost_fast.json and the consumer-cost-fast section",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="measure the thinnest Python drop-in (the official consumer behind pass-through methods) in "
+        "the wrapper's place; results go to bench/results/consumer_cost_floor.json and the "
+        "consumer-cost-floor section",
+    )
     parser.add_argument("--consume", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.consume:
@@ -781,6 +838,8 @@ def main(argv: list[str]) -> int:
         parser.error("--messages must be ≥ 100 and --reps ≥ 1")
     args.scenarios = _choices(args.scenarios, tuple(SCENARIOS), "scenarios")
     args.modes = _choices(args.modes, MODES, "modes")
+    if args.floor and (args.fast_receive or "B" in args.scenarios):
+        parser.error("--floor: scenario A only (--scenarios A; nothing nacked), without --fast-receive")
     try:
         args.batch_sizes = [int(v) for v in args.batch_sizes.split(",") if v]
     except ValueError:
@@ -798,7 +857,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(0, snapshot)
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (snapshot, os.environ.get("PYTHONPATH")) if p)
         results = run(args, argv, wrapper)
-    suffix = "_fast" if args.fast_receive else ""
+    suffix = "_floor" if args.floor else "_fast" if args.fast_receive else ""
     report.save_json(f"consumer_cost{suffix}", results)
     markdown = render(results)
     report.write_section(f"consumer-cost{suffix.replace('_', '-')}", markdown)
@@ -824,6 +883,7 @@ def run(args: argparse.Namespace, argv: list[str], wrapper: dict[str, Any]) -> d
             "payload_bytes": PAYLOAD_BYTES,
             "goals": GOALS,
             "fast_receive": args.fast_receive,
+            "floor": args.floor,
             "quiet_cores": QUIET_CORES,
             "quiet_wait_s": args.quiet_wait,
             "diagnose": args.diagnose,
