@@ -90,7 +90,7 @@ class _SortedOffsets:
     """A sorted sequence of bucket offsets (uint32 values) in 2 bytes each: relative to the first
     (``base``), the low 16 bits as uint16 (``low``) and, for a sequence spanning 65,536 buckets or more,
     the high bits once per *page* — the position where they change (``page_starts``) and their value
-    (``page_highs``): a page a 65,536 buckets (at k = 0: 65 s of due times), so at most span / 65,536
+    (``page_highs``): a page spans 65,536 buckets (at k = 0: 65 s of due times), so at most span / 65,536
     of them. Reads return uint32 arrays. O(log pages) a value more than a plain array."""
 
     __slots__ = ("base", "low", "page_highs", "page_starts")

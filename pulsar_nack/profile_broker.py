@@ -328,7 +328,8 @@ def _tracker_figures(consumer: Any) -> dict[str, Any]:
 def _start(
     mode: str, service_url: str, topics: Sequence[str], workload: Workload, timeout_s: float, go: str
 ) -> subprocess.Popen[str]:
-    """Start ``mode``'s probe; it has subscribed and read its baseline once :func:`_await_ready` returns."""
+    """Start ``mode``'s probe; it has subscribed once :func:`_await` read its :data:`_SUBSCRIBED`, and
+    read its baseline once it read its :data:`_READY`."""
     command = [
         sys.executable,
         "-m",
