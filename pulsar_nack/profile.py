@@ -904,12 +904,15 @@ def render(result: ProfileResult) -> Iterator[str]:
         "rss": "RSS delta (default allocator; pages, keeps freed memory)",
         "reported": "nack_stats(with_memory=True) (the tracker's own walk)",
         "released": "given back to the heap when the tracker drops its nacks (malloc)",
+        "dropped": "what the tracker's walk says dropping them frees (same process)",
+        "kept": "what its walk reads then: the fixed part, whatever is pending",
     }
     for key, label in labels.items():
         if key not in result.memory:
             continue
         value = result.memory[key]
         per = f"{value / pending:.2f} B per pending nack" if pending else "nothing pending"
+        per = "fixed" if key == "kept" else per
         yield f"  {label:<70} {value / 1e6:10.3f} MB  {per}"
     if w.chunked_share:
         yield (

@@ -26,7 +26,9 @@ queues first fill: measured with nothing nacked, both clients alike). The client
 beside the tracker's own walk (``nack_stats(with_memory=True)``) and, in the ``malloc`` process, what
 the heap gives back when the tracker then drops its pending nacks (``released``: the index and the
 arrival filter, read at one moment, so without the client library's churn between the baseline and the
-end — which moves the growth by a few hundred KB either way even at one topic). So at small scales the
+end — which moves the growth by a few hundred KB either way even at one topic), beside what the walk
+says the drop frees (``dropped``: the walk before less the walk after, ``kept``: the tracker's fixed
+part, which stays). So at small scales the
 growth is dominated by that churn: the native tracker's ~450 B per pending nack shows from a few
 thousand nacks on; pulsar-nack's tracker shows in ``released`` and its own walk. Time per nack is the
 ``negative_acknowledge`` call; time per forward is the final drain of the tracker, as the offline
@@ -274,12 +276,19 @@ def probe_broker(
             tracemalloc.stop()
         else:
             grown = (heap_in_use() if measure == "malloc" else rss_bytes()) - baseline
-        released = None
+        released = dropped = kept = None
         if measure == "malloc" and not native:  # what dropping the pending nacks gives back (docstring)
+            tracker = consumer._nacks.tracker
+            walked = tracker.stats(with_memory=True).memory_bytes
+            gc.collect()
             held = heap_in_use()
-            consumer._nacks.tracker.clear()
+            tracker.clear()
             gc.collect()
             released = held - heap_in_use()
+            # what the walk says the drop freed: the tracker's fixed part (``kept``: the timer's levels,
+            # the lateness estimator) stays, so this, not the whole walk, is what ``released`` is read against
+            kept = tracker.stats(with_memory=True).memory_bytes or 0
+            dropped = (walked or 0) - kept
         out: dict[str, Any] = {
             "mode": mode,
             "bytes": grown,
@@ -289,6 +298,8 @@ def probe_broker(
             "elapsed_s": time.monotonic() - started,
             "nack_us": nack_s / nacked * 1e6 if nacked else 0.0,
             "released": released,
+            "dropped": dropped,
+            "kept": kept,
         }
         if native:
             out["native_delay_ms"] = delay_ms
@@ -406,6 +417,8 @@ def profile_broker(
     main = results["default"]
     memory = {"malloc": results["malloc"]["bytes"], "tracemalloc": results["tracemalloc"]["bytes"]}
     memory["released"] = results["malloc"]["released"]
+    memory["dropped"] = results["malloc"]["dropped"]
+    memory["kept"] = results["malloc"]["kept"]
     memory |= {"rss": main["bytes"], "reported": main["reported"]}
     java_result, java_note = None, "Java: not asked for"
     if java:
