@@ -13,26 +13,25 @@ subscription created before the first message is sent (so the broker keeps every
   processes (``native`` for RSS, ``native-malloc``), its single ``negative_ack_redelivery_delay_ms``
   set to the workload's mean delay (the native client has no per-message delay).
 
-Copies a nack brings back before the run ends are acked when they arrive. Memory is the consumer
-process's growth from its baseline to the end of the run. Every probe subscribes, consumes a warm-up (a
-receiver queue's worth of messages a topic, acked) and reads its baseline before the workload's first
-message is sent, then waits for its turn; the run ends once a marker sent after the workload's messages
-has come from every topic. So the receiver queues are empty at both reads (a queue that held messages
-at either read moved the figure by megabytes at 100 topics: a consumer's queue refills in halves, so it
-ends anywhere from half full to full), and the client library has reached its steady state before the
-baseline (at 100 topics it frees ~3 MB a few seconds after its first messages and grows ~1 MB while its
-queues first fill: measured with nothing nacked, both clients alike). The client library's own state
-(unacked-message and batch-ack tracking, the native nack tracker) is included, for both clients alike,
-beside the tracker's own walk (``nack_stats(with_memory=True)``) and, in the ``malloc`` process, what
-the heap gives back when the tracker then drops its pending nacks (``released``: the index and the
-arrival filter, read at one moment, so without the client library's churn between the baseline and the
-end — which moves the growth by a few hundred KB either way even at one topic), beside what the walk
-says the drop frees (``dropped``: the walk before less the walk after, ``kept``: the tracker's fixed
-part, which stays). So at small scales the
-growth is dominated by that churn: the native tracker's ~450 B per pending nack shows from a few
-thousand nacks on; pulsar-nack's tracker shows in ``released`` and its own walk. Time per nack is the
-``negative_acknowledge`` call; time per forward is the final drain of the tracker, as the offline
-profile does when nothing fell due.
+Copies a nack brings back before the run ends are acked when they arrive. Memory is the consumer process's
+growth from its baseline to the end of the run. Every probe subscribes, consumes a warm-up (a receiver
+queue's worth of messages a topic, acked; the probes one at a time) and reads its baseline before the
+workload's first message is sent, then waits for its turn; the run ends once a marker sent after the
+workload's messages has come from every topic. So the receiver queues are empty at both reads (a queue
+that held messages at either read moved the figure by megabytes at 100 topics: a consumer's queue refills
+in halves, so it ends anywhere from half full to full), and the client library has reached its steady
+state before the baseline (at 100 topics it frees ~3 MB a few seconds after its first messages and grows
+~1 MB while its queues first fill: measured with nothing nacked, both clients alike). The client library's
+own state (unacked-message and batch-ack tracking, the native nack tracker) is included, for both clients
+alike, beside the tracker's own walk (``nack_stats(with_memory=True)``) and, in the ``malloc`` process,
+what the heap gives back when the tracker then drops its pending nacks (``released``: the index and the
+arrival filter, read at one moment, so without the client library's churn between the baseline and the end
+— which moves the growth by a few hundred KB either way even at one topic), beside what the walk says the
+drop frees (``dropped``: the walk before less the walk after, ``kept``: the tracker's fixed part, which
+stays). So at small scales the growth is dominated by that churn: the native tracker's ~450 B per pending
+nack shows from a few thousand nacks on; pulsar-nack's tracker shows in ``released`` and its own walk.
+Time per nack is the ``negative_acknowledge`` call; time per forward is the final drain of the tracker, as
+the offline profile does when nothing fell due.
 
 Bounds: at most :data:`MAX_BROKER_MESSAGES` messages; every probe ends within ``timeout_s`` or fails
 naming how many messages it received. Cost: O(messages) per probe, plus the broker's round trips.
@@ -82,6 +81,10 @@ _WARM_SETTLE_S: Final = 6.0  # after the warm-up: the client frees ~3 MB ~5 s af
 _SUBSCRIBED: Final = "subscribed"  # a probe's line once subscribed: the warm-up may be sent
 _READY: Final = "ready"  # a probe's line once its baseline is read: it then waits for its go file
 _GO_POLL_S: Final = 0.05
+# The probes take turns at the warm-up too: pulsar-lite stops dispatching to some of the subscriptions
+# read at once (100 topics, not batched, two or more subscriptions consumed together: each stalls at
+# 20-48 k of 50 k messages; one at a time, each gets all)
+_WARM_TURN: Final = ".warm"
 _PROGRESS_EVERY: Final = 1_000
 
 
@@ -165,8 +168,9 @@ def _produce(
 def probe_broker(
     mode: str, service_url: str, topics: Sequence[str], workload: Workload, timeout_s: float, go: str
 ) -> dict[str, Any]:
-    """Subscribe on ``mode``'s subscription in this (fresh) interpreter, read the baseline, print
-    :data:`_READY`, and once the file ``go`` exists consume the workload's messages and measure (see the
+    """Subscribe on ``mode``'s subscription in this (fresh) interpreter, once the file ``go`` +
+    :data:`_WARM_TURN` exists consume the warm-up, read the baseline, print :data:`_READY`, and once
+    the file ``go`` exists consume the workload's messages and measure (see the
     module docstring); prints ``progress N`` lines. Raises RuntimeError when ``go`` does not appear or
     the messages do not all arrive within ``timeout_s``."""
     import tracemalloc
@@ -194,6 +198,7 @@ def probe_broker(
     try:
         consumer = client.subscribe(list(topics), _subscription(mode), receiver_queue_size=_QUEUE, **options)
         print(_SUBSCRIBED, flush=True)
+        _wait_for_turn(go + _WARM_TURN, timeout_s * (len(BROKER_MODES) + 1))
         warmed, warm_until = 0, time.monotonic() + timeout_s
         while warmed < len(topics):  # the warm-up (module docstring), acked
             if time.monotonic() > warm_until:
@@ -220,11 +225,7 @@ def probe_broker(
         else:
             baseline = heap_in_use() if measure == "malloc" else rss_bytes()
         print(_READY, flush=True)
-        waiting_until = time.monotonic() + timeout_s * (len(BROKER_MODES) + 1)
-        while not os.path.exists(go):
-            if time.monotonic() > waiting_until:
-                raise RuntimeError(f"broker: no turn to consume came (go file {go})")
-            time.sleep(_GO_POLL_S)
+        _wait_for_turn(go, timeout_s * (len(BROKER_MODES) + 1))
         originals = nacked = copies = ended = 0
         nack_s = 0.0
         perf = time.perf_counter
@@ -333,6 +334,15 @@ def _tracker_figures(consumer: Any) -> dict[str, Any]:
     return out
 
 
+def _wait_for_turn(path: str, timeout_s: float) -> None:
+    """Sleep until the file ``path`` exists; RuntimeError after ``timeout_s``."""
+    until = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > until:
+            raise RuntimeError(f"broker: no turn came (file {path}) within {timeout_s:g} s")
+        time.sleep(_GO_POLL_S)
+
+
 # -- the parent ---------------------------------------------------------------------------------------
 
 
@@ -402,7 +412,8 @@ def profile_broker(
                 children[mode] = _start(mode, service_url, topics, workload, timeout_s, go[mode])
                 _await(children[mode], mode, _SUBSCRIBED)
             _produce(workload, service_url, topics, stage("produce"), warm_up=True)
-            for mode, child in children.items():
+            for mode, child in children.items():  # one at a time (_WARM_TURN)
+                open(go[mode] + _WARM_TURN, "w").close()
                 _await(child, mode, _READY)
             _produce(workload, service_url, topics, stage("produce"))
             for mode in BROKER_MODES:  # one at a time: the others wait, subscribed
