@@ -121,10 +121,10 @@ class Timeout:
 class _Bucket:
     __slots__ = ("expiration", "home", "slot", "timeouts")
 
-    def __init__(self, home: list[_Bucket | None] | None = None, slot: int = 0) -> None:
+    def __init__(self, home: dict[int, _Bucket] | None = None, slot: int = 0) -> None:
         self.timeouts: dict[Timeout, None] = {}
         self.expiration = -1  # -1: not in the heap
-        # the level's slot list and index this bucket sits at, so that it can leave once empty
+        # the level's slots and the slot this bucket sits at, so that it can leave once empty
         self.home = home
         self.slot = slot
 
@@ -133,8 +133,10 @@ class _Bucket:
         wheel's life (memory would grow with run time at constant pending). A stale heap entry may still
         refer to it until popped. O(1)."""
         home = self.home
-        if home is not None and home[self.slot] is self:
-            home[self.slot] = None
+        if home is not None and home.get(self.slot) is self:
+            del home[self.slot]
+            if not home:
+                home.clear()  # a dict keeps its table when its entries are deleted; clear() frees it
 
 
 class _Wheel:
@@ -147,9 +149,10 @@ class _Wheel:
         self.size = size
         self.interval = tick * size
         self.current = start - start % tick
-        # Buckets are made on first use: a level for far deadlines (minutes, hours) holds a handful of
-        # timeouts, and 1024 empty buckets would cost ~120 KB where the list of slots costs 8 KB.
-        self.buckets: list[_Bucket | None] = [None] * size
+        # Only the slots in use, made on first use and gone once empty: a level holds a handful of
+        # timeouts (one a due bucket of nacks), so a list of every slot (4 KB a level, up to 4 levels)
+        # was most of the fixed memory a consumer keeps.
+        self.buckets: dict[int, _Bucket] = {}
         self.overflow: _Wheel | None = None
 
     def bucket_for(self, deadline: int) -> tuple[_Bucket, int] | None:
@@ -159,7 +162,7 @@ class _Wheel:
         if deadline < self.current + self.interval:
             virtual = deadline // self.tick
             slot = virtual % self.size
-            bucket = self.buckets[slot]
+            bucket = self.buckets.get(slot)
             if bucket is None:
                 bucket = self.buckets[slot] = _Bucket(self.buckets, slot)
             return bucket, virtual * self.tick
@@ -279,10 +282,9 @@ class TimerWheel:
             level: _Wheel | None = self._wheel
             while level is not None:
                 total += python_bytes(level) + python_bytes(level.buckets)
-                for bucket in level.buckets:
-                    if bucket is not None:
-                        total += python_bytes(bucket) + python_bytes(bucket.timeouts)
-                        total += len(bucket.timeouts) * _TIMEOUT_BYTES
+                for bucket in level.buckets.values():
+                    total += python_bytes(bucket) + python_bytes(bucket.timeouts)
+                    total += len(bucket.timeouts) * _TIMEOUT_BYTES
                 level = level.overflow
             return total + len(self._ready) * _TIMEOUT_BYTES
 

@@ -319,7 +319,7 @@ def _buckets_held(wheel: TimerWheel) -> int:
     held = 0
     level: _Wheel | None = wheel._wheel
     while level is not None:
-        held += sum(bucket is not None for bucket in level.buckets)
+        held += len(level.buckets)
         level = level.overflow
     return held
 
@@ -348,6 +348,22 @@ def test_buckets_leave_their_slots_once_fired_or_cancelled() -> None:
         clock.now += 200 * 13 + 10
         wheel.run_due()
         assert _buckets_held(wheel) == 0 and wheel.memory_bytes() <= empty
+
+
+def test_a_drained_wheel_holds_no_more_than_a_fresh_one_but_its_levels() -> None:
+    """A wheel's fixed memory is part of what a consumer keeps whatever is pending (issue 23: 16 KiB in
+    all): once its timeouts fired, it holds its levels' objects, not a table of every slot (4 KB a level
+    at the default 512 slots)."""
+    clock = FakeClock(1_000.0)
+    wheel = TimerWheel(clock=clock, start=False)
+    fresh = wheel.memory_bytes()
+    for i in range(5_000):  # deadlines over ~80 min: three levels
+        wheel.schedule(clock.now + 1 + i * 997, lambda: None)
+    assert wheel._wheel.overflow is not None and wheel._wheel.overflow.overflow is not None
+    while len(wheel):
+        clock.now += 5_000
+        wheel.run_due()
+    assert wheel.memory_bytes() <= fresh + 1_024
 
 
 def test_weak_callback_calls_its_object_while_it_lives_and_does_not_keep_it() -> None:
