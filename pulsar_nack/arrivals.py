@@ -41,7 +41,6 @@ import enum
 import itertools
 import sys
 import threading
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -424,8 +423,9 @@ class ArrivalFilter:
         self._recent = _Recent(self._sets, clock())  # non-batched messages recently handed out for a forward
         # what each flush forwarded, in order: one list per forward time, [at, then topic, ledger id and
         # KeptIds for each ledger] — 3 pointers a ledger (a tuple a ledger cost ~80 B more: ~1 B per pending
-        # nack at 1,000 sparse topics, where each flush forwards one entry of each)
-        self._forwards: deque[list[Any]] = deque()
+        # nack at 1,000 sparse topics, where each flush forwards one entry of each). A list, expired from
+        # its head in one slice a sweep: an empty deque keeps a 512-byte block, part of the fixed memory
+        self._forwards: list[list[Any]] = []
         # lateness (arrival − the due time asked for) of a bounded sample of redeliveries
         self.lateness = LatenessHistogram(lateness_window)
         self.dues = DueSample()
@@ -1611,8 +1611,12 @@ class ArrivalFilter:
                     if not recent.is_settled(key[:2], key[2]):
                         del self.inferred[key]
             forwards = self._forwards
-            while forwards and forwards[0][0] <= horizon:
-                record = forwards.popleft()
+            expired = 0
+            while expired < len(forwards) and forwards[expired][0] <= horizon:
+                expired += 1
+            records = forwards[:expired]
+            del forwards[:expired]
+            for record in records:
                 at = record[0]
                 for topic, ledger_id, entry_ids in zip(record[1::3], record[2::3], record[3::3], strict=True):
                     for entry_id in _ints(entry_ids):
