@@ -911,8 +911,10 @@ def render(result: ProfileResult) -> Iterator[str]:
         if key not in result.memory:
             continue
         value = result.memory[key]
-        per = f"{value / pending:.2f} B per pending nack" if pending else "nothing pending"
-        per = "fixed" if key == "kept" else per
+        if key == "kept":
+            per = "fixed"
+        else:
+            per = f"{value / pending:.2f} B per pending nack" if pending else "nothing pending"
         yield f"  {label:<70} {value / 1e6:10.3f} MB  {per}"
     if w.chunked_share:
         yield (
