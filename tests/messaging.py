@@ -42,12 +42,13 @@ def receive_all(consumer: Any, count: int, timeout_s: float = 20.0) -> list[puls
 
 def receive_into(consumer: Any, got: list[bytes], errors: list[str]) -> None:
     """``receive()`` without a timeout, acking everything, until the consumer is closed (a thread's target;
-    the close under the receive, how a test ends it, lands in ``errors``)."""
+    the close under the receive, how a test ends it, lands in ``errors``). A message is appended to ``got``
+    once acked: a test that closes the consumer when ``got`` fills must not close it between the two."""
     try:
         while True:
             message = consumer.receive()
-            got.append(message.data())
             consumer.acknowledge(message)
+            got.append(message.data())
     except Exception as error:  # closed under the receive
         errors.append(repr(error))
 
