@@ -50,7 +50,7 @@ import numpy.typing as npt
 from pyroaring import BitMap, BitMap64
 
 from pulsar_nack.entry_sets import EntrySets
-from pulsar_nack.index import DueIds, NackIndex, batch_mask, merge_due
+from pulsar_nack.index import DueIds, NackIndex, batch_mask
 from pulsar_nack.index import batch_indexes as batch_index_bits
 from pulsar_nack.lateness import DueSample, LatenessHistogram, offered
 from pulsar_nack.ledgers import LedgerRegistry
@@ -442,9 +442,10 @@ class ArrivalFilter:
         # (:meth:`take_popped_message`): that forwarded() leaves them out. Empty but in that race.
         self._taken: dict[Key, int] = {}
         # What a flush has popped from the index (:meth:`pop`) and not yet told :meth:`forwarded`, per
-        # (topic, ledger): still pending as far as a quiet entry's rebuilt record and a copy of a quiet
-        # entry are concerned (:meth:`_popped_mask`). Empty but during a flush.
-        self._popped: dict[tuple[str, int], DueIds] = {}
+        # (topic, ledger), one DueIds a due bucket, in bucket order: still pending as far as a quiet
+        # entry's rebuilt record and a copy of a quiet entry are concerned (:meth:`_popped_mask`). Empty
+        # but during a flush.
+        self._popped: dict[tuple[str, int], list[DueIds]] = {}
         # Batch messages :meth:`forwarded` made wait for a copy of their entry on its way
         # (:meth:`_wait_for_copy`), and still pending: the time (bucket) each was filed for when it first
         # waited. Each later flush files it again there, not at that flush's limit: its kept copy is handed
@@ -627,28 +628,38 @@ class ArrivalFilter:
             if entry is not None:
                 entry.pending &= ~(1 << batch_index)
 
-    def pop(self, pop_due: Callable[[int], list[DueIds]], until: int) -> list[DueIds]:
-        """A flush's pop of the index (``pop_due(until)``), under this filter's lock, remembered until
-        :meth:`forwarded` learns each ledger's ids: a quiet entry whose record is rebuilt meanwhile (a copy
-        of it comes, the application acks or nacks one of its messages) would otherwise take the messages
-        popped for that forward for acked — the forward would make no flight for them, and the copy it
-        brings would be acked, not handed out. O(the pop)."""
+    def pop(
+        self, pop_due_by_bucket: Callable[[int], list[tuple[int, DueIds]]], until: int
+    ) -> list[tuple[int, DueIds]]:
+        """A flush's pop of the index (``pop_due_by_bucket(until)``: one ledger's ids of one bucket each),
+        under this filter's lock, each remembered until :meth:`forwarded` learns it: a quiet entry whose
+        record is rebuilt meanwhile (a copy of it comes, the application acks or nacks one of its
+        messages) would otherwise take the messages popped for that forward for acked — the forward would
+        make no flight for them, and the copy it brings would be acked, not handed out. O(the pop)."""
         with self._lock:
-            popped = pop_due(until)
-            for ids in popped:  # (an entry may turn quiet, and be rebuilt, before forwarded() comes)
+            popped = pop_due_by_bucket(until)
+            remembered = self._popped
+            for _, ids in popped:  # (an entry may turn quiet, and be rebuilt, before forwarded() comes)
                 ledger = (ids.topic, ids.ledger_id)
-                earlier = self._popped.get(ledger)
-                self._popped[ledger] = ids if earlier is None else merge_due(earlier, ids)
+                earlier = remembered.get(ledger)
+                if earlier is None:
+                    remembered[ledger] = [ids]
+                else:
+                    earlier.append(ids)
             return popped
 
     def _popped_mask(self, topic: str, ledger_id: int, entry_id: int) -> int:
         """The batch indexes of an entry popped by a flush and not yet forwarded (-1: the whole entry, 0:
         none; lock held). O(1) without a flush under way, else O(popped entries of the ledger)."""
         popped = self._popped.get((topic, ledger_id)) if self._popped else None
-        if popped is None or not (popped.entry_ids == entry_id).any():
-            return 0
-        indexes = popped.batch_indexes.get(entry_id)
-        return -1 if indexes is None else batch_mask(indexes)
+        mask = 0
+        for ids in popped or ():
+            if (ids.entry_ids == entry_id).any():
+                indexes = ids.batch_indexes.get(entry_id)
+                if indexes is None:
+                    return -1
+                mask |= batch_mask(indexes)
+        return mask
 
     def forwarded(
         self,
@@ -673,8 +684,13 @@ class ArrivalFilter:
         ledger = (topic, ledger_id)
         sets = self._sets
         with self._lock:
-            if self._popped:
-                self._popped.pop((topic, ledger_id), None)
+            if self._popped:  # (the flush learns a ledger's buckets in the order it popped them)
+                popped = self._popped.get(ledger)
+                if popped is not None:
+                    if len(popped) > 1:
+                        del popped[0]
+                    else:
+                        del self._popped[ledger]
             any_pending = sets.any(_PENDING)  # (whole entries: none at all on a batched topic)
             ints = _ints(entry_ids)
             kept: KeptIds
@@ -713,7 +729,7 @@ class ArrivalFilter:
                     continue
                 indexes = batch_indexes.get(entry_id)
                 # messages the consumer kept meanwhile (take_popped_message): not to forward
-                taken = self._taken.pop(key, 0) if self._taken else 0
+                taken = self._untake(key, indexes) if self._taken else 0
                 if taken and indexes is not None:
                     indexes = tuple(index for index in indexes if not taken >> index & 1)
                 if indexes == () or (
@@ -758,6 +774,21 @@ class ArrivalFilter:
                             self.lateness.taken(due)
                 entry.last_forward = now
         return deferred
+
+    def _untake(self, key: Key, indexes: tuple[int, ...] | None) -> int:
+        """The messages of ``indexes`` (None: the whole entry) the consumer kept while their pop was under
+        way (lock held), no longer recorded as such: a later bucket's pop of the entry's other messages
+        has its own. O(indexes)."""
+        taken = self._taken.get(key, 0)
+        if indexes is not None:
+            taken &= batch_mask(indexes)
+        if taken:
+            left = self._taken[key] & ~taken
+            if left:
+                self._taken[key] = left
+            else:
+                del self._taken[key]
+        return taken
 
     def _wait_for_copy(
         self, entry: _Entry, key: Key, indexes: tuple[int, ...], now: float, target: int

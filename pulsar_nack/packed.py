@@ -84,6 +84,8 @@ LedgerKey = int | tuple[str, int]
 #: One slot's rows as the index hands them over: ledger key, unique entry ids, and the batch indexes (as
 #: a bitmask) of the entries pending for some messages only.
 PackedSlot = tuple[LedgerKey, list[int], dict[int, int]]
+#: What :meth:`PackedStore.pop` returns per group: (bucket time, ledger key, entry ids, partial entries).
+_Popped = tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]
 
 
 class _SortedOffsets:
@@ -599,12 +601,13 @@ class PackedStore:
         assert self._buckets is not None
         return self._buckets
 
-    def pop(
-        self, now: int
-    ) -> list[tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]]:
+    def pop(self, now: int, *, by_bucket: bool = False) -> list[_Popped]:
         """Remove the rows of buckets <= ``now``: per ledger (first due bucket, key, sorted unique entry
-        ids, {entry id: due batch indexes} of the entries not due whole), earliest first.
-        O(runs log n + due log due) numpy, plus O(1) Python per due ledger and per due batch member."""
+        ids, {entry id: due batch indexes} of the entries not due whole), earliest first. With
+        ``by_bucket``, per (bucket, ledger) instead — (bucket time, key, its entries, those not due whole
+        in it) — in bucket order: what a pop of each due bucket in turn would return.
+        O(runs log n + due log due) numpy, plus O(1) Python per due ledger (per due bucket and ledger
+        with ``by_bucket``) and per due batch member."""
         if not self._runs or now < self._origin:
             return []
         limit = min((now - self._origin) >> self._k, _SPAN - 1)
@@ -626,6 +629,7 @@ class PackedStore:
             return self._pop_small(
                 [t for part in times_parts for t in part.tolist()],
                 [c for part in code_parts for c in part.tolist()],
+                by_bucket,
             )
         times = np.concatenate(times_parts) if len(times_parts) > 1 else times_parts[0].copy()
         codes = np.concatenate(code_parts) if len(code_parts) > 1 else code_parts[0].copy()
@@ -639,6 +643,11 @@ class PackedStore:
             if self._multi:
                 gone -= self._multi
             self._entries -= gone
+        if by_bucket:
+            out = self._by_bucket(times, codes)
+            if emptied:
+                self.clear()
+            return out
         # Per ledger: its first due bucket, its entries, the members of entries not due whole.
         codes.sort()
         ordinals = codes >> _U_ORDINAL_SHIFT
@@ -658,35 +667,32 @@ class PackedStore:
         for start, end in pairwise(bounds):
             mine = codes[start:end]
             ordinal = int(mine[0] >> _U_ORDINAL_SHIFT)
-            entries = ((mine >> _U_SLOT_BITS) & _U_ENTRY).astype(np.uint32)
-            slots = mine & _U_SLOT
-            partial: dict[int, tuple[int, ...]] = {}
-            if slots.any():
-                whole = set(entries[slots == 0].tolist())
-                members: dict[int, list[int]] = {}
-                for entry_id, slot in zip(
-                    entries[slots != 0].tolist(), slots[slots != 0].tolist(), strict=True
-                ):
-                    if entry_id not in whole:
-                        members.setdefault(entry_id, []).append(slot - 1)
-                partial = {e: tuple(sorted(set(indexes))) for e, indexes in members.items()}
-                entries = np.unique(entries)
-            elif len(entries) > 1 and not bool((entries[1:] > entries[:-1]).all()):
-                entries = np.unique(entries)
-            out.append((firsts[ordinal], key_of(ordinal), entries, partial))
+            out.append((firsts[ordinal], key_of(ordinal), *_entries_of(mine)))
         if emptied:
             self.clear()
         out.sort(key=_first)
         return out
+
+    def _by_bucket(self, times: npt.NDArray[Any], codes: npt.NDArray[np.uint64]) -> list[_Popped]:
+        """:meth:`pop`'s groups per (bucket, ledger) of popped rows, in bucket order. O(rows log rows)
+        numpy, plus O(1) Python per group."""
+        order = np.lexsort((codes, times))
+        times, codes = times[order], codes[order]
+        ordinals = codes >> _U_ORDINAL_SHIFT
+        change = (times[1:] != times[:-1]) | (ordinals[1:] != ordinals[:-1])
+        bounds = [*np.flatnonzero(np.concatenate(([True], change))).tolist(), len(codes)]
+        key_of, origin, k = self._registry.key, self._origin, self._k
+        return [
+            (origin + (int(times[start]) << k), key_of(int(ordinals[start])), *_entries_of(codes[start:end]))
+            for start, end in pairwise(bounds)
+        ]
 
     def _after_pop(self) -> None:
         """Drop emptied runs; copy down a run whose popped prefix is half of it. O(runs + copied)."""
         self._runs = [run if 2 * run.head < run.rows else _copy(run) for run in self._runs if len(run)]
         self._buckets = None
 
-    def _pop_small(
-        self, times: list[int], codes: list[int]
-    ) -> list[tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]]:
+    def _pop_small(self, times: list[int], codes: list[int], by_bucket: bool) -> list[_Popped]:
         """:meth:`pop`'s work for few due rows, in plain Python: the timer pops a few ids every few ms,
         where the numpy path's dozen calls cost ~100 µs a pop. O(rows log rows)."""
         self._after_pop()
@@ -699,12 +705,14 @@ class PackedStore:
                 if member not in multi:
                     present.discard(member)
         entry_mask, slot_mask = (1 << _ENTRY_BITS) - 1, (1 << _SLOT_BITS) - 1
-        groups: dict[int, tuple[list[int], set[int], dict[int, set[int]]]] = {}
+        # per ledger (per bucket and ledger with by_bucket): [its first time], whole entries, members
+        groups: dict[int | tuple[int, int], tuple[list[int], set[int], dict[int, set[int]]]] = {}
         for code, time in zip(codes, times, strict=True):
             ordinal = code >> _ORDINAL_SHIFT
-            group = groups.get(ordinal)
+            group_key = (time, ordinal) if by_bucket else ordinal
+            group = groups.get(group_key)
             if group is None:
-                group = groups[ordinal] = ([time], set(), {})
+                group = groups[group_key] = ([time], set(), {})
             elif time < group[0][0]:
                 group[0][0] = time
             entry_id, slot = code >> _SLOT_BITS & entry_mask, code & slot_mask
@@ -714,8 +722,8 @@ class PackedStore:
                 group[1].add(entry_id)
         out = []
         ledger_key = self._registry.key
-        for ordinal, (first, whole, members) in groups.items():
-            key = ledger_key(ordinal)
+        for group_key, (first, whole, members) in groups.items():
+            key = ledger_key(group_key[1] if isinstance(group_key, tuple) else group_key)
             partial = {e: tuple(sorted(ix)) for e, ix in sorted(members.items()) if e not in whole}
             entries = np.array(sorted(whole | members.keys()), _U32)
             out.append((self._origin + (first[0] << self._k), key, entries, partial))
@@ -830,5 +838,24 @@ def _bits(mask: int) -> Iterator[int]:
         mask ^= low
 
 
-def _first(item: tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]) -> int:
+def _entries_of(codes: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]:
+    """One ledger's popped rows (``codes``, sorted): its sorted unique entry ids, and {entry id: due batch
+    indexes} of those not due whole. O(rows) numpy, plus O(1) Python per batch member."""
+    entries = ((codes >> _U_SLOT_BITS) & _U_ENTRY).astype(np.uint32)
+    slots = codes & _U_SLOT
+    partial: dict[int, tuple[int, ...]] = {}
+    if slots.any():
+        whole = set(entries[slots == 0].tolist())
+        members: dict[int, list[int]] = {}
+        for entry_id, slot in zip(entries[slots != 0].tolist(), slots[slots != 0].tolist(), strict=True):
+            if entry_id not in whole:
+                members.setdefault(entry_id, []).append(slot - 1)
+        partial = {e: tuple(sorted(set(indexes))) for e, indexes in members.items()}
+        entries = np.unique(entries)
+    elif len(entries) > 1 and not bool((entries[1:] > entries[:-1]).all()):
+        entries = np.unique(entries)
+    return entries, partial
+
+
+def _first(item: _Popped) -> int:
     return item[0]

@@ -302,54 +302,30 @@ class NackTracker:
         """Forward due ids (all pending ids with ``everything``) now; returns how many entries went. Re-arms
         the timer for the earliest bucket left. O(due buckets × ledgers + due ids + log buckets).
 
-        The ids due within one native latency go now, popped bucket by bucket and each labelled for the
-        arrival filter with its own bucket time, below which no copy is handed out (never early with ceil
-        rounding; labelling every id with the armed bucket let ids of a later bucket out up to 2**k ms
-        before it). The filter measures lateness from that time for the redeliveries whose exact due time
-        was not sampled (:class:`~pulsar_nack.lateness.LatenessHistogram`). With ``everything``, one pop
-        labelled now."""
+        The ids due within one native latency go now, in one pop that hands them out bucket by bucket,
+        each labelled for the arrival filter with its own bucket time, below which no copy is handed out
+        (never early with ceil rounding; labelling every id with the armed bucket let ids of a later bucket
+        out up to 2**k ms before it). The filter measures lateness from that time for the redeliveries
+        whose exact due time was not sampled (:class:`~pulsar_nack.lateness.LatenessHistogram`). With
+        ``everything``, all pending ids, labelled now."""
         now = self.clock() if now is None else now
-        limit = int(now + self.lead_ms)
+        limit = 2**62 if everything else int(now + self.lead_ms)
         due: list[DueIds] = []
         forwarded = 0
-        popped_any = False
-        pop = self.arrivals.pop
-        index = self.index
-        until = -1
-        while True:
-            if everything:
-                until = label = 2**62
-            else:
-                following = index.next_due_ms()
-                if following is not None and following <= until:
-                    # ids the filter filed again for the bucket just popped (to wait for a copy on its
-                    # way), or a segment store's lower bound, come first: what is due up to the limit, in
-                    # one pop labelled with it (a walk over the grid from an old bucket could be long)
-                    following = limit
-                if following is None or following > limit:
-                    break
-                until = label = following
-            popped = pop(index.pop_due, until)  # (under the filter's lock: see ArrivalFilter.pop)
-            if not popped and not everything:
-                # a segment store's next_due_ms is a lower bound: what is due up to the limit, labelled so
-                until = label = limit
-                popped = pop(index.pop_due, until)
-            if everything:
-                label = int(now)
-            popped_any = popped_any or bool(popped)
-            # The filter learns each pop before the next one: it reads what an entry still has pending
-            # in the index (a quiet entry's other messages), which must not include a later pop's ids.
-            learn = self.arrivals.forwarded
-            for ids in popped:
-                waiting = learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
-                if waiting:  # entries whose forward under way brings these messages too
-                    ids = _without(ids, waiting)
-                    if not len(ids.entry_ids):
-                        continue
-                forwarded += len(ids.entry_ids)
-                due.append(ids)
-            if everything or until == limit:
-                break
+        popped = self.arrivals.pop(self.index.pop_due_by_bucket, limit)  # (under the filter's lock)
+        # The filter learns each bucket's ids in the order popped: it reads what an entry still has
+        # pending (a quiet entry's other messages), and the ids of a later bucket are pending until then.
+        learn = self.arrivals.forwarded
+        for bucket, ids in popped:
+            label = int(now) if everything else bucket
+            waiting = learn(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now, label)
+            if waiting:  # entries whose forward under way brings these messages too
+                ids = _without(ids, waiting)
+                if not len(ids.entry_ids):
+                    continue
+            forwarded += len(ids.entry_ids)
+            due.append(ids)
+        popped_any = bool(popped)
         with self._lock:
             if due:
                 self._last_forward = now

@@ -664,16 +664,56 @@ def test_a_quiet_entry_expanded_while_a_flush_has_popped_one_of_its_messages_kee
     for i in range(2, 10):
         arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
     now.now = 1_900.0
-    popped = arrivals.pop(
-        index.pop_due, 2_000
-    )  # a flush under way (as the tracker pops): m0 leaves the index
+    # a flush under way (as the tracker pops): m0 leaves the index
+    popped = arrivals.pop(index.pop_due_by_bucket, 2_000)
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD, "m1's copy comes: m1 is pending"
     assert arrivals.take_pending_message(7, 1, 1, "t") is True, "kept until due"
-    for ids in popped:  # the flush tells the filter
-        arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now.now, 2_000)
+    for bucket, ids in popped:  # the flush tells the filter
+        arrivals.forwarded(ids.topic, ids.ledger_id, ids.entry_ids, ids.batch_indexes, now.now, bucket)
     now.now = 2_100.0  # m0's forward brings its copy
     assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER, "m0 handed out, not taken for acked"
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "m1: the kept copy is the application's"
+
+
+def test_a_quiet_entry_rebuilt_between_two_buckets_of_one_pop_keeps_the_later_one_pending() -> None:
+    """A flush pops two buckets at once — m0 due at 2,000, m1 at 2,040 — and tells the filter of them one
+    by one. The entry (quiet: every other message acked) is rebuilt when the filter learns m0's forward:
+    m1, popped but not yet learned, is still pending then — its copy (with m0's forward) is kept until
+    due, and its own bucket's forwarded() leaves it out — not taken for acked, which would make its copy
+    a duplicate and lose it."""
+    now = FakeClock(1_000.0)
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_040, 7, 1, 1, "t")
+    for i in range(2, 10):
+        arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
+    now.now = 1_950.0
+    popped = arrivals.pop(index.pop_due_by_bucket, 2_050)
+    assert [(bucket, ids.batch_indexes) for bucket, ids in popped] == [(2_000, {1: (0,)}), (2_040, {1: (1,)})]
+    (first, m0), (second, m1) = popped
+    assert arrivals.forwarded("t", 7, m0.entry_ids, m0.batch_indexes, now.now, first) is None
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.HOLD, "m1's copy comes: m1 is pending"
+    assert arrivals.take_popped_message(7, 1, 1, "t") is True, "kept until due"
+    assert arrivals.forwarded("t", 7, m1.entry_ids, m1.batch_indexes, now.now, second) == {1}, "not again"
+    now.now = 2_100.0
+    assert arrivals.admit(7, 1, 0, "t", None) is Verdict.DELIVER, "m0 handed out"
+    assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "m1: the kept copy is the application's"
+
+
+def test_a_message_kept_while_a_pop_of_two_buckets_is_learned_is_left_out_of_its_own() -> None:
+    """The race of a flush over two buckets: m0 due at 2,000 and m1 at 2,040 popped at once, and m1's
+    copy kept (take_popped_message) before the filter learns either. Learning m0's bucket leaves m1's
+    record alone; m1's own bucket leaves m1 out (not forwarded: the copy kept is the one it would ask
+    for)."""
+    now = FakeClock(1_000.0)
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(2_040, 7, 1, 1, "t")
+    now.now = 1_950.0
+    (first, m0), (second, m1) = arrivals.pop(index.pop_due_by_bucket, 2_050)
+    assert arrivals.take_popped_message(7, 1, 1, "t") is True
+    assert arrivals.forwarded("t", 7, m0.entry_ids, m0.batch_indexes, now.now, first) is None, "m0 goes"
+    assert arrivals.forwarded("t", 7, m1.entry_ids, m1.batch_indexes, now.now, second) == {1}, "m1 kept"
 
 
 def test_kept_copies_count_in_the_memory_figures() -> None:

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from pulsar_nack.lowlevel import TimeBucketIndex
-from pulsar_nack.packed import PackedStore
+from pulsar_nack.lowlevel import DueIds, TimeBucketIndex
+from pulsar_nack.packed import _SMALL_POP, PackedStore
 
 WIDE = 1 << 22  # entry ids from here on do not fit a run's split (uint16 + uint32) codes
 
@@ -58,6 +58,28 @@ def test_runs_of_entry_ids_too_large_to_split_answer_as_split_ones(offset: int) 
         layouts.append({run.high is None for run in store._runs})
     assert layouts == [{False}, {True}]
     assert _timeline(narrow, 0) == _timeline(wide, offset)
+
+
+def _group(ids: DueIds) -> tuple[object, ...]:
+    return ids.topic, ids.ledger_id, ids.entry_ids.tolist(), sorted(ids.batch_indexes.items())
+
+
+@pytest.mark.parametrize("step", [2_500, 45_000])
+def test_a_pop_by_bucket_is_a_pop_of_each_due_bucket_in_turn(step: int) -> None:
+    """``pop_due_by_bucket`` over the packed tier — a few due rows a pop (its plain-Python path) or all
+    of them at once (hundreds: numpy) — returns what ``pop_due`` of each due bucket in turn does, each
+    group labelled with its bucket, in bucket order."""
+    grouped, stepped = _built(0), _built(0)
+    store = grouped._packed
+    assert isinstance(store, PackedStore) and len(store) > _SMALL_POP
+    for now in [*range(1_000, 45_000, step), 45_000]:
+        expected = []
+        while (bucket := stepped.next_due_ms()) is not None and bucket <= now:
+            expected += [(bucket, _group(ids)) for ids in stepped.pop_due(bucket)]
+        got = [(bucket, _group(ids)) for bucket, ids in grouped.pop_due_by_bucket(now)]
+        assert [bucket for bucket, _ in got] == sorted(bucket for bucket, _ in got)
+        assert sorted(got) == sorted(expected)
+    assert len(grouped) == len(stepped) == 0
 
 
 @pytest.mark.parametrize("spread_ms", [60_000, 200_000, 3_600_000])

@@ -90,6 +90,7 @@ from pulsar_nack.index import (
     batch_indexes,
     batch_mask,
     merge_due,
+    pop_by_bucket,
 )
 from pulsar_nack.memory import MemoryUsage, bitmap_heap_bytes, python_bytes
 from pulsar_nack.snapshot.format import (
@@ -509,6 +510,11 @@ class SegmentStore:
             if self._watermark is None or now_ms > self._watermark:
                 self._watermark = now_ms
             return due
+
+    def pop_due_by_bucket(self, now_ms: int) -> list[tuple[int, DueIds]]:
+        """:meth:`pop_due` of each due bucket in turn (see :func:`~pulsar_nack.index.pop_by_bucket`: this
+        store's :meth:`next_due_ms` is a lower bound while segments are on storage)."""
+        return pop_by_bucket(self, now_ms)
 
     def next_due_ms(self) -> int | None:
         """The earliest bucket time pending anywhere — unloaded segments included (#26080), so a timer
