@@ -2910,16 +2910,15 @@ class TimeBucketIndex:
             if not len(self._packed):
                 return live
             packed = self._packed.pop(now_ms, by_bucket=True)
+            if not live:  # (most forwards at small k: the due buckets were packed)
+                return [
+                    (bucket, _due_ids(key, entry_ids, partial)) for bucket, key, entry_ids, partial in packed
+                ]
             if not packed:
                 return live
             groups = {(bucket, _key(due.ledger_id, due.topic)): due for bucket, due in live}
             for bucket, key, entry_ids, partial in packed:
-                topic, ledger_id = _split_key(key)
-                mine = (
-                    DueIds(topic, ledger_id, entry_ids, partial)
-                    if partial
-                    else DueIds(topic, ledger_id, entry_ids)
-                )
+                mine = _due_ids(key, entry_ids, partial)
                 other = groups.get((bucket, key))
                 groups[bucket, key] = mine if other is None else merge_due(other, mine)
             return [(bucket, due) for (bucket, _), due in sorted(groups.items(), key=_by_group_bucket)]
@@ -3129,6 +3128,14 @@ def pop_by_bucket(index: NackIndex, now_ms: int) -> list[tuple[int, DueIds]]:
 
 def _part_time(part: tuple[int, int | None]) -> int:
     return part[0]
+
+
+def _due_ids(
+    key: LedgerKey, entry_ids: npt.NDArray[np.uint32], partial: dict[int, tuple[int, ...]]
+) -> DueIds:
+    """A ledger's due ids from its key (the shared empty mapping when no entry is partial)."""
+    topic, ledger_id = _split_key(key)
+    return DueIds(topic, ledger_id, entry_ids, partial) if partial else DueIds(topic, ledger_id, entry_ids)
 
 
 def _by_group_bucket(item: tuple[tuple[int, LedgerKey], DueIds]) -> int:

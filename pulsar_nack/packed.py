@@ -704,15 +704,19 @@ class PackedStore:
                 member = key_of(entry_code >> _ENTRY_BITS, entry_code & _ENTRY_MASK)
                 if member not in multi:
                     present.discard(member)
+        if by_bucket:
+            out = self._small_by_bucket(times, codes)
+            if emptied:
+                self.clear()
+            return out
         entry_mask, slot_mask = (1 << _ENTRY_BITS) - 1, (1 << _SLOT_BITS) - 1
-        # per ledger (per bucket and ledger with by_bucket): [its first time], whole entries, members
-        groups: dict[int | tuple[int, int], tuple[list[int], set[int], dict[int, set[int]]]] = {}
+        # per ledger: [its first time], whole entries, members
+        groups: dict[int, tuple[list[int], set[int], dict[int, set[int]]]] = {}
         for code, time in zip(codes, times, strict=True):
             ordinal = code >> _ORDINAL_SHIFT
-            group_key = (time, ordinal) if by_bucket else ordinal
-            group = groups.get(group_key)
+            group = groups.get(ordinal)
             if group is None:
-                group = groups[group_key] = ([time], set(), {})
+                group = groups[ordinal] = ([time], set(), {})
             elif time < group[0][0]:
                 group[0][0] = time
             entry_id, slot = code >> _SLOT_BITS & entry_mask, code & slot_mask
@@ -722,14 +726,43 @@ class PackedStore:
                 group[1].add(entry_id)
         out = []
         ledger_key = self._registry.key
-        for group_key, (first, whole, members) in groups.items():
-            key = ledger_key(group_key[1] if isinstance(group_key, tuple) else group_key)
+        for ordinal, (first, whole, members) in groups.items():
+            key = ledger_key(ordinal)
             partial = {e: tuple(sorted(ix)) for e, ix in sorted(members.items()) if e not in whole}
             entries = np.array(sorted(whole | members.keys()), _U32)
             out.append((self._origin + (first[0] << self._k), key, entries, partial))
         if emptied:
             self.clear()
         out.sort(key=_first)
+        return out
+
+    def _small_by_bucket(self, times: list[int], codes: list[int]) -> list[_Popped]:
+        """:meth:`_pop_small`'s groups per (bucket, ledger), in bucket order: one pass over the rows
+        sorted by (time, code), where a group's rows are adjacent and an entry's whole row (slot 0) comes
+        before its members'. O(rows log rows)."""
+        entry_mask, slot_mask = (1 << _ENTRY_BITS) - 1, (1 << _SLOT_BITS) - 1
+        key_of, origin, k = self._registry.key, self._origin, self._k
+        out: list[_Popped] = []
+        group: tuple[int, int] | None = None
+        entries: list[int] = []
+        members: dict[int, list[int]] = {}
+        whole = False
+        for time, code in sorted(zip(times, codes, strict=True)):
+            here = (time, code >> _ORDINAL_SHIFT)
+            if here != group:
+                if group is not None:
+                    out.append(_group(origin + (group[0] << k), key_of(group[1]), entries, members))
+                group, entries, members = here, [], {}
+            entry_id, slot = code >> _SLOT_BITS & entry_mask, code & slot_mask
+            if not entries or entries[-1] != entry_id:
+                entries.append(entry_id)
+                whole = not slot
+            if slot and not whole:
+                indexes = members.setdefault(entry_id, [])
+                if not indexes or indexes[-1] != slot - 1:
+                    indexes.append(slot - 1)
+        if group is not None:
+            out.append(_group(origin + (group[0] << k), key_of(group[1]), entries, members))
         return out
 
     def slots(self) -> Iterator[tuple[int, LedgerKey, npt.NDArray[np.uint32]]]:
@@ -855,6 +888,10 @@ def _entries_of(codes: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint32], 
     elif len(entries) > 1 and not bool((entries[1:] > entries[:-1]).all()):
         entries = np.unique(entries)
     return entries, partial
+
+
+def _group(bucket: int, key: LedgerKey, entries: list[int], members: dict[int, list[int]]) -> _Popped:
+    return bucket, key, np.array(entries, _U32), {e: tuple(indexes) for e, indexes in members.items()}
 
 
 def _first(item: _Popped) -> int:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from pulsar_nack.lowlevel import DueIds, TimeBucketIndex
-from pulsar_nack.packed import _SMALL_POP, PackedStore
+from pulsar_nack.packed import _ORDINAL_SHIFT, _SLOT_BITS, _SMALL_POP, PackedStore
 
 WIDE = 1 << 22  # entry ids from here on do not fit a run's split (uint16 + uint32) codes
 
@@ -80,6 +81,32 @@ def test_a_pop_by_bucket_is_a_pop_of_each_due_bucket_in_turn(step: int) -> None:
         assert [bucket for bucket, _ in got] == sorted(bucket for bucket, _ in got)
         assert sorted(got) == sorted(expected)
     assert len(grouped) == len(stepped) == 0
+
+
+def test_both_paths_of_a_pop_by_bucket_group_rows_alike() -> None:
+    """The packed tier's pop by bucket groups its rows in plain Python (a few due rows) or numpy (many):
+    per (bucket, ledger), an entry due whole there comes whole even beside rows of some of its messages
+    (rows of one bucket packed at two compactions), others with their due batch indexes."""
+    store = _built(0)._packed
+    assert isinstance(store, PackedStore)
+    ordinal = store._registry.ordinals[("t", 1)]
+
+    def row(entry_id: int, batch_index: int) -> int:
+        return ordinal << _ORDINAL_SHIFT | entry_id << _SLOT_BITS | batch_index + 1
+
+    rows = [(5, row(3, -1)), (5, row(3, 1)), (5, row(4, 0)), (5, row(4, 2)), (5, row(4, 2)), (6, row(3, 0))]
+    times, codes = [t for t, _ in rows], [c for _, c in rows]
+    plain = store._small_by_bucket(times, codes)
+    vectors = store._by_bucket(np.array(times, np.uint32), np.array(codes, np.uint64))
+    origin, k = store._origin, store._k
+    expected = [
+        (origin + (5 << k), ("t", 1), [3, 4], {4: (0, 2)}),
+        (origin + (6 << k), ("t", 1), [3], {3: (0,)}),
+    ]
+    for groups in (plain, vectors):
+        assert [
+            (bucket, key, entries.tolist(), partial) for bucket, key, entries, partial in groups
+        ] == expected
 
 
 @pytest.mark.parametrize("spread_ms", [60_000, 200_000, 3_600_000])
