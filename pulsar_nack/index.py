@@ -131,8 +131,8 @@ class NackIndex(Protocol):
 
     def pop_due_by_bucket(self, now_ms: int) -> list[tuple[int, DueIds]]:
         """As :meth:`pop_due` of each due bucket in turn: (bucket time, one ledger's ids due in it), in
-        bucket order (an index whose :meth:`next_due_ms` is a lower bound labels what it finds below it
-        with ``now_ms``; see :func:`pop_by_bucket`)."""
+        bucket order (a store that holds due ids back — a re-dispatch — labels those it releases with a
+        time no earlier than their bucket, up to ``now_ms``: see :func:`pop_by_bucket`)."""
         ...
 
     def next_due_ms(self) -> int | None:
@@ -3110,10 +3110,11 @@ def merge_due(a: DueIds, b: DueIds) -> DueIds:
 
 
 def pop_by_bucket(index: NackIndex, now_ms: int) -> list[tuple[int, DueIds]]:
-    """:meth:`NackIndex.pop_due_by_bucket` by a pop of each due bucket in turn, for an index whose
-    :meth:`~NackIndex.next_due_ms` may be a lower bound (a segment store's unloaded segments, deferred
-    ids of a re-dispatch): where a pop at it finds nothing, or it does not move on, what is due up to
-    ``now_ms`` comes in one last pop labelled ``now_ms``. O(due buckets) pops."""
+    """:meth:`NackIndex.pop_due_by_bucket` by a :meth:`~NackIndex.pop_due` at each of the index's next
+    due times in turn, for an index whose next due time need not be the bucket of what it pops next (a
+    re-dispatch holds due ids back, and names when it may release them): where a pop at it finds
+    nothing, or it does not move on, what is due up to ``now_ms`` comes in one last pop labelled
+    ``now_ms``. O(due times) pops."""
     out: list[tuple[int, DueIds]] = []
     until = -1
     while (following := index.next_due_ms()) is not None and following <= now_ms:

@@ -194,8 +194,8 @@ class NackIndexRules(RuleBasedStateMachine):
     @rule(step=st.integers(0, 40))
     def advance_and_pop_by_bucket(self, step: int) -> None:
         """``pop_due_by_bucket(now)``: what ``pop_due`` of each due bucket in turn returns, labelled with
-        that bucket, in bucket order. A store whose ``next_due_ms`` is a lower bound (unloaded segments)
-        may label ids with a later time up to ``now``, never an earlier one than their bucket."""
+        that bucket, in bucket order (a segment store loads the segments due first: its labels are exact
+        too)."""
         self.now += step
         model, now = self.model, self.now
         expected: dict[tuple[int, str, int, int], tuple[int, ...] | None] = {
@@ -205,8 +205,6 @@ class NackIndexRules(RuleBasedStateMachine):
             if b <= now:
                 key = (b, topic, ledger, entry)
                 expected[key] = (*(expected.get(key) or ()), bi)
-        exact = self.labels_exact()
-        merged = model.pop_due(now)
         got: dict[tuple[int, str, int, int], tuple[int, ...] | None] = {}
         labels = []
         for label, due in self.index.pop_due_by_bucket(now):
@@ -219,24 +217,9 @@ class NackIndexRules(RuleBasedStateMachine):
                 assert key not in got, "one DueIds per bucket and ledger"
                 got[key] = due.batch_indexes.get(entry)
         assert labels == sorted(labels), "in bucket order"
-        if exact:
-            assert got == expected
-        else:
-            earliest = {key[1:]: key[0] for key in sorted(expected, reverse=True)}
-            folded: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
-            for (label, *rest), indexes in got.items():
-                entry_key = (rest[0], rest[1], rest[2])
-                assert earliest[entry_key] <= label <= now, "never labelled before its bucket"
-                before = folded.get(entry_key, ())
-                folded[entry_key] = (
-                    None if indexes is None or before is None else tuple(sorted({*before, *indexes}))
-                )
-            assert folded == merged
+        assert got == expected
+        model.pop_due(now)
         self.added_since_pop = False
-
-    def labels_exact(self) -> bool:
-        """Whether ``pop_due_by_bucket`` labels each id with its own bucket now."""
-        return True
 
     @rule()
     def compact(self) -> None:
@@ -430,9 +413,6 @@ class SegmentStoreMachine(NackIndexRules):
     @rule(step=st.integers(0, 40))
     def maintain(self, step: int) -> None:
         self.index.maintain(self.now + step)
-
-    def labels_exact(self) -> bool:
-        return all(loaded for *_, loaded in self.index.segments())
 
     def check_due_of(self, topic: str, ledger: int, entry: int, bi: int) -> None:
         """Exact but for an id in an unloaded segment: that segment's first bucket, a lower bound."""

@@ -202,6 +202,32 @@ def test_deferred_batch_messages_stay_pending_to_the_index_calls(tmp_path: Path)
     assert b.pending_mask(1, 9, TOPIC) == 0b1000000 and len(b) == 1
 
 
+def test_a_pop_by_bucket_during_the_redispatch_labels_released_ids_no_earlier_than_due(
+    tmp_path: Path,
+) -> None:
+    """The timer's pop (``pop_due_by_bucket``) while the re-dispatch defers ids: nothing while they wait
+    for their copy; once released, labelled with a time no earlier than their bucket and no later than
+    the pop's limit (the store's next due time is when they may be released, not their bucket)."""
+    a = RedispatchStore(
+        LocalDirectoryStorage(tmp_path, fsync=False), precision_bits=K, clock=FakeClock(EPOCH)
+    )
+    due = int(EPOCH) + 1_000
+    for index in (1, 4):
+        a.add(due, 1, 9, index, TOPIC)
+    a.checkpoint(int(EPOCH))
+    clock = FakeClock(EPOCH + 2_000)
+    b = RedispatchStore(LocalDirectoryStorage(tmp_path, fsync=False), precision_bits=K, clock=clock)
+    b.restore(int(clock.now))
+    assert b.pop_due_by_bucket(int(clock.now)) == []  # due: deferred
+    assert b.due_of(1, 9, 4, TOPIC) is not None  # (the entry's copy came)
+    clock.now += SETTLE_MS
+    limit = int(clock.now) + 100
+    ((label, released),) = b.pop_due_by_bucket(limit)
+    assert due <= label <= limit
+    assert (released.entry_ids.tolist(), dict(released.batch_indexes)) == ([9], {9: (1, 4)})
+    assert len(b) == 0
+
+
 def test_the_redispatch_does_not_make_the_timer_pop_per_copy(tmp_path: Path) -> None:
     """While copies come the store asks for a pop at the bucket cadence (and once when the last copy has
     settled), not one per entry whose copy came: that kept the timer thread popping every 10-25 ms through

@@ -43,7 +43,7 @@ from collections.abc import Callable
 import numpy as np
 from pyroaring import BitMap
 
-from pulsar_nack.index import DueIds, Rounding, batch_indexes, merge_due
+from pulsar_nack.index import DueIds, Rounding, batch_indexes, merge_due, pop_by_bucket
 from pulsar_nack.snapshot.format import Group
 from pulsar_nack.snapshot.segments import RestoreReport, SegmentConfig, SegmentStore
 from pulsar_nack.snapshot.storage import SnapshotStorage
@@ -356,6 +356,14 @@ class RedispatchStore(SegmentStore):
             DueIds(topic, ledger_id, np.array(sorted(entries), dtype=np.uint32), partial)
             for (topic, ledger_id), (entries, partial) in by_ledger.items()
         ]
+
+    def pop_due_by_bucket(self, now_ms: int) -> list[tuple[int, DueIds]]:
+        """As :meth:`SegmentStore.pop_due_by_bucket`; while the re-dispatch is under way, a :meth:`pop_due`
+        a due bucket (:func:`~pulsar_nack.index.pop_by_bucket`: its times include when deferred ids may
+        be released, which pop nothing of their own)."""
+        if not (self._waiting or self._deferred or self._came):
+            return super().pop_due_by_bucket(now_ms)
+        return pop_by_bucket(self, now_ms)
 
     def next_due_ms(self) -> int | None:
         """As :meth:`SegmentStore.next_due_ms`; while the re-dispatch is under way, also when deferred ids
