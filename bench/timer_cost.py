@@ -13,10 +13,10 @@ forwarded in it:
 Each row runs in a fresh process. Goal (issue 10): CPU proportional to the buckets that fall due; k = 0 costs
 ≤ 2× the CPU per forwarded id of k = 8 (before: 1,000 ms CPU per second and 4.3M callbacks at k = 0).
 
-The CPU per *forward* is reported too, and a second probe measures what one forward's ``pop_due`` costs back
-to back and after the timer has slept (``IDLE_MS``): a forward's CPU is mostly a fixed cost paid with cold
-caches, the same at every k, so at 1 id per ms the CPU per id follows the forward rate (one per 68 ms at
-k ≤ 6, set by the native timer's grid, against one per 256 ms at k = 8).
+The CPU per *forward* is reported too, and a second probe measures what one forward's pop of the index
+(``pop_due_by_bucket``) costs back to back and after the timer has slept (``IDLE_MS``): a forward's CPU is
+mostly a fixed cost paid with cold caches, the same at every k, so at 1 id per ms the CPU per id follows
+the forward rate (one per 68 ms at k ≤ 6, set by the native timer's grid, against one per 256 ms at k = 8).
 
     python bench/timer_cost.py                 # ≈ 3 min
 
@@ -39,7 +39,7 @@ PRECISIONS = (0, 4, 8)
 PER_MS = (1, 10)  # ids due per ms
 SPAN_MS = 100_000  # due times one ms apart: 100,000 one-ms buckets at k = 0
 WINDOW_MS = 15_000.0
-IDLE_MS = (0, 1, 10, 68, 256)  # pauses before a pop_due in the cold probe (the timer sleeps 68 / 256 ms)
+IDLE_MS = (0, 1, 10, 68, 256)  # pauses before a pop in the cold probe (the timer sleeps 68 / 256 ms)
 
 
 def probe(precision_bits: int, per_ms: int) -> dict[str, Any]:
@@ -100,9 +100,10 @@ def probe(precision_bits: int, per_ms: int) -> dict[str, Any]:
 
 
 def cold_probe(precision_bits: int, repeats: int = 60) -> dict[str, Any]:
-    """CPU (thread time) of one forward's ``pop_due`` — 68 one-id buckets at k = 0, one 256-id bucket at
-    k = 8, as in the 1-id-per-ms rows — called back to back or after sleeping each of ``IDLE_MS``: how much
-    of a forward's cost is the caches gone cold while the timer slept. Medians over ``repeats`` pops."""
+    """CPU (thread time) of one forward's pop (``pop_due_by_bucket``) — 68 one-id buckets at k = 0, one
+    256-id bucket at k = 8, as in the 1-id-per-ms rows — called back to back or after sleeping each of
+    ``IDLE_MS``: how much of a forward's cost is the caches gone cold while the timer slept. Medians over
+    ``repeats`` pops."""
     from pulsar_nack.index import TimeBucketIndex
 
     index = TimeBucketIndex(precision_bits)
@@ -120,10 +121,10 @@ def cold_probe(precision_bits: int, repeats: int = 60) -> dict[str, Any]:
             if idle_ms:
                 time.sleep(idle_ms / 1000.0)
             before = time.thread_time_ns()
-            index.pop_due(now)
+            index.pop_due_by_bucket(now)
             times.append(time.thread_time_ns() - before)
         medians[str(idle_ms)] = float(np.median(times)) / 1000.0
-    return {"precision_bits": precision_bits, "ms_per_forward": step, "pop_due_us_after_idle_ms": medians}
+    return {"precision_bits": precision_bits, "ms_per_forward": step, "pop_us_after_idle_ms": medians}
 
 
 def run_probe(precision_bits: int, per_ms: int, kind: str = "--probe") -> dict[str, Any]:
@@ -148,7 +149,7 @@ def main(argv: list[str]) -> int:
         print(row, file=sys.stderr)
     report.save_json(
         "timer_cost",
-        {"machine": facts, "span_ms": SPAN_MS, "window_ms": WINDOW_MS, "rows": rows, "cold_pop_due": cold},
+        {"machine": facts, "span_ms": SPAN_MS, "window_ms": WINDOW_MS, "rows": rows, "cold_pop": cold},
     )
     reference = {r["ids_per_ms"]: r["cpu_us_per_id"] for r in rows if r["precision_bits"] == 8}
 
@@ -192,7 +193,7 @@ def main(argv: list[str]) -> int:
             [
                 c["precision_bits"],
                 c["ms_per_forward"] >> c["precision_bits"],
-                *(f"{c['pop_due_us_after_idle_ms'][str(idle)]:.0f} µs" for idle in IDLE_MS),
+                *(f"{c['pop_us_after_idle_ms'][str(idle)]:.0f} µs" for idle in IDLE_MS),
             ]
             for c in cold
         ],
@@ -213,14 +214,14 @@ def main(argv: list[str]) -> int:
             "per ms that fixed cost is shared by 3.8× fewer ids.",
             report.machine_line(facts),
             table,
-            "Where a forward's CPU goes: one forward's `pop_due` (the 1-id-per-ms case) called back to "
-            "back (0 ms idle) or after the thread slept as long as the timer does between forwards "
-            "(thread CPU, median of 60). The cost after a sleep is mostly the caches gone cold, whatever "
-            "the work: it grows with the idle time and levels off by 68 ms, so k = 0 (68-ms gaps) pays it "
-            "as fully as k = 8 (256-ms gaps), and the rest of a forward (the wake-up, re-arming the "
-            "timer, the arrival filter, the forward hook) pays it too. With a fixed cost F per forward "
-            "and c per id, k = 0 is within 2× of k = 8 per id only if F ≤ ~148 c (1 id per ms: 68.7 ids "
-            "per forward against 256).",
+            "Where a forward's CPU goes: one forward's pop (`pop_due_by_bucket`, the 1-id-per-ms case) "
+            "called back to back (0 ms idle) or after the thread slept as long as the timer does between "
+            "forwards (thread CPU, median of 60). The cost after a sleep is mostly the caches gone cold, "
+            "whatever the work: it grows with the idle time and levels off by 68 ms, so k = 0 (68-ms "
+            "gaps) pays it as fully as k = 8 (256-ms gaps), and the rest of a forward (the wake-up, re-"
+            "arming the timer, the arrival filter, the forward hook) pays it too. With a fixed cost F per"
+            " forward and c per id, k = 0 is within 2× of k = 8 per id only if F ≤ ~148 c (1 id per ms: "
+            "68.7 ids per forward against 256).",
             cold_table,
         ]
     )
