@@ -424,6 +424,20 @@ def test_index_add_rejects_bad_arguments_whatever_the_rounding(
     assert [(d.ledger_id, d.entry_ids.tolist()) for d in index.pop_due(2**40)] == [(1, [1])]
 
 
+@pytest.mark.parametrize("pop", ["pop_due", "pop_due_by_bucket"])
+@pytest.mark.parametrize(
+    ("now", "error"),
+    [(-1, ValueError), (True, TypeError), (1.5, TypeError), ("5", TypeError), (None, TypeError)],
+)
+def test_index_pops_reject_a_bad_time(pop: str, now: Any, error: type[Exception]) -> None:
+    """Both pops name ``now_ms`` and leave the index as it was."""
+    index = TimeBucketIndex(8)
+    index.add(5000, 1, 1)
+    with pytest.raises(error, match="now_ms"):
+        getattr(index, pop)(now)
+    assert [(d.ledger_id, d.entry_ids.tolist()) for d in index.pop_due(2**40)] == [(1, [1])]
+
+
 @pytest.mark.parametrize("rounding", ["floor", "ceil"])
 @pytest.mark.parametrize("due", [-1, True, 1.5], ids=ids)
 def test_index_bucket_of_agrees_with_add(rounding: str, due: Any) -> None:
