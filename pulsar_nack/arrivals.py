@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pyroaring import BitMap, BitMap64
+from pyroaring import AbstractBitMap64, BitMap, BitMap64
 
 from pulsar_nack.entry_sets import EntrySets
 from pulsar_nack.index import DueIds, NackIndex, batch_mask
@@ -278,7 +278,7 @@ class _Recent:
         if now is not None:
             self.times[0][(ledger[0], ledger[1], entry_id)] = now
 
-    def delivered(self) -> BitMap64:
+    def delivered(self) -> AbstractBitMap64:
         """The codes of every delivered message (both generations; a new bitmap). O(values)."""
         bitmaps = self.sets.layout.bitmaps
         return bitmaps[_SENT] | bitmaps[_SENT + 1]
@@ -301,7 +301,7 @@ class _Recent:
             return None
         return _ACKED if self._holds(_SENT_ACKED, ledger, entry_id) else _DUPLICATE
 
-    def rotate(self, now: float, half_linger_ms: float) -> BitMap64 | None:
+    def rotate(self, now: float, half_linger_ms: float) -> AbstractBitMap64 | None:
         """Start a new generation once the current one is ``half_linger_ms`` old; returns the codes of
         the delivered generation dropped then (None if not rotated). O(values dropped)."""
         if now - self.started < half_linger_ms:
@@ -310,7 +310,7 @@ class _Recent:
         bitmaps = self.sets.layout.bitmaps
         dropped = bitmaps[_SENT + previous].copy()
         for kind in (_SENT, _SENT_ACKED, _SETTLED):
-            bitmaps[kind + previous].clear()  # (in place: the layout's bitmaps are never swapped alone)
+            self.sets.empty(kind + previous)  # (in place: the layout's bitmaps are never swapped alone)
         self.current = previous
         self.times = [{}, self.times[0]]
         self.started = now
@@ -319,13 +319,15 @@ class _Recent:
     def forget_unacked(self) -> BitMap64:
         """The application's copies are void: only acked ones stay known. Returns the codes of the
         delivered messages forgotten. O(values)."""
-        bitmaps = self.sets.layout.bitmaps
+        sets = self.sets
+        bitmaps = sets.layout.bitmaps
         forgotten = BitMap64()
         for generation in (0, 1):
             delivered, acked = bitmaps[_SENT + generation], bitmaps[_SENT_ACKED + generation]
             forgotten |= delivered - acked
-            delivered.clear()  # (in place, as in rotate)
-            delivered.update(acked)
+            sets.empty(_SENT + generation)  # (in place, as in rotate)
+            if acked:
+                sets.writable(_SENT + generation).update(acked)
         return forgotten
 
     def reset(self, now: float) -> None:
@@ -561,7 +563,7 @@ class ArrivalFilter:
             elif ordinal is None:
                 sets.add(_PENDING, (topic, ledger_id), entry_id)
             elif ordinal in sets.held_ordinals:  # EntrySets.add inlined (the nack path)
-                pending_set.add(code)
+                (pending_set if type(pending_set) is BitMap64 else sets.writable(_PENDING)).add(code)
             else:
                 sets.add(_PENDING, (topic, ledger_id), entry_id)
             return fresh
@@ -1675,7 +1677,7 @@ class ArrivalFilter:
                     table.clear()  # an emptied dict keeps its hash table (2.6 MB after a big forward)
         return again
 
-    def _unwatch(self, codes: BitMap64) -> None:
+    def _unwatch(self, codes: AbstractBitMap64) -> None:
         """Stop watching these non-batched entries (codes of the filter's sets), but those still in
         flight or recently redelivered (lock held). O(entries)."""
         gone = codes - self._recent.delivered()

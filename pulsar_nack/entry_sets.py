@@ -20,6 +20,10 @@ whenever every set is empty (O(1) to see, checked on each removal) — so a drai
 and nothing grows with run time. ``low`` follows the registry's ordinals (the bitmaps are then re-coded:
 O(values), at most :data:`MAX_LOW_BITS` times until the sets empty).
 
+A set holds no bitmap of its own until its first value (a shared frozen empty one: an empty BitMap64 costs
+~265 bytes, and a consumer's filter has nine sets, most of them unused by a workload); once made, a set's
+bitmap stays until the sets empty.
+
 Lookups without a lock: :attr:`EntrySets.layout` (``low`` and the bitmaps; the registry's key → ordinal
 dict, itself read without a lock) is replaced as a whole when re-coded, never changed in place but for
 the bitmaps' values: read it once, then look up (:meth:`Layout.code`). Changes need the caller's lock.
@@ -33,7 +37,7 @@ from array import array
 from collections.abc import Iterator, Mapping
 
 import numpy as np
-from pyroaring import BitMap, BitMap64
+from pyroaring import AbstractBitMap64, BitMap, BitMap64, FrozenBitMap64
 
 from pulsar_nack.ledgers import LedgerRegistry
 from pulsar_nack.memory import bitmap_heap_bytes, python_bytes, shared_bitmap64_heap_bytes
@@ -49,11 +53,15 @@ _ENTRY_BITS = 32
 _ENTRY_MASK = (1 << _ENTRY_BITS) - 1
 #: Ledgers held before the first sweep of unheld ones (then twice those held after one).
 _COLLECT_MIN = 16
+#: What a set holds until its first value (an empty BitMap64 costs ~265 bytes, ~380 once used: 2.4-3.4 KB
+#: of a consumer's fixed memory for the filter's nine sets, most of them never used by a workload).
+_EMPTY = FrozenBitMap64()
 
 
 class Layout:
     """One coding of the sets: ``low``, the registry's ``ordinals`` (key → ordinal, see
-    :func:`~pulsar_nack.ledgers.ledger_key`), and the sets' bitmaps. Replaced whole when re-coded."""
+    :func:`~pulsar_nack.ledgers.ledger_key`), and the sets' bitmaps — a shared frozen empty one for a set
+    until its first value (:meth:`EntrySets.writable`). Replaced whole when re-coded."""
 
     __slots__ = ("bitmaps", "low", "mask", "ordinals", "shift")
 
@@ -62,7 +70,7 @@ class Layout:
         self.shift = _ENTRY_BITS + low  # a code's bits above the entry id: the ordinal's high bits
         self.mask = (1 << low) - 1  # a code's bits below the entry id: the ordinal's low bits
         self.ordinals = ordinals
-        self.bitmaps: tuple[BitMap64, ...] = tuple(BitMap64() for _ in range(count))
+        self.bitmaps: list[AbstractBitMap64] = [_EMPTY] * count
 
     def base(self, ordinal: int) -> int:
         """The code of the ledger's entry 0. O(1)."""
@@ -125,7 +133,7 @@ class EntrySets:
         """Each ledger of set ``which`` with its entry ids (a snapshot). O(values log values) numpy."""
         return self.decode(self.layout.bitmaps[which])
 
-    def decode(self, codes: BitMap64) -> Iterator[tuple[LedgerKey, BitMap]]:
+    def decode(self, codes: AbstractBitMap64) -> Iterator[tuple[LedgerKey, BitMap]]:
         """Each ledger of ``codes`` (codes of the current layout, e.g. the difference of two sets) with
         its entry ids. O(values log values) numpy."""
         layout = self.layout
@@ -160,7 +168,25 @@ class EntrySets:
         if ordinal is None or ordinal not in self.held_ordinals:
             ordinal = self._hold(ledger)
             layout = self.layout
-        layout.bitmaps[which].add(layout.base(ordinal) | entry_id << layout.low)
+        bitmap = layout.bitmaps[which]
+        if type(bitmap) is not BitMap64:
+            bitmap = self.writable(which)
+        bitmap.add(layout.base(ordinal) | entry_id << layout.low)
+
+    def writable(self, which: int) -> BitMap64:
+        """Set ``which``'s bitmap, made on its first use (caller's lock held; a reader without it that read
+        the empty one before finds nothing, as before the value came). O(1)."""
+        bitmaps = self.layout.bitmaps
+        bitmap = bitmaps[which]
+        if not isinstance(bitmap, BitMap64):
+            bitmap = bitmaps[which] = BitMap64()
+        return bitmap
+
+    def empty(self, which: int) -> None:
+        """Empty set ``which`` in place (readers see it emptied, as after removals). O(values)."""
+        bitmap = self.layout.bitmaps[which]
+        if isinstance(bitmap, BitMap64):
+            bitmap.clear()
 
     def discard(self, which: int, ledger: LedgerKey, entry_id: int) -> bool:
         """Remove an entry; True if it was in the set. O(1) (the sets emptied: O(ledgers held), once)."""
@@ -169,7 +195,7 @@ class EntrySets:
         if code is None:
             return False
         bitmap = layout.bitmaps[which]
-        if code not in bitmap:
+        if code not in bitmap or not isinstance(bitmap, BitMap64):
             return False
         bitmap.discard(code)
         if not bitmap:
@@ -196,7 +222,7 @@ class EntrySets:
         if new:
             self._hold_many(new)
         layout = self.layout
-        bitmap, low = layout.bitmaps[which], np.uint64(layout.low)
+        bitmap, low = self.writable(which), np.uint64(layout.low)
         for ledger, ids in entries.items():
             base = layout.base(layout.ordinals[ledger if ledger[0] else ledger[1]])
             codes = np.frombuffer(ids.to_array(), np.uint32).astype(np.uint64) << low
@@ -273,10 +299,11 @@ class EntrySets:
         new = Layout(low, self._count, self._registry.ordinals)
         shift_old, shift_new = np.uint64(_ENTRY_BITS + old.low), np.uint64(_ENTRY_BITS + low)
         old_low, new_low = np.uint64(old.low), np.uint64(low)
-        for source, target in zip(old.bitmaps, new.bitmaps, strict=True):
+        for which, source in enumerate(old.bitmaps):
             codes = np.frombuffer(source.to_array(), np.uint64)
             if not len(codes):
                 continue
+            target = new.bitmaps[which] = BitMap64()
             ordinals = (codes >> shift_old) << old_low | codes & np.uint64((1 << old.low) - 1)
             entries = (codes >> old_low) & np.uint64(_ENTRY_MASK)
             recoded = (
@@ -295,5 +322,6 @@ class EntrySets:
         total = python_bytes(self) + python_bytes(layout) + python_bytes(layout.bitmaps)
         total += python_bytes(self.held_ordinals) + bitmap_heap_bytes(self.held_ordinals)
         for bitmap in layout.bitmaps:
-            total += python_bytes(bitmap) + shared_bitmap64_heap_bytes(bitmap, shrunk=False)
+            if bitmap is not _EMPTY:  # (the shared empty one is no consumer's)
+                total += python_bytes(bitmap) + shared_bitmap64_heap_bytes(bitmap, shrunk=False)
         return total
