@@ -22,7 +22,7 @@ O(values), at most :data:`MAX_LOW_BITS` times until the sets empty).
 
 A set holds no bitmap of its own until its first value (a shared frozen empty one: an empty BitMap64 costs
 ~265 bytes, and a consumer's filter has nine sets, most of them unused by a workload); once made, a set's
-bitmap stays until the sets empty.
+bitmap stays until a removal leaves every set empty (:meth:`EntrySets.tidy`).
 
 Lookups without a lock: :attr:`EntrySets.layout` (``low`` and the bitmaps; the registry's key → ordinal
 dict, itself read without a lock) is replaced as a whole when re-coded, never changed in place but for
