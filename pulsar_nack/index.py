@@ -1111,24 +1111,15 @@ class _HotIndex:
         Python work per due bucket, per due slot with its own bitmap and per due ledger (and per due slot
         with batch members); one-id slots of a ledger are merged without numpy (see ``_merge_own``).
 
-        The timer calls this every 68 ms at small k, with the caches cold after its sleep, where every
-        line and object touched costs several times its warm cost: the loop over the due
-        buckets reads their fields directly (no ``_Bucket.items`` call, no ``_Run`` object per run) and
-        one due ledger skips the set and the sort of the ledgers.
+        The loop over the due buckets reads their fields directly (no ``_Bucket.items`` call, no ``_Run``
+        object per run) and one due ledger skips the set and the sort of the ledgers: the timer called this
+        every 68 ms at small k, with the caches cold after its sleep (it calls :meth:`pop_due_by_bucket`
+        now).
         """
-        if type(now_ms) is not int or now_ms < 0:
-            now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
-            times = self._times.pop_until(now_ms)
+            times, due = self._take_due(now_ms)
             if not times:
                 return []
-            if self._slot_bucket is not None:
-                self._forget_slot()
-            cold = self._cold
-            due = list(map(self._schedule.pop, times))  # their _Bucket-s, in bucket order
-            if cold:
-                for bucket in times:
-                    cold.pop(bucket, None)
             packed: list[BitMap64] = []  # their shared bitmaps
             # ledger → its own due entries: bitmaps, _Run-s, or runs as plain ints (see _merge_own)
             owned: dict[LedgerKey, list[tuple[int, Entries | int]]] = {}
@@ -1171,11 +1162,7 @@ class _HotIndex:
                 key = record.key
                 gone = bisect_right(record.buckets, last, record.head) - record.head
                 parts = owned.get(key)
-                entry_ids = shared.get(key)
-                if parts:
-                    entry_ids, count = _merge_own(entry_ids, parts)
-                    self._count -= count
-                assert entry_ids is not None
+                entry_ids = self._entries_due(shared.get(key), parts)
                 topic, ledger_id = _split_key(key)
                 masks = due_masks.get(record.serial)
                 partial = None
@@ -1191,24 +1178,44 @@ class _HotIndex:
                 self._narrow_if_sparse()
             return out
 
+    def _entries_due(
+        self, shared: npt.NDArray[np.uint32] | None, parts: list[tuple[int, Entries | int]] | None
+    ) -> npt.NDArray[np.uint32]:
+        """A due ledger's entry ids: from the due shared bitmaps (decoded) and its own due slots, which
+        leave the count (lock held). See :func:`_merge_own`."""
+        if parts:
+            shared, count = _merge_own(shared, parts)
+            self._count -= count
+        assert shared is not None
+        return shared
+
+    def _take_due(self, now_ms: int) -> tuple[list[int], list[_Bucket]]:
+        """The due bucket times and their buckets, in bucket order, taken out of the schedule (lock held;
+        their ledgers' records are the caller's to unlink; a bad ``now_ms`` raises first). O(log B + due
+        buckets)."""
+        if type(now_ms) is not int or now_ms < 0:
+            now_ms = _check_due(now_ms, "now_ms", bounded=False)
+        times = self._times.pop_until(now_ms)
+        if not times:
+            return times, []
+        if self._slot_bucket is not None:
+            self._forget_slot()
+        due = list(map(self._schedule.pop, times))
+        cold = self._cold
+        if cold:
+            for bucket in times:
+                cold.pop(bucket, None)
+        return times, due
+
     def pop_due_by_bucket(self, now_ms: int) -> list[tuple[int, DueIds]]:
         """Remove every id whose bucket time is <= ``now_ms`` and return it as :meth:`pop_due` of each due
         bucket in turn would: (bucket time, one ledger's ids due in it), in bucket order. O(log B) to find
         the due buckets, plus per due bucket one decode of its shared bitmap and O(1) Python work per due
         slot and batch member — one call where a pop a bucket paid the call's fixed cost per bucket."""
-        if type(now_ms) is not int or now_ms < 0:
-            now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
-            times = self._times.pop_until(now_ms)
+            times, due = self._take_due(now_ms)
             if not times:
                 return []
-            if self._slot_bucket is not None:
-                self._forget_slot()
-            cold = self._cold
-            due = list(map(self._schedule.pop, times))
-            if cold:
-                for bucket in times:
-                    cold.pop(bucket, None)
             ledgers = self._ledgers
             touched: dict[LedgerKey, _Ledger] = {}
             out: list[tuple[int, DueIds]] = []
@@ -1224,12 +1231,7 @@ class _HotIndex:
                 for key, entries in slots.items():
                     owned[key] = [(bucket, entries)]
                 for key in (shared.keys() | owned.keys()) if shared and owned else (shared or owned):
-                    parts = owned.get(key)
-                    entry_ids = shared.get(key)
-                    if parts:
-                        entry_ids, count = _merge_own(entry_ids, parts)
-                        self._count -= count
-                    assert entry_ids is not None
+                    entry_ids = self._entries_due(shared.get(key), owned.get(key))
                     record = touched.get(key)
                     if record is None:
                         record = touched[key] = ledgers[key]
@@ -2867,27 +2869,15 @@ class TimeBucketIndex:
         (O(log B) plus O(due ids log due ids) numpy/CRoaring and O(1) Python per due bucket and ledger),
         plus O(log n_p + due) per packed run and O(1) Python per due packed ledger and batch member.
         """
-        if type(now_ms) is not int or now_ms < 0:
-            now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
-            if self._staged_first <= now_ms:
-                self._unstage()
-            live = self._hot.pop_due(now_ms)
-            if not len(self._packed):
-                return [due for _, due in live]
-            packed = self._packed.pop(now_ms)
+            live, packed = self._pop_tiers(now_ms, by_bucket=False)
             if not packed:
                 return [due for _, due in live]
             merged: dict[LedgerKey, tuple[int, DueIds]] = {
                 _key(due.ledger_id, due.topic): (first, due) for first, due in live
             }
             for first, key, entry_ids, partial in packed:
-                topic, ledger_id = _split_key(key)
-                mine = (
-                    DueIds(topic, ledger_id, entry_ids, partial)
-                    if partial
-                    else DueIds(topic, ledger_id, entry_ids)
-                )
+                mine = _due_ids(key, entry_ids, partial)
                 other = merged.get(key)
                 merged[key] = (
                     (first, mine) if other is None else (min(first, other[0]), merge_due(other[1], mine))
@@ -2901,15 +2891,8 @@ class TimeBucketIndex:
         mostly fixed). Complexity: the live tier's (O(log B), plus a shared bitmap's decode and O(1) Python
         per due bucket and slot), plus the packed tier's (O(log n_p + due log due) numpy, O(1) Python per
         due (bucket, ledger) and batch member)."""
-        if type(now_ms) is not int or now_ms < 0:
-            now_ms = _check_due(now_ms, "now_ms", bounded=False)
         with self._lock:
-            if self._staged_first <= now_ms:
-                self._unstage()
-            live = self._hot.pop_due_by_bucket(now_ms)
-            if not len(self._packed):
-                return live
-            packed = self._packed.pop(now_ms, by_bucket=True)
+            live, packed = self._pop_tiers(now_ms, by_bucket=True)
             if not live:  # (most forwards at small k: the due buckets were packed)
                 return [
                     (bucket, _due_ids(key, entry_ids, partial)) for bucket, key, entry_ids, partial in packed
@@ -2922,6 +2905,22 @@ class TimeBucketIndex:
                 other = groups.get((bucket, key))
                 groups[bucket, key] = mine if other is None else merge_due(other, mine)
             return [(bucket, due) for (bucket, _), due in sorted(groups.items(), key=_by_group_bucket)]
+
+    def _pop_tiers(
+        self, now_ms: int, by_bucket: bool
+    ) -> tuple[
+        list[tuple[int, DueIds]],
+        list[tuple[int, LedgerKey, npt.NDArray[np.uint32], dict[int, tuple[int, ...]]]],
+    ]:
+        """Both tiers' pops up to ``now_ms`` (lock held; a bad ``now_ms`` raises before anything changes):
+        the live tier's (first due bucket, or bucket with ``by_bucket``, and ids) and the packed tier's
+        rows (:meth:`PackedStore.pop`)."""
+        if type(now_ms) is not int or now_ms < 0:
+            now_ms = _check_due(now_ms, "now_ms", bounded=False)
+        if self._staged_first <= now_ms:
+            self._unstage()
+        live = self._hot.pop_due_by_bucket(now_ms) if by_bucket else self._hot.pop_due(now_ms)
+        return live, self._packed.pop(now_ms, by_bucket=by_bucket) if len(self._packed) else []
 
     def pending_mask(self, ledger_id: int, entry_id: int, topic: str = "") -> int:
         """The batch indexes of this entry pending in any bucket, as a bitmask; -1 if the whole entry is

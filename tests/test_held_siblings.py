@@ -650,6 +650,17 @@ def test_a_copy_that_comes_while_a_flush_has_popped_its_message_is_kept() -> Non
     assert arrivals.take_popped_message(7, 1, 1, "t") is False
 
 
+def _quiet_entry(now: FakeClock, m1_due: int) -> tuple[ArrivalFilter, TimeBucketIndex]:
+    """:func:`_filter_at` (coalescing) with m0 nacked due at 2,000, m1 at ``m1_due`` and every other
+    message of the entry acked: the entry is one bit (quiet)."""
+    arrivals, index = _filter_at(now, coalesce=True)
+    arrivals.file(2_000, 7, 1, 0, "t")
+    arrivals.file(m1_due, 7, 1, 1, "t")
+    for i in range(2, 10):
+        arrivals.acked(7, 1, i, "t")
+    return arrivals, index
+
+
 def test_a_quiet_entry_expanded_while_a_flush_has_popped_one_of_its_messages_keeps_that_message() -> None:
     """The filter keeps an entry whose messages are all acked or pending as one bit, and rebuilds its
     record from the index: what the index no longer has pending counts as acked, but what the flush just
@@ -658,11 +669,7 @@ def test_a_quiet_entry_expanded_while_a_flush_has_popped_one_of_its_messages_kee
     take m0 for acked — its forward would make no flight, and the copy it brings would be acked at the
     broker and never handed out."""
     now = FakeClock(1_000.0)
-    arrivals, index = _filter_at(now, coalesce=True)
-    arrivals.file(2_000, 7, 1, 0, "t")
-    arrivals.file(3_000, 7, 1, 1, "t")
-    for i in range(2, 10):
-        arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
+    arrivals, index = _quiet_entry(now, 3_000)
     now.now = 1_900.0
     # a flush under way (as the tracker pops): m0 leaves the index
     popped = arrivals.pop(index.pop_due_by_bucket, 2_000)
@@ -682,11 +689,7 @@ def test_a_quiet_entry_rebuilt_between_two_buckets_of_one_pop_keeps_the_later_on
     due, and its own bucket's forwarded() leaves it out — not taken for acked, which would make its copy
     a duplicate and lose it."""
     now = FakeClock(1_000.0)
-    arrivals, index = _filter_at(now, coalesce=True)
-    arrivals.file(2_000, 7, 1, 0, "t")
-    arrivals.file(2_040, 7, 1, 1, "t")
-    for i in range(2, 10):
-        arrivals.acked(7, 1, i, "t")  # every message acked or pending: the entry is one bit now
+    arrivals, index = _quiet_entry(now, 2_040)
     now.now = 1_950.0
     popped = arrivals.pop(index.pop_due_by_bucket, 2_050)
     assert [(bucket, ids.batch_indexes) for bucket, ids in popped] == [(2_000, {1: (0,)}), (2_040, {1: (1,)})]
