@@ -22,9 +22,12 @@ SMALL = load_grid("small")
 #: notably the first build in a fresh Python worker, which also fills interpreter caches despite the
 #: warm-up: 54.6 KB against 50.0 KB for the next 30 builds of x=8, k=8 in one process, and once 60.7 KB in
 #: a Spark worker against 49.3 KB in-process, and with the shared-bitmap index 110.5 KB against 93.8 KB at
-#: x=1, k=8 (hence 24 KiB, not 8). The baselines' heap deltas are megabytes, where the 5 % applies.
+#: x=1, k=8, and on CI (2026-11-29) 127.6 KB against 101.3 KB there (hence 32 KiB, not 8). Neither
+#: process turns glibc's tcache off (MEASURING_ENV), so freed chunks it keeps count too. The baselines'
+#: heap deltas are megabytes, where the 5 % applies; the index's structure columns compare exactly and
+#: its walk within WALK_TOLERANCE.
 WALK_TOLERANCE = (1024, 0.02)
-HEAP_DELTA_TOLERANCE = (24576, 0.05)
+HEAP_DELTA_TOLERANCE = (32768, 0.05)
 
 
 @pytest.fixture(scope="session", name="spark")
