@@ -686,12 +686,14 @@ class ArrivalFilter:
         ledger = (topic, ledger_id)
         sets = self._sets
         with self._lock:
-            if self._popped:  # (the flush learns a ledger's buckets in the order it popped them)
+            if self._popped:
                 popped = self._popped.get(ledger)
                 if popped is not None:
-                    if len(popped) > 1:
-                        del popped[0]
-                    else:
+                    # the group these ids came in (two flushes at once — a close that flushes while the
+                    # timer does — interleave their groups), else the first: a flush learns in pop order
+                    at = next((i for i, ids in enumerate(popped) if ids.entry_ids is entry_ids), 0)
+                    del popped[at]
+                    if not popped:
                         del self._popped[ledger]
             any_pending = sets.any(_PENDING)  # (whole entries: none at all on a batched topic)
             ints = _ints(entry_ids)

@@ -703,6 +703,19 @@ def test_a_quiet_entry_rebuilt_between_two_buckets_of_one_pop_keeps_the_later_on
     assert arrivals.admit(7, 1, 1, "t", None) is Verdict.DUPLICATE, "m1: the kept copy is the application's"
 
 
+def test_two_flushes_at_once_each_leave_the_others_popped_messages_pending() -> None:
+    """Two flushes of one ledger at once (a close that flushes while the timer does): A pops m0, B pops m1
+    and learns it first. The quiet entry rebuilt then must still have m0 pending — A has not told the
+    filter — so that m0's copy is held for it, not taken for acked."""
+    now = FakeClock(1_000.0)
+    arrivals, index = _quiet_entry(now, 2_040)
+    now.now = 1_950.0
+    assert len(arrivals.pop(index.pop_due_by_bucket, 2_000)) == 1  # flush A: m0
+    ((bucket, m1),) = arrivals.pop(index.pop_due_by_bucket, 2_050)  # flush B
+    assert arrivals.forwarded("t", 7, m1.entry_ids, m1.batch_indexes, now.now, bucket) is None
+    assert arrivals.admit(7, 1, 0, "t", None) is Verdict.HOLD, "m0: popped by A, still pending"
+
+
 def test_a_message_kept_while_a_pop_of_two_buckets_is_learned_is_left_out_of_its_own() -> None:
     """The race of a flush over two buckets: m0 due at 2,000 and m1 at 2,040 popped at once, and m1's
     copy kept (take_popped_message) before the filter learns either. Learning m0's bucket leaves m1's
