@@ -643,12 +643,16 @@ class PackedStore:
             if self._multi:
                 gone -= self._multi
             self._entries -= gone
-        if by_bucket:
-            out = self._by_bucket(times, codes)
-            if emptied:
-                self.clear()
-            return out
-        # Per ledger: its first due bucket, its entries, the members of entries not due whole.
+        out = self._by_bucket(times, codes) if by_bucket else self._by_ledger(times, codes, entry_codes)
+        if emptied:
+            self.clear()
+        return out
+
+    def _by_ledger(
+        self, times: npt.NDArray[Any], codes: npt.NDArray[np.uint64], entry_codes: npt.NDArray[np.uint64]
+    ) -> list[_Popped]:
+        """:meth:`pop`'s groups per ledger of popped rows: its first due bucket, its entries, the members
+        of entries not due whole; earliest first. O(rows log rows) numpy, plus O(1) Python per ledger."""
         codes.sort()
         ordinals = codes >> _U_ORDINAL_SHIFT
         starts = np.flatnonzero(np.concatenate(([True], ordinals[1:] != ordinals[:-1])))
@@ -668,8 +672,6 @@ class PackedStore:
             mine = codes[start:end]
             ordinal = int(mine[0] >> _U_ORDINAL_SHIFT)
             out.append((firsts[ordinal], key_of(ordinal), *_entries_of(mine)))
-        if emptied:
-            self.clear()
         out.sort(key=_first)
         return out
 
@@ -704,11 +706,14 @@ class PackedStore:
                 member = key_of(entry_code >> _ENTRY_BITS, entry_code & _ENTRY_MASK)
                 if member not in multi:
                     present.discard(member)
-        if by_bucket:
-            out = self._small_by_bucket(times, codes)
-            if emptied:
-                self.clear()
-            return out
+        out = self._small_by_bucket(times, codes) if by_bucket else self._small_by_ledger(times, codes)
+        if emptied:
+            self.clear()
+        return out
+
+    def _small_by_ledger(self, times: list[int], codes: list[int]) -> list[_Popped]:
+        """:meth:`_pop_small`'s groups per ledger, earliest first (as :meth:`_by_ledger`). O(rows log
+        rows)."""
         entry_mask, slot_mask = (1 << _ENTRY_BITS) - 1, (1 << _SLOT_BITS) - 1
         # per ledger: [its first time], whole entries, members
         groups: dict[int, tuple[list[int], set[int], dict[int, set[int]]]] = {}
@@ -731,8 +736,6 @@ class PackedStore:
             partial = {e: tuple(sorted(ix)) for e, ix in sorted(members.items()) if e not in whole}
             entries = np.array(sorted(whole | members.keys()), _U32)
             out.append((self._origin + (first[0] << self._k), key, entries, partial))
-        if emptied:
-            self.clear()
         out.sort(key=_first)
         return out
 

@@ -325,12 +325,11 @@ class NackTracker:
                     continue
             forwarded += len(ids.entry_ids)
             due.append(ids)
-        popped_any = bool(popped)
         with self._lock:
             if due:
                 self._last_forward = now
                 self._forwarded += forwarded
-            if popped_any and not everything:  # buckets up to `limit` are done: a later nack in one waits
+            if popped and not everything:  # buckets up to `limit` are done: a later nack in one waits
                 self._next_bucket = max(self._next_bucket, (limit | (self._width - 1)) + 1)
             if not self._closed:
                 if self._sweep is None and due:
