@@ -408,6 +408,7 @@ class ArrivalFilter:
         self._pending_mask = index.pending_mask if index is not None else None
         self._add: Callable[..., int] = index.add if index is not None else _no_index
         self._remove = index.remove if index is not None else None
+        self._index_len = index.__len__ if index is not None else None
         self.linger_ms = float(linger_ms)
         self.max_reforwards = max_reforwards
         self._lock = threading.Lock()
@@ -1637,6 +1638,9 @@ class ArrivalFilter:
         again: list[tuple[float, int, int, int, str]] = []
         with self._lock:
             dropped = self._recent.rotate(now, self.linger_ms / 2)
+            if self._nothing_to_draw():  # (7 KiB of a consumer's fixed memory, of no nack left)
+                self.lateness.forget_pending()
+                self.dues.clear()
             if dropped is not None:
                 self._unwatch(dropped)
                 self._sets.tidy()  # (rotate emptied sets in place: all empty, the ledgers go back)
@@ -1727,6 +1731,15 @@ class ArrivalFilter:
             due.append(self._recent.started + self.linger_ms / 2)
         return min(due) if due else None
 
+    def _nothing_to_draw(self) -> bool:
+        """No nack pending in the index and no forwarded copy on its way: the lateness estimator's offsets
+        and sampled due times are of no nack left (the caller holds the lock, as a nack does while it
+        files). O(1), O(batched entries followed) when both hold."""
+        index_len = self._index_len
+        if index_len is None or index_len() or self._flights:
+            return False
+        return not any(entry.flights for entry in self._entries.values())
+
     def forget_holdings(self) -> None:
         """The application's unacked copies are void (``redeliver_unacknowledged_messages``): the broker
         sends them again and they are handed out again. Pending nacks stay pending."""
@@ -1745,6 +1758,7 @@ class ArrivalFilter:
             self._forwards.clear()
             self._sets.clear()
             self.dues.clear()
+            self.lateness.forget_pending()
             self._recent.reset(self._clock())
             self.has_parked = False
             self._taken.clear()

@@ -6,9 +6,10 @@ to its arrival, known exactly for every redelivery (a forward labels each id wit
 the due time's offset in its bucket (bucket − due: where in its 2^k ms the due time fell), known when the
 nack is filed. Three fixed-size structures:
 
-* :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (256 slots, two-way,
-  8 bytes a slot, 2 KiB), read when the id's forward is recorded: those redeliveries count their exact
-  lateness (in tests with few nacks, all of them);
+* :class:`DueSample` keeps the exact due times of a bounded sample of pending ids (128 slots, two-way,
+  8 bytes a slot, 1 KiB; 256 were 2 KiB, no more accurate in tests/test_lateness.py), read when the
+  id's forward is recorded: those redeliveries count their exact lateness (in tests with few nacks, all
+  of them);
 * :class:`_BucketOffsets` counts, per bucket (up to 40 at once), where its nacks' due times lie in it, in
   the order their copies will come (4 segments of consecutive nacks × 8 bins: 32 ms at k = 8, a count per
   bin, and per segment its first entry id, the lowest and highest offset it holds and whether its offsets
@@ -37,12 +38,14 @@ that wait longest since their bucket are those whose due times lie latest in it.
 a flush's limit (a time past its bucket's) counts the time since that label: the label's lead over its
 bucket is added to the offset drawn (without it, a demo's tail bucket read 5 ms low).
 
-None grows with pending nacks or run time: at most :data:`MAX_BYTES` (12 KiB) in all, whatever was
-counted (11.9 KiB measured: histogram 3.5, offsets 6.0, sample 2.3), each part allocated at its first
-use. A cell's nacks lie in its bin, within its segment's lowest and highest: a lowest and highest per
-cell (4 segments × 8 bins) was 20 KiB in all; 4 segments × 4 bins with them, 16 KiB, read the demo's
-per-message p99 5.4 and 10.5 ms low (pulsar-lite, 2 runs). Not thread-safe:
-the arrival filter calls them under its lock.
+None grows with pending nacks or run time: at most :data:`MAX_BYTES` (11 KiB) in all, whatever was
+counted (10.8 KiB measured: histogram 3.5, offsets 6.0, sample 1.3), each part allocated at its first
+use; the offsets and the sample go again once no nack is pending or on its way (the arrival filter's
+sweep, a clear): a consumer with nothing pending keeps the histogram alone. A cell's nacks lie in its
+bin, within its segment's lowest and highest: a lowest and highest per cell (4 segments × 8 bins) was
+20 KiB in all; 4 segments × 4 bins with them, 16 KiB, read the demo's per-message p99 5.4 and 10.5 ms
+low (pulsar-lite, 2 runs); 32 buckets kept, not 40, read p50 30 ms low where delays spread over 40
+(tests/test_lateness.py). Not thread-safe: the arrival filter calls them under its lock.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ __all__ = ["MAX_BYTES", "SAMPLE_SLOTS", "DueSample", "LatenessHistogram"]
 #: The most the estimator holds (``nbytes`` of a :class:`LatenessHistogram` with its buckets' offsets,
 #: plus a :class:`DueSample` of the default capacity), whatever it counted: it is part of the fixed memory
 #: the wrapper keeps for a consumer, which is to stay within 16 KiB.
-MAX_BYTES = 12 * 1024
+MAX_BYTES = 11 * 1024
 
 #: Spreads keys over the slots: the keys of one batch's messages differ in their low bits only (the batch
 #: index), which a mask alone would put in one block of slots (Fibonacci hashing: 2**64 / golden ratio).
@@ -84,7 +87,7 @@ def offered(due_ms: int, every: int) -> bool:
 #: The sparsest sample of nacks a busy consumer offers to :class:`DueSample`: 1 in 256.
 MAX_EVERY = 255
 #: Slots of a :class:`DueSample` by default (8 bytes each).
-SAMPLE_SLOTS = 256
+SAMPLE_SLOTS = 128
 
 
 class DueSample:
@@ -817,8 +820,7 @@ class LatenessHistogram:
         bucket time ``bucket``: its lateness is that plus the offset of one of its bucket's nacks, taken in
         the order they were filed (:meth:`_BucketOffsets.draw`); 0 if no bucket's are kept (a restored
         snapshot's nack). O(buckets kept + cells)."""
-        drawn = self._offsets.draw(bucket) if self._offsets is not None else None
-        self.add(since_bucket_ms + (drawn if drawn is not None else 0.0))
+        self.add(since_bucket_ms + self._draw(bucket))
 
     def kept_due(self, bucket: int) -> float:
         """A due time for a nack of ``bucket`` whose copy the consumer keeps until its bucket time (taken
@@ -832,8 +834,20 @@ class LatenessHistogram:
         time a kept copy waits past its bucket (the application's backlog) does not depend on where its
         due time lies in the bucket, so any of the bucket's offsets stands for its own. O(buckets kept +
         cells)."""
-        drawn = self._offsets.draw(bucket, kept=True) if self._offsets is not None else None
-        return bucket - (drawn if drawn is not None else 0.0)
+        return bucket - self._draw(bucket, kept=True)
+
+    def _draw(self, bucket: int, kept: bool = False) -> float:
+        """:meth:`_BucketOffsets.draw`; 0 if no bucket's offsets are kept. O(buckets kept + cells)."""
+        drawn = self._offsets.draw(bucket, kept) if self._offsets is not None else None
+        return drawn if drawn is not None else 0.0
+
+    def forget_pending(self) -> None:
+        """No nack whose offset is counted is pending or on its way any more (a seek; the arrival filter's
+        sweep saw none): the buckets' offsets go (6 KiB, the most of the estimator), to be made again at
+        the next nack; the lateness counted so far stays. Not at each draw: the counts do not drain
+        exactly (an acked nack's offset stays), and a consumer with one nack pending at a time would make
+        the table again at each nack (~10 µs). O(1)."""
+        self._offsets = None
 
     def _halve(self) -> None:
         total = 0

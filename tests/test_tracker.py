@@ -611,3 +611,51 @@ def test_an_ack_racing_a_nack_of_the_same_message_leaves_nothing_pending(
     tracker.flush(everything=True)
     assert harness.forwards == [], "a nack of an acked message was forwarded"
     assert tracker.arrivals.admit(7, 5, batch_index, "t", 1) is not Verdict.HOLD
+
+
+def test_a_cleared_tracker_keeps_no_offsets_of_the_nacks_it_forgot() -> None:
+    """Issue 23: a consumer with nothing pending keeps ≤ 16 KiB. A clear (a seek) forgets the pending nacks
+    and with them where their due times lie in their buckets (the lateness estimator's offsets, 6 KiB);
+    the lateness counted so far stays."""
+    h = Harness(precision_bits=8)
+    start = h.clock.now
+    h.tracker.schedule(start + 1_000, 7, 1)
+    h.run_until(start + 1_500)  # one forwarded: its redelivery counted later, the histogram allocated
+    for entry in range(2, 40):
+        h.tracker.schedule(start + 5_000 + 37 * entry, 7, entry)
+    lateness = h.tracker.arrivals.lateness
+    before = lateness.nbytes
+    h.tracker.clear()
+    assert h.tracker.stats().pending == 0
+    assert lateness.nbytes < before - 4_096
+
+
+def test_a_tracker_with_nothing_pending_lets_the_lateness_offsets_go_at_its_sweep() -> None:
+    """Issue 23: once no nack is pending or on its way, the arrival filter's sweep (``linger_ms`` after
+    the last forward) lets the estimator's offsets and its sample of due times go — not while one nack is
+    still pending: the histogram alone stays, with the redeliveries it counted."""
+    h = Harness(precision_bits=8)
+    start = h.clock.now
+    linger = h.tracker.arrivals.linger_ms
+    for entry in range(1, 6):
+        h.tracker.schedule(start + 1_000 + 97 * entry, 7, entry)
+    h.tracker.schedule(start + 3 * linger, 7, 6)  # pending through the first sweeps
+    lateness, dues = h.tracker.arrivals.lateness, h.tracker.arrivals.dues
+
+    def redeliver(entries: range) -> None:
+        for entry in entries:
+            assert arrive(h, 7, entry) is Verdict.DELIVER
+            h.tracker.arrivals.acked(7, entry, -1, "")
+
+    h.run_until(start + 2_000)
+    redeliver(range(1, 6))
+    held = lateness.nbytes
+    assert len(lateness) == 5 and dues.nbytes > 512
+    h.run_until(start + 2 * linger)
+    assert h.tracker.stats().pending == 1
+    assert lateness.nbytes == held and dues.nbytes > 512, "one nack pending: its offset and due time kept"
+    h.run_until(start + 3 * linger + 1_000)
+    redeliver(range(6, 7))
+    h.run_until(start + 4 * linger + 2_000)
+    assert len(lateness) == 6
+    assert lateness.nbytes < held - 4_096 and dues.nbytes < 512
