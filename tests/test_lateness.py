@@ -528,3 +528,19 @@ def test_a_burst_of_nacks_counted_together_leaves_the_state_of_one_at_a_time() -
     for name in ("keys", "cells", "low", "high", "meta", "last", "moves"):
         assert getattr(burst, name) == getattr(alone, name), name
     assert (burst.shift, burst.sign) == (alone.shift, alone.sign)
+
+
+def test_the_early_counts_are_made_with_the_first_early_redelivery() -> None:
+    """Issue 23 (≤ 16 KiB fixed a consumer): with ceil rounding, the default, no redelivery is early, so
+    the histogram's early counts (0.5 KiB) are made only when one is (floor rounding); percentiles and the
+    early share read the same either way."""
+    histogram = LatenessHistogram()
+    for value in (5.0, 40.0, 300.0):
+        histogram.add(value)
+    late_only = histogram.nbytes
+    assert histogram.early_share == 0.0
+    assert histogram.percentiles([0.0, 1.0]) == pytest.approx([5.5, 301.0], abs=1.0)
+    histogram.add(-3.0)
+    assert histogram.nbytes > late_only + 256
+    assert histogram.early_share == 0.25
+    assert histogram.percentiles([0.0]) == pytest.approx([-3.5], abs=0.5)
