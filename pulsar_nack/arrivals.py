@@ -1768,11 +1768,11 @@ class ArrivalFilter:
         return min(due) if due else None
 
     def _nothing_to_draw(self) -> bool:
-        """No nack pending in the index and no forwarded copy on its way: the lateness estimator's offsets
-        and sampled due times are of no nack left (the caller holds the lock, as a nack does while it
-        files). O(1), O(batched entries followed) when both hold."""
+        """No nack pending in the index, popped for a forward or forwarded with its copy still on its way:
+        the lateness estimator's offsets and sampled due times are of no nack left (the caller holds the
+        lock, as a nack does while it files). O(1), O(batched entries followed) when all hold."""
         index_len = self._index_len
-        if index_len is None or index_len() or self._flights:
+        if index_len is None or index_len() or self._flights or self._popped:
             return False
         return not any(entry.flights for entry in self._entries.values())
 

@@ -659,3 +659,19 @@ def test_a_tracker_with_nothing_pending_lets_the_lateness_offsets_go_at_its_swee
     h.run_until(start + 4 * linger + 2_000)
     assert len(lateness) == 6
     assert lateness.nbytes < held - 4_096 and dues.nbytes < 512
+
+
+def test_ids_popped_for_a_forward_keep_their_lateness_offsets_through_a_sweep() -> None:
+    """A flush pops the index under the filter's lock and tells the filter what it forwarded after it: a
+    sweep between the two (another thread's) finds the index empty and no copy on its way yet, and must
+    not let the estimator's offsets of the popped ids go — their redeliveries draw from them."""
+    h = Harness(precision_bits=8)
+    start = h.clock.now
+    h.tracker.schedule(start + 1_000, 7, 1)
+    arrivals, lateness = h.tracker.arrivals, h.tracker.arrivals.lateness
+    held = lateness.nbytes
+    h.clock.now = start + 2_000
+    popped = arrivals.pop(h.tracker.index.pop_due_by_bucket, int(h.clock.now))
+    assert len(popped) == 1 and h.tracker.stats().pending == 0
+    arrivals.sweep()
+    assert lateness.nbytes == held
