@@ -389,7 +389,7 @@ class ArrivalFilter:
     it; the tracker passes its refile method.
     """
 
-    # (slots: an instance dict of its 32 attributes cost 1.6 KB of every consumer's fixed memory)
+    # (slots: 32 attributes are over the 30 CPython 3.11 keeps inline; the dict cost 1.3 KB a consumer)
     __slots__ = (
         "_abandoned",
         "_add",
@@ -1674,7 +1674,9 @@ class ArrivalFilter:
         again: list[tuple[float, int, int, int, str]] = []
         with self._lock:
             dropped = self._recent.rotate(now, self.linger_ms / 2)
-            if self._nothing_to_draw():  # (7 KiB of a consumer's fixed memory, of no nack left)
+            # (7 KiB of a consumer's fixed memory, of no nack left; asked before the expired flights retire
+            # below: those forwarded again are filed in the index only after this lock is released)
+            if self._nothing_to_draw():
                 self.lateness.forget_pending()
                 self.dues.clear()
             if dropped is not None:

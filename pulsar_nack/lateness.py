@@ -787,7 +787,7 @@ class LatenessHistogram:
                 buckets = self._late = _Buckets(7, _LATE_WIDTHS)
         else:
             buckets, lateness_ms = self._early, -lateness_ms
-            if buckets is None:  # (floor rounding only: 0.5 KiB a ceil consumer does not hold)
+            if buckets is None:  # (floor rounding only: 0.6 KiB a ceil consumer does not hold)
                 buckets = self._early = _Buckets(5, _EARLY_WIDTHS)
         counts, index = buckets.counts, buckets.index(lateness_ms)
         if counts[index] == 0xFFFF:  # (a window past 65,535 in one bucket: halved before it overflows)

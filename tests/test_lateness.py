@@ -532,7 +532,7 @@ def test_a_burst_of_nacks_counted_together_leaves_the_state_of_one_at_a_time() -
 
 def test_the_early_counts_are_made_with_the_first_early_redelivery() -> None:
     """Issue 23 (≤ 16 KiB fixed a consumer): with ceil rounding, the default, no redelivery is early, so
-    the histogram's early counts (0.5 KiB) are made only when one is (floor rounding); percentiles and the
+    the histogram's early counts (0.6 KiB) are made only when one is (floor rounding); percentiles and the
     early share read the same either way."""
     histogram = LatenessHistogram()
     for value in (5.0, 40.0, 300.0):

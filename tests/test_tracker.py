@@ -620,7 +620,7 @@ def test_a_cleared_tracker_keeps_no_offsets_of_the_nacks_it_forgot() -> None:
     h = Harness(precision_bits=8)
     start = h.clock.now
     h.tracker.schedule(start + 1_000, 7, 1)
-    h.run_until(start + 1_500)  # one forwarded: its redelivery counted later, the histogram allocated
+    h.run_until(start + 1_500)  # one forwarded, its copy on its way
     for entry in range(2, 40):
         h.tracker.schedule(start + 5_000 + 37 * entry, 7, entry)
     lateness = h.tracker.arrivals.lateness
