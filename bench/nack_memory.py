@@ -44,6 +44,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -301,6 +303,41 @@ def summary(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _measured(points: list[Point], pending: int, jobs: int) -> Iterator[dict[str, Any]]:
+    """Each point's result as it is measured, ``jobs`` at once (each point is its own process already:
+    the threads only wait for them)."""
+    if jobs == 1:
+        yield from (measure(point, pending) for point in points)
+        return
+    with ThreadPoolExecutor(jobs) as pool:
+        running = [pool.submit(measure, point, pending) for point in points]
+        yield from (future.result() for future in as_completed(running))
+
+
+def _save_grid(
+    name: str,
+    facts: dict[str, Any],
+    pending: int,
+    native: float | None,
+    native_source: str,
+    results: list[dict[str, Any]],
+) -> None:
+    """A resumed run's file: the points measured so far (no broker sample)."""
+    report.save_json(
+        name,
+        {
+            "machine": facts,
+            "pending_target": pending,
+            "grid_points": len(grid()),
+            "native_bytes_per_nack": native,
+            "native_source": native_source,
+            "summary": summary(results),
+            "results": results,
+            "broker": [],
+        },
+    )
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     which = parser.add_mutually_exclusive_group()
@@ -335,6 +372,16 @@ def main(argv: list[str]) -> int:
         "docs section nack-memory-NAME (the sample's file and section untouched; no broker sample)",
     )
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --extra: keep the points its results file already holds, measure the rest (in a shuffled "
+        "order, so that a run stopped midway is a random sample of what it was given) and save after each "
+        "point — the whole grid takes longer than a session",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="points measured at once, each in its own process (default 1)"
+    )
+    parser.add_argument(
         "--broker-only",
         action="store_true",
         help="run only the broker sample; the grid's results are kept from the last run",
@@ -354,22 +401,36 @@ def main(argv: list[str]) -> int:
         parser.error(f"--pending: at least 1,000, got {args.pending}")
     if args.sample is not None and args.sample < 0:
         parser.error(f"--sample: at least 0, got {args.sample}")
+    if args.resume and args.extra is None:
+        parser.error("--resume: only with --extra NAME (the sample's file is rewritten whole)")
+    if args.jobs < 1:
+        parser.error(f"--jobs: at least 1, got {args.jobs}")
     facts = report.machine()
     points = [] if args.broker_only else choose(grid(), None if args.all else args.sample, args.points)
     if not points and not args.broker_only:
         parser.error(f"--points: no point's name contains {args.points!r}")
     native, native_source = native_bytes_per_nack()
-    results, rows = [], []
-    for number, point in enumerate(points, 1):
-        result = measure(point, args.pending)
-        results.append(result)
-        rows.append(_row(result, native))
+    previous = report.RESULTS / f"{name}.json"
+    results: list[dict[str, Any]] = []
+    if args.resume and previous.exists():
+        old = json.loads(previous.read_text())
+        if old["pending_target"] != args.pending:
+            parser.error(f"--resume: {previous.name} was run at --pending {old['pending_target']:,}")
+        wanted = {p.name for p in points}
+        results = [r for r in old["results"] if r["point"] in wanted]
+        done = {r["point"] for r in results}
+        points = [p for p in points if p.name not in done]
+        random.Random(486).shuffle(points)
+        print(f"resuming: {len(done)} points kept, {len(points)} to measure", flush=True)
+    for number, result in enumerate(_measured(points, args.pending, args.jobs), 1):
+        results.append({**result, "commit": facts["commit"]})
         print(
-            f"[{number}/{len(points)}] {point.name}: {result['measured_per_nack']:.1f} B/nack "
+            f"[{number}/{len(points)}] {result['point']}: {result['measured_per_nack']:.1f} B/nack "
             f"(reported {result['reported_error']:+.0%}, {result['seconds']:.0f} s)",
             flush=True,
         )
-    previous = report.RESULTS / f"{name}.json"
+        if args.resume:  # what a stopped run measured is kept
+            _save_grid(name, facts, args.pending, native, native_source, results)
     if args.broker_only:  # the grid as the last run measured it
         old = json.loads(previous.read_text())
         facts, results, args.pending = old["machine"], old["results"], old["pending_target"]
@@ -418,6 +479,45 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+MAX_TABLE_ROWS = 40  # a run of more points is shown by dimension and its worst points
+
+
+def _grid_tables(results: list[dict[str, Any]], native: float | None) -> list[str]:
+    """Many points at a glance: for each dimension of the grid, each value's points, worst, median and
+    best bytes per pending nack and worst report error; then the worst points whole."""
+    labels: list[Callable[[Point], str]] = [
+        lambda p: f"{p.topics:,} topics",
+        lambda p: "not batched" if p.batch == 1 else f"batches of {p.batch}",
+        lambda p: f"{p.share:.0%} nacked",
+        Point.delay_text,
+        lambda p: f"k = {p.k}",
+    ]
+    rows = []
+    for label in labels:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for result in results:
+            groups.setdefault(label(Point.of(result)), []).append(result)
+        for value, group in groups.items():
+            per_nack = sorted(r["measured_per_nack"] for r in group)
+            error = max(abs(r["reported_error"]) for r in group)
+            rows.append(
+                [
+                    value,
+                    str(len(group)),
+                    f"{per_nack[-1]:.1f} {'✓' if per_nack[-1] <= GOAL_BYTES else '✗'}",
+                    f"{statistics.median(per_nack):.1f}",
+                    f"{per_nack[0]:.1f}",
+                    f"{error:.0%} {'✓' if error <= GOAL_REPORT_ERROR else '✗'}",
+                ]
+            )
+    worst = sorted(results, key=lambda r: r["measured_per_nack"], reverse=True)[:15]
+    return [
+        report.table(["points with", "points", "worst B/nack", "median", "best", "worst report error"], rows),
+        "The 15 points that cost the most:",
+        report.table(HEADERS, [_row(r, native) for r in worst]),
+    ]
+
+
 def render(data: dict[str, Any], extra: str | None = None) -> str:
     """The docs/performance.md section of a results file (``extra``: the name of a run besides the
     sample, under its own heading)."""
@@ -444,7 +544,11 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
             f"Worst {worst['measured_per_nack']:.1f} B ({worst['point']}), "
             f"median {totals['median_per_nack']:.1f} B, best "
             f"{best['measured_per_nack']:.1f} B ({best['point']}).",
-            report.table(HEADERS, [_row(r, native) for r in results]),
+            *(
+                [report.table(HEADERS, [_row(r, native) for r in results])]
+                if len(results) <= MAX_TABLE_ROWS
+                else _grid_tables(results, native)
+            ),
         ]
     )
     if data["broker"]:
