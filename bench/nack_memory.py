@@ -420,8 +420,9 @@ def main(argv: list[str]) -> int:
         results = [r for r in old["results"] if r["point"] in wanted]
         done = {r["point"] for r in results}
         points = [p for p in points if p.name not in done]
-        random.Random(486).shuffle(points)
         print(f"resuming: {len(done)} points kept, {len(points)} to measure", flush=True)
+    if args.resume:
+        random.Random(486).shuffle(points)
     for number, result in enumerate(_measured(points, args.pending, args.jobs), 1):
         results.append({**result, "commit": facts["commit"]})
         print(
