@@ -4,10 +4,11 @@
   exactly as that bench measures it: the real tracker driven as ``pulsar-nack profile`` drives it, in a
   fresh process, messages over the shortest delay so that every nack is still pending at the end, target =
   the heap the process retains (``PYTHONMALLOC=malloc`` + glibc in-use bytes) in its second run of the
-  workload (probe mode ``malloc-warm``; the first run's figure is kept as ``cold_bytes``). The points: the
-  fleet shape, three of the last grid run's, and seeded samples of the fixed-delay points (1 % nacked
-  only with batches: a non-batched 1 % point is 10 million messages), 47 in all. Uniform delays are not
-  modelled.
+  workload (probe mode ``malloc-warm``; the first run's figure is kept as ``cold_bytes``). The points
+  measured here: the fleet shape, three of the last grid run's, and seeded samples of the fixed-delay
+  points (1 % nacked only with batches: a non-batched 1 % point is 10 million messages), 47 in all; with
+  ``--rows``, the rows bench/nack_memory.py wrote (its whole-grid run: ``--extra grid --all --resume``),
+  uniform delays among them (``Scenario.delay_spread_ms``).
 * **Java** — the PIP-393 structure (``bench/java``, a fresh JVM per case) on the blog's workload over x,
   k, nack share, ids and entries per ledger; target = retained heap as built (no runOptimize: the Java
   client does not run it).
@@ -53,6 +54,7 @@ from pulsar_nack.estimate import (
     range_key,
 )
 
+MAX_POINT_ROWS = 40  # a fit to more points shows the worst predicted when left out
 PACKAGE_FIT = report.ROOT / "pulsar_nack" / "data" / "estimate_fit.json"
 #: Besides the seeded sample: the fleet shape and three shapes of the last grid run.
 NAMED = ("t100-b10-n0.1-d3600s-k8", "t1-b1-n1-d60s-k0", "t1-b100-n1-d3600s-k8", "t1000-b100-n1-d60s-k0")
@@ -127,14 +129,13 @@ def validation_points(count: int = 12) -> list[Point]:
 
 def scenario(point: Point, pending: int) -> Scenario:
     """The estimate's view of a grid point: the same workload, counted when its messages have arrived
-    (nothing due yet: duration = delay)."""
-    if point.spread != "fixed":
-        raise ValueError(f"point: {point.name}: uniform delays are not modelled")
+    (nothing due yet: duration = the shortest delay)."""
     workload = point.workload(pending)
     delay_ms = point.delay_s * 1_000.0
     return Scenario(
         rate=workload.rate,
         delay_ms=delay_ms,
+        delay_spread_ms=workload.delay.high_ms - workload.delay.low_ms,
         precision_bits=point.k,
         batch_size=point.batch,
         nack_share=point.share,
@@ -173,6 +174,21 @@ def _fit_java(java_points: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _rows(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """Measurement rows: JSON lines of ``nack_memory.measure``, or a results file of bench/nack_memory.py
+    (its ``results``); a point measured twice counts once, the later file's."""
+    by_point: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        text = path.read_text()
+        try:
+            data = json.loads(text)  # a results file: its rows stamped with its commit unless they are
+            rows = [{"commit": data["machine"]["commit"], **row} for row in data["results"]]
+        except ValueError:  # (several JSON documents: lines)
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        by_point.update((row["point"], row) for row in rows)
+    return list(by_point.values())
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -186,7 +202,11 @@ def main(argv: list[str]) -> int:
         help="fit again to the measurements in bench/results/estimate_fit.json (no new runs)",
     )
     which.add_argument(
-        "--rows", type=Path, nargs="+", help="fit to these nack_memory.measure rows (JSON lines files)"
+        "--rows",
+        type=Path,
+        nargs="+",
+        help="fit to these nack_memory.measure rows (JSON lines files, or bench/nack_memory.py results "
+        "files such as bench/results/nack_memory_grid.json)",
     )
     args = parser.parse_args(argv)
     earlier = json.loads((report.RESULTS / "estimate_fit.json").read_text()) if args.refit else None
@@ -194,8 +214,7 @@ def main(argv: list[str]) -> int:
     pending: int = earlier["pending_target"] if earlier else args.pending
     measured: list[dict[str, Any]] = earlier["measured"] if earlier else []
     if args.rows:
-        lines = [line for path in args.rows for line in path.read_text().splitlines() if line.strip()]
-        measured = [json.loads(line) for line in lines]
+        measured = _rows(args.rows)
     elif not earlier:
         for point in tqdm(
             [*points(), *validation_points()], unit="point", file=sys.stderr, desc="pulsar-nack"
@@ -275,6 +294,12 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
     java = model["java"]
     java_rows = [[name, f"{value:.4g}"] for name, value in java.get("coefficients", {}).items()]
 
+    shown = measured
+    if len(measured) > MAX_POINT_ROWS:  # the worst out of sample
+        shown = sorted(measured, key=lambda m: -abs(m["loo_error"]))[:MAX_POINT_ROWS]
+    commits: dict[str, int] = {}
+    for m in measured:
+        commits[m.get("commit", "?")] = commits.get(m.get("commit", "?"), 0) + 1
     point_rows = [
         [
             m["point"],
@@ -284,7 +309,7 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
             f"{m['error']:+.0%}",
             f"{m['loo_error']:+.0%}",
         ]
-        for m in measured
+        for m in shown
     ]
     return "\n\n".join(
         [
@@ -296,6 +321,9 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
             "`bench/nack_memory.py` measures them (the real tracker, every nack still pending, process heap "
             "in the process's second run) and to the Java structure in fresh JVMs.",
             report.machine_line(model["machine"]),
+            f"The {len(measured)} workloads' measurements, by the commit measured: "
+            + ", ".join(f"{count} at {commit}" for commit, count in sorted(commits.items()))
+            + " (grid points of uniform delays: due times drawn from the delay to 60 s more).",
             f"pulsar-nack: in-sample error median {ours['error']['median']:.1%}, "
             f"max {ours['error']['max']:.1%} over {ours['error']['points']} workloads. Java: "
             + (
@@ -310,6 +338,7 @@ def render(model: dict[str, Any], measured: list[dict[str, Any]]) -> str:
             + ", ".join(f"{name} {low:g}..{high:g}" for name, (low, high) in model["range"].items()),
             f"Out of sample (each point predicted by the model fitted to the others): error median "
             f"{left_out['median']:.1%}, max {left_out['max']:.1%}.",
+            ("" if shown is measured else f"The {len(shown)} points predicted worst when left out:"),
             report.table(
                 ["grid point", "pending", "measured B/nack", "model B/nack", "error", "left out"], point_rows
             ),

@@ -516,7 +516,12 @@ def _register_estimate(subcommands: argparse._SubParsersAction[argparse.Argument
         "outside the range the models were fitted over.",
     )
     parser.add_argument("--rate", type=float, required=True, help="messages per second, all topics")
-    parser.add_argument("--delay", required=True, help="nack delay: 250ms, 30s, 5m, 1h, 1d (bare: seconds)")
+    parser.add_argument(
+        "--delay",
+        required=True,
+        help="nack delay: 250ms, 30s, 5m, 1h, 1d (bare: seconds), or uniform:LOW:HIGH (each nack's own, "
+        "drawn between the two, as profile takes it)",
+    )
     parser.add_argument("--precision-bits", type=int, default=8, help="k: buckets of 2^k ms (default: 8)")
     parser.add_argument(
         "--entries-per-ledger", type=int, default=50_000, help="the broker's ledger size (default: 50000)"
@@ -534,12 +539,16 @@ def _register_estimate(subcommands: argparse._SubParsersAction[argparse.Argument
 
 def _estimate(args: argparse.Namespace) -> int:
     from pulsar_nack.estimate import FitError, Scenario, estimate, load_fit, render
-    from pulsar_nack.profile import ProfileError, parse_duration_ms
+    from pulsar_nack.profile import ProfileError, parse_delay, parse_duration_ms
 
     try:
+        delay = parse_delay(args.delay)
+        if delay.kind == "exponential":
+            raise ProfileError(f"delay: the estimate models fixed and uniform delays, got {args.delay!r}")
         scenario = Scenario(
             rate=args.rate,
-            delay_ms=parse_duration_ms(args.delay, "delay"),
+            delay_ms=delay.low_ms,
+            delay_spread_ms=delay.high_ms - delay.low_ms,
             precision_bits=args.precision_bits,
             entries_per_ledger=args.entries_per_ledger,
             batch_size=args.batch_size,

@@ -80,7 +80,9 @@ class FitError(ValueError):
 @dataclass(frozen=True)
 class Scenario:
     """A steady-state workload: ``rate`` messages/s over ``topics`` topics (partitions count as topics),
-    every nack delayed ``delay_ms``, ``batch_size`` messages per entry, ``nack_share`` of them nacked."""
+    every nack delayed ``delay_ms`` — or, with ``delay_spread_ms``, by a delay drawn uniformly from
+    ``delay_ms`` to ``delay_ms + delay_spread_ms`` —, ``batch_size`` messages per entry, ``nack_share`` of
+    them nacked."""
 
     rate: float
     delay_ms: float
@@ -90,6 +92,7 @@ class Scenario:
     nack_share: float = 1.0
     topics: int = 1
     duration_ms: float | None = None  # how long nacks have arrived; None: long enough (steady state)
+    delay_spread_ms: float = 0.0
 
     def __post_init__(self) -> None:
         check_number("rate", self.rate, low=0.0, low_open=True)
@@ -101,6 +104,7 @@ class Scenario:
         check_integer("topics", self.topics, 1, 100_000)
         if self.duration_ms is not None:
             check_number("duration", self.duration_ms, low=0.0, low_open=True)
+        check_number("delay_spread", self.delay_spread_ms, low=0.0)
 
     @property
     def horizon_ms(self) -> float:
@@ -108,9 +112,33 @@ class Scenario:
         return self.delay_ms if self.duration_ms is None else min(self.delay_ms, self.duration_ms)
 
     @property
+    def arrivals_ms(self) -> float:
+        """How long the arrivals of the nacks pending now span: the longest delay, or the duration if
+        shorter."""
+        longest = self.delay_ms + self.delay_spread_ms
+        return longest if self.duration_ms is None else min(longest, self.duration_ms)
+
+    @property
+    def due_span_ms(self) -> float:
+        """How long the due times of the nacks pending now span: the horizon, plus the spread."""
+        return self.horizon_ms + self.delay_spread_ms
+
+    @property
+    def pending_ms(self) -> float:
+        """The ms of arrivals the pending nacks amount to: the arrivals of the last ``t`` ms are pending
+        while their delay exceeds ``t`` — all of them up to ``delay_ms``, then a share falling linearly
+        over the spread (the delay, or the duration if shorter, when it is 0)."""
+        spread, run = self.delay_spread_ms, self.arrivals_ms
+        if run <= self.delay_ms or spread == 0:
+            return min(run, self.delay_ms)
+        over = run - self.delay_ms
+        return self.delay_ms + over - over * over / (2 * spread)
+
+    @property
     def pending(self) -> float:
-        """Nacked messages pending: rate × share × delay (× duration / delay for a shorter run)."""
-        return self.rate * self.nack_share * self.horizon_ms / 1_000
+        """Nacked messages pending: rate × share × :attr:`pending_ms` (the delay in steady state, the mean
+        delay with a spread)."""
+        return self.rate * self.nack_share * self.pending_ms / 1_000
 
     def redelivered_ms(self, limit_ms: float) -> float:
         """For how long (ms, at most ``limit_ms``) nacks have been coming due."""
@@ -158,7 +186,8 @@ class _Shape:
     slots: float
     ids_per_slot: float
     containers_per_slot: float
-    entry_share: float
+    entry_share: float  # of all entries: those with a nacked message
+    density: float  # of the entries a slot spans: those with a pending nack in it
     ledger_keys: float
     entries_per_ms: float  # per topic
     ids_per_window: float  # per topic: the ids of one bucket
@@ -173,19 +202,30 @@ def _occupied(entries: float, share: float) -> float:
 
 
 def _shape(s: Scenario) -> _Shape:
+    """With a spread, a bucket window's ids come from arrivals over the window plus the spread: as many
+    ids as without one (spread over more windows), from more entries — sparser slots, more ledgers a
+    window — and the nacked messages of one batch entry draw their delays apart, so that they fall in
+    up to as many buckets as the spread spans: an id (a (bucket, entry) pair) each. Without one, the
+    arrivals of a window's own width, and an entry's nacked messages in one bucket."""
     width = float(1 << s.precision_bits)
-    horizon = s.horizon_ms
     entries_per_ms = s.rate / (s.topics * s.batch_size) / 1_000
     entry_share = 1 - (1 - s.nack_share) ** s.batch_size
-    nacked_per_ms = entries_per_ms * entry_share  # per topic
-    ids = s.topics * nacked_per_ms * horizon
-    windows = horizon / width + 1  # bucket windows the pending nacks span (the partial one at each end)
-    filled = min(width, horizon)  # a bucket wider than the horizon fills only for the horizon
-    per_window = nacked_per_ms * filled  # ids of one topic in one bucket window
-    spanned = entries_per_ms * filled  # entries of one topic a bucket window spans
+    pairs = 1.0  # buckets an entry's nacked messages fall in
+    if s.delay_spread_ms:
+        messages = s.batch_size * s.nack_share / entry_share  # nacked messages of a nacked entry
+        spanned_windows = s.delay_spread_ms / width + 1
+        pairs = spanned_windows * -math.expm1(messages * math.log1p(-1 / spanned_windows))
+    nacked_per_ms = entries_per_ms * entry_share * pairs  # per topic: (bucket, entry) pairs
+    ids = s.topics * nacked_per_ms * s.pending_ms
+    due_span = s.due_span_ms
+    windows = due_span / width + 1  # bucket windows the pending nacks span (the partial one at each end)
+    filled = min(width, due_span)  # a bucket wider than the due times' span fills only for the span
+    per_window = nacked_per_ms * s.pending_ms * filled / due_span  # ids of one topic in one bucket window
+    spanned = entries_per_ms * min(width + s.delay_spread_ms, s.arrivals_ms)  # entries a window draws from
+    density = min(entry_share, per_window / spanned) if spanned else entry_share
     ledgers_per_window = 1 + spanned / s.entries_per_ledger
-    occupied = _occupied(spanned, entry_share)
-    buckets = windows * _occupied(s.topics * spanned, entry_share)
+    occupied = _occupied(spanned, density)
+    buckets = windows * _occupied(s.topics * spanned, density)
     slots = min(s.topics * windows * occupied * min(ledgers_per_window, 1 + per_window), max(ids, 1.0))
     span = spanned / ledgers_per_window  # entries one slot spans
     return _Shape(
@@ -195,7 +235,8 @@ def _shape(s: Scenario) -> _Shape:
         ids_per_slot=ids / slots if slots else 0.0,
         containers_per_slot=max(1.0, span / _CONTAINER_SPAN),
         entry_share=entry_share,
-        ledger_keys=s.topics * (1 + entries_per_ms * horizon / s.entries_per_ledger),
+        density=density,
+        ledger_keys=s.topics * (1 + entries_per_ms * s.arrivals_ms / s.entries_per_ledger),
         entries_per_ms=entries_per_ms,
         ids_per_window=per_window,
     )
@@ -237,7 +278,7 @@ def _shared_value_bytes(s: Scenario, shape: _Shape, share: float) -> float:
     each of up to 2**L ledgers, ``share`` of them present; run containers where smaller. O(1)."""
     ledgers = max(1.0, shape.ledger_keys)
     low = min(MAX_LOW_BITS, math.ceil(math.log2(ledgers)))
-    span = min(float(s.entries_per_ledger), shape.entries_per_ms * s.horizon_ms, 2.0 ** (16 - low))
+    span = min(float(s.entries_per_ledger), shape.entries_per_ms * s.arrivals_ms, 2.0 ** (16 - low))
     values = max(1.0, span * min(2.0**low, ledgers) * share)
     return _container_bytes(values, share, runs=True) / values
 
@@ -259,6 +300,19 @@ def _in_flight_ms(s: Scenario, width: float) -> float:
     return total
 
 
+def _in_flight_share(s: Scenario, steps: int = 256) -> float:
+    """:func:`_in_flight_ms`'s share of the pending ids with a spread: those of the run's arrivals whose
+    delay ends within the native latency after the run (its end is ``duration_ms``, its arrivals steady
+    from 0; bucket rounding left out: the spread blurs it). O(steps)."""
+    assert s.duration_ms is not None
+    lead, low, spread = _forward_lead_ms(), s.delay_ms, s.delay_spread_ms
+    total = 0.0
+    for step in range(steps):  # arrivals ``age`` ms before the end, midpoints
+        age = (step + 0.5) * s.duration_ms / steps
+        total += max(0.0, min(age + lead, low + spread) - max(age, low)) / spread
+    return total / steps * s.duration_ms / s.pending_ms
+
+
 def _staged_to_packed(s: Scenario, shape: _Shape) -> bool:
     """Whether the nack path's staging log files every bucket in the packed tier for good: a nack that
     does not follow one into the same slot is staged, and a staged bucket whose slots each got fewer than
@@ -273,7 +327,7 @@ def _staged_to_packed(s: Scenario, shape: _Shape) -> bool:
     nack_rate = s.rate * s.nack_share / 1_000  # per ms
     filing_ms = min(tracker_default("compact_after_ms"), STAGE_UP_TO / nack_rate)
     width = float(1 << s.precision_bits)
-    slots = s.topics * (filing_ms / width + 1)
+    slots = s.topics * ((filing_ms + s.delay_spread_ms) / width + 1)  # (a spread: more windows a filing)
     return nack_rate * filing_ms / slots < PROMOTE_AT
 
 
@@ -302,7 +356,7 @@ def features(s: Scenario) -> dict[str, float]:
     width = float(1 << s.precision_bits)
     batched = s.batch_size > 1
     compact_ms = tracker_default("compact_after_ms")
-    hot = min(1.0, (width + compact_ms) / (s.horizon_ms + width))
+    hot = min(1.0, (width + compact_ms) / (s.pending_ms + width))
     if _staged_to_packed(s, shape):
         hot, packed, own = 0.0, 1.0, False
     else:
@@ -319,11 +373,9 @@ def features(s: Scenario) -> dict[str, float]:
     live = 1 - packed - hot
     fired = 0.0  # share of the ids in flight at the end of a run shorter than the delay
     if s.duration_ms is not None and s.duration_ms <= s.delay_ms:
-        fired = _in_flight_ms(s, width) / s.duration_ms
+        fired = _in_flight_ms(s, width) / s.duration_ms if not s.delay_spread_ms else _in_flight_share(s)
     per_container = shape.ids_per_slot / shape.containers_per_slot
-    payload = (
-        shape.slots * shape.containers_per_slot * _container_bytes(per_container, shape.entry_share, True)
-    )
+    payload = shape.slots * shape.containers_per_slot * _container_bytes(per_container, shape.density, True)
     # The arrival filter's sets: a value a pending non-batched nack, or a batched entry; the packed
     # tier's membership bitmap: a value an entry it has rows of.
     value_bytes = _shared_value_bytes(s, shape, shape.entry_share)
@@ -439,6 +491,7 @@ def range_key(s: Scenario) -> dict[str, float]:
     return {
         "rate": s.rate,
         "horizon_ms": s.horizon_ms,
+        "delay_spread_ms": s.delay_spread_ms,
         "precision_bits": s.precision_bits,
         "batch_size": s.batch_size,
         "nack_share": s.nack_share,
@@ -485,9 +538,10 @@ def render(result: Estimate, fit: Fit) -> Iterator[str]:
     """Lines of the report ``pulsar-nack estimate`` prints."""
     s = result.scenario
     state = "steady state" if s.duration_ms is None else f"after {s.duration_ms / 1_000:g} s of nacks"
+    spread = f" to {(s.delay_ms + s.delay_spread_ms) / 1_000:g} s (uniform)" if s.delay_spread_ms else ""
     yield (
         f"workload: {s.rate:g} msg/s over {s.topics} topic(s), batches of {s.batch_size}, "
-        f"{s.nack_share:.0%} nacked, delay {s.delay_ms / 1_000:g} s, k = {s.precision_bits}, "
+        f"{s.nack_share:.0%} nacked, delay {s.delay_ms / 1_000:g} s{spread}, k = {s.precision_bits}, "
         f"{s.entries_per_ledger:,} entries per ledger ({state})"
     )
     pending = result.pending

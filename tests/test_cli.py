@@ -158,11 +158,30 @@ def test_estimate_end_to_end(tmp_path: Path) -> None:
     assert "OUTSIDE the fitted range" in out.stdout and data["outside"]
 
 
+def test_estimate_takes_a_uniform_delay_as_profile_does(tmp_path: Path) -> None:
+    """Each nack's delay drawn between 10 s and 70 s: the mean delay's nacks pending, in more buckets (and
+    more memory) than the same nacks at one delay."""
+    spread, fixed = tmp_path / "spread.json", tmp_path / "fixed.json"
+    common = ["--rate", "1000", "--topics", "100", "--batch-size", "10", "--nack-share", "0.1"]
+    out = _cli("estimate", *common, "--delay", "uniform:10s:70s", "--json", str(spread))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "delay 10 s to 70 s (uniform)" in out.stdout
+    assert _cli("estimate", *common, "--delay", "40s", "--json", str(fixed)).returncode == 0
+    spread_data, fixed_data = json.loads(spread.read_text()), json.loads(fixed.read_text())
+    assert spread_data["pending"] == pytest.approx(fixed_data["pending"]) == 4_000
+    assert spread_data["scenario"]["delay_spread_ms"] == 60_000
+    assert spread_data["features"]["live_buckets"] + spread_data["features"]["packed_buckets"] > (
+        fixed_data["features"]["live_buckets"] + fixed_data["features"]["packed_buckets"]
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "option"),
     [
         (["--rate", "-1", "--delay", "1h"], "--rate"),
         (["--rate", "100", "--delay", "soon"], "--delay"),
+        (["--rate", "100", "--delay", "uniform:1h:1m"], "--delay"),
+        (["--rate", "100", "--delay", "exp:1m"], "--delay"),
         (["--rate", "100", "--delay", "1h", "--precision-bits", "31"], "--precision-bits"),
         (["--rate", "100", "--delay", "1h", "--batch-size", "0"], "--batch-size"),
         (["--rate", "100", "--delay", "1h", "--nack-share", "0"], "--nack-share"),

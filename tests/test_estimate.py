@@ -32,10 +32,13 @@ from pulsar_nack.profile import Delay, ProfileError, Workload, native_cost, run_
         ("entries_per_ledger", 0), ("batch_size", 0), ("batch_size", 1_001),
         ("nack_share", 0.0), ("nack_share", 2.0), ("topics", 0), ("topics", True),
         ("duration_ms", 0.0), ("duration_ms", math.inf),
+        ("delay_spread_ms", -1.0), ("delay_spread_ms", math.inf),
     ],
 )  # fmt: skip
 def test_every_scenario_parameter_is_checked_and_named(name: str, value: Any) -> None:
-    label = {"delay_ms": "delay", "duration_ms": "duration"}.get(name, name)
+    label = {"delay_ms": "delay", "duration_ms": "duration", "delay_spread_ms": "delay_spread"}.get(
+        name, name
+    )
     with pytest.raises(ProfileError, match=rf"^{label}: "):
         Scenario(**{"rate": 1_000.0, "delay_ms": 60_000.0, name: value})
 
@@ -119,26 +122,31 @@ def test_outside_the_fitted_range_is_said() -> None:
 #: topics; 10 % of batches of 100 nacked (live batch members); batches of 10 over 1,000 topics, k = 0 (a
 #: bucket a millisecond).
 GRID_SAMPLE = [
-    (100, 1, 1.0, 10, 0),
-    (1_000, 100, 1.0, 60, 0),
-    (100, 100, 0.1, 10, 8),
-    (1_000, 10, 1.0, 10, 0),
+    (100, 1, 1.0, 10, 0, 0),
+    (1_000, 100, 1.0, 60, 0, 0),
+    (100, 100, 0.1, 10, 8, 0),
+    (1_000, 10, 1.0, 10, 0, 0),
+    # delays spread over 60 s: a batch's nacked messages fall in buckets apart (members, not entries)
+    (1, 100, 1.0, 10, 8, 60),
+    (100, 10, 0.1, 10, 8, 60),
 ]
 #: The bench's 100,000 pending nacks a point: each point takes 2-8 s here (two runs in a fresh process).
 PENDING = 100_000
 
 
-@pytest.mark.parametrize(("topics", "batch", "share", "delay_s", "k"), GRID_SAMPLE)
+@pytest.mark.parametrize(("topics", "batch", "share", "delay_s", "k", "spread_s"), GRID_SAMPLE)
 def test_estimate_is_within_25_percent_of_the_grid_measure(
-    topics: int, batch: int, share: float, delay_s: int, k: int
+    topics: int, batch: int, share: float, delay_s: int, k: int, spread_s: int
 ) -> None:
     """Measured as bench/nack_memory.py measures a grid point: the real tracker, every nack still pending
-    (messages over the delay), the heap the process keeps in its second run of the workload."""
-    delay_ms = delay_s * 1_000.0
+    (messages over the shortest delay), the heap the process keeps in its second run of the workload."""
+    delay_ms, spread_ms = delay_s * 1_000.0, spread_s * 1_000.0
     rate = round(PENDING / share) / delay_s
     workload = Workload(
         rate=rate,
-        delay=Delay("fixed", delay_ms, delay_ms),
+        delay=Delay("uniform", delay_ms, delay_ms + spread_ms)
+        if spread_s
+        else Delay("fixed", delay_ms, delay_ms),
         duration_s=float(delay_s),
         topics=topics,
         batch_size=batch,
@@ -149,7 +157,7 @@ def test_estimate_is_within_25_percent_of_the_grid_measure(
     predicted = estimate(
         Scenario(
             rate=rate, delay_ms=delay_ms, precision_bits=k, batch_size=batch, nack_share=share,
-            topics=topics, duration_ms=delay_ms,
+            topics=topics, duration_ms=delay_ms, delay_spread_ms=spread_ms,
         )
     )  # fmt: skip
     assert predicted.outside == []
