@@ -505,6 +505,29 @@ def test_a_whole_entry_nacked_beside_its_pending_message_in_the_ledgers_only_slo
     assert drain(index, 0) == {("", 3, entry): None for entry in range(max(promote_at, 1))}
 
 
+def test_sparse_batch_members_of_a_slot_with_its_own_bitmap_cost_a_few_bytes_each() -> None:
+    """One message of every 25th entry of a ledger nacked into one bucket (1 % of batches of 10, delays
+    spread: the shape of a grid point that cost 76 B a pending nack): the slot has a bitmap of its own, and
+    its members — one an entry, each in a Roaring container of its own as ``entry << 10 | index`` — cost
+    ~70 B each there. Kept as a sorted array: 4 B each. Each entry's message comes out as nacked."""
+    entries = range(0, 50_000, 25)
+
+    def filled(batched: bool) -> TimeBucketIndex:
+        index = TimeBucketIndex(12)
+        for n, entry in enumerate(entries):
+            index.add(4096, 7, entry, n % 10 if batched else -1)
+        index.compact()
+        return index
+
+    members, whole = filled(True), filled(False)
+    extra = members.memory_usage().total_bytes - whole.memory_usage().total_bytes
+    assert extra <= 8 * len(entries), extra
+    assert members.pending_mask(7, 25) == 1 << 1 and members.pending_mask(7, 50) == 1 << 2
+    (due,) = members.pop_due(4096)
+    assert due.entry_ids.tolist() == list(entries)
+    assert dict(due.batch_indexes) == {entry: (n % 10,) for n, entry in enumerate(entries)}
+
+
 @pytest.mark.parametrize("promote_at", [2, 128])
 def test_batch_members_of_many_ledgers_in_shared_slots(promote_at: int) -> None:
     index = TimeBucketIndex(0, promote_at=promote_at)
