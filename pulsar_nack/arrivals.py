@@ -732,6 +732,8 @@ class ArrivalFilter:
                     del popped[at]
                     if not popped:
                         del self._popped[ledger]
+                        if not self._popped:  # (emptied key by key, a dict keeps its grown table: a
+                            self._popped = {}  # flush of 1,000 ledgers left 37 KB)
             any_pending = sets.any(_PENDING)  # (whole entries: none at all on a batched topic)
             ints = _ints(entry_ids)
             kept: KeptIds
@@ -1820,8 +1822,10 @@ class ArrivalFilter:
         """Bytes the filter holds: its containers and bitmaps measured, its per-entry and per-flight
         objects from a sample of up to ``sample`` of each. O(ledgers with pending non-batched nacks)."""
         with self._lock:
-            tables = (self._entries, self._flights, self._forwards)
+            tables = (self._entries, self._flights, self._forwards, self._taken, self._waiting, self.inferred)
             total = python_bytes(self) + sum(python_bytes(t) for t in tables) + self._sets.memory_bytes()
+            # (a flush's popped ids, until forwarded() learns them: the index's objects, handed over)
+            total += python_bytes(self._popped) + sum(map(python_bytes, self._popped.values()))
             total += sum(python_bytes(times) for times in self._recent.times)
             owns = self._ledgers.owns
             entries, flights = self._entries, self._flights

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import itertools
 import math
+import sys
 import threading
 import time
 import weakref
@@ -675,3 +676,16 @@ def test_ids_popped_for_a_forward_keep_their_lateness_offsets_through_a_sweep() 
     assert len(popped) == 1 and h.tracker.stats().pending == 0
     arrivals.sweep()
     assert lateness.nbytes == held
+
+
+def test_a_forward_of_many_ledgers_leaves_no_grown_table_behind() -> None:
+    """A flush's pop is remembered per ledger until its forward is learned, then dropped ledger by
+    ledger: the emptied table is let go (a dict keeps its grown table when emptied key by key: 37 KB
+    after a forward of 1,000 ledgers, uncounted by the report)."""
+    h = Harness(precision_bits=0, quiet=True)
+    due = h.clock.now + 1_000
+    for ledger in range(1_000):
+        h.tracker.schedule(due, 10_000 + ledger, 1)
+    h.run_until(due + 100)
+    assert sum(len(ids) for _, ids in h.forwards) == 1_000
+    assert sys.getsizeof(h.tracker.arrivals._popped) == sys.getsizeof({})
