@@ -198,10 +198,11 @@ MAX_BATCH_INDEX = 2**31 - 1
 _SERIAL_BITS = 40
 _SERIAL_MASK = (1 << _SERIAL_BITS) - 1
 #: A slot with a bitmap of its own (dense: ``PROMOTE_AT`` ids or more) keeps the members of entries below
-#: 2**22 with batch indexes below 2**10 as a sorted ``array('I')`` of ``entry_id << 10 | batch_index``
-#: (``TimeBucketIndex._dense``): 4 bytes a member. A 32-bit Roaring bitmap of them cost ~70 bytes a member
-#: where nacks are sparse (1 % of batches of 10 nacked, delays spread over 60 s: a member or two in each of
-#: its containers, a container spanning 64 entries), 76 B a pending nack in all at such a grid point.
+#: 2**22 with batch indexes below 2**10 as ``entry_id << 10 | batch_index`` (``TimeBucketIndex._dense``,
+#: :class:`_NarrowMembers`): a sorted array, 4 bytes a member, or a 32-bit Roaring bitmap where that is
+#: smaller. The bitmap alone cost ~70 bytes a member where nacks are sparse (1 % of batches of 10 nacked,
+#: delays spread over 60 s: a member or two in each container, a container spanning 64 entries), 76 B a
+#: pending nack in all at such a grid point.
 _NARROW_INDEXES = 1 << MEMBER_BITS
 _NARROW_ENTRIES = 1 << (32 - MEMBER_BITS)
 _NARROW_MASK = (1 << _NARROW_INDEXES) - 1
@@ -489,6 +490,101 @@ class _Times:
 
 #: A bucket keeps up to this many compacted runs (``_Run``) in two exact-size arrays; past it, in its dict.
 _INLINE_RUNS = 32
+
+
+class _NarrowMembers:
+    """The narrow batch members of a slot with a bitmap of its own (``TimeBucketIndex._dense``): values
+    ``entry_id << 10 | batch_index``, kept as a sorted ``array('I')`` (4 bytes a member), or — once a
+    32-bit Roaring bitmap of them holds them in at most 3/4 of that — as that bitmap: where an entry's
+    messages are nacked one by one (all of a batch of 100, at k = 12: ~1.2 B a member), where the array
+    is the small one when nacks are sparse (a member or two a container: ~70 B a member as a bitmap).
+    Weighed each time the array doubles from 64 values: O(1) amortized a member."""
+
+    __slots__ = ("values",)
+
+    def __init__(self) -> None:
+        self.values: array[int] | BitMap = array("I")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def add(self, value: int) -> None:
+        """One member. O(log n) plus, in the array, a move of the values after it (members come in
+        entry order mostly: appended)."""
+        values = self.values
+        if type(values) is BitMap:
+            values.add(value)
+            return
+        assert isinstance(values, array)
+        at = bisect_left(values, value)
+        if at == len(values) or values[at] != value:
+            values.insert(at, value)
+            if len(values) >= _WEIGH_MEMBERS_FROM and not len(values) & (len(values) - 1):
+                self._weigh()
+
+    def update(self, added: npt.NDArray[np.uint32]) -> None:
+        """Many members. O(n + added)."""
+        values = self.values
+        if type(values) is BitMap:
+            values.update(_u32(added))
+            return
+        assert isinstance(values, array)
+        self.values = _u32(np.union1d(np.frombuffer(values, np.uint32), added))
+        if len(self.values) >= _WEIGH_MEMBERS_FROM:
+            self._weigh()
+
+    def mask(self, entry_id: int) -> int:
+        """The batch indexes of ``entry_id`` as a bitmask (0: none). O(log n + its members)."""
+        low, mask, values = entry_id << MEMBER_BITS, 0, self.values
+        if type(values) is BitMap:
+            for value in values.iter_equal_or_larger(low):
+                if value >= low + _NARROW_INDEXES:
+                    break
+                mask |= 1 << (value - low)
+            return mask
+        assert isinstance(values, array)
+        for i in range(bisect_left(values, low), len(values)):
+            value = values[i]
+            if value >= low + _NARROW_INDEXES:
+                break
+            mask |= 1 << (value - low)
+        return mask
+
+    def replace(self, entry_id: int, indexes: Iterable[int]) -> None:
+        """Make ``indexes`` the members of ``entry_id``. O(log n + members), plus a move in the array."""
+        low, values = entry_id << MEMBER_BITS, self.values
+        if type(values) is BitMap:
+            values.remove_range(low, low + _NARROW_INDEXES)
+            values.update([low | index for index in indexes])
+            return
+        assert isinstance(values, array)
+        start = bisect_left(values, low)
+        end = bisect_left(values, low + _NARROW_INDEXES, start)
+        values[start:end] = array("I", [low | index for index in indexes])
+
+    def memory_bytes(self) -> tuple[int, int]:
+        """(Python bytes, CRoaring heap bytes): the object and the array with its buffer, or the bitmap's
+        object and C heap. O(containers)."""
+        values = self.values
+        if type(values) is BitMap:
+            return python_bytes(self) + python_bytes(values), bitmap_heap_bytes(values)
+        return python_bytes(self) + python_bytes(values), 0
+
+    def _weigh(self) -> None:
+        values = self.values
+        assert isinstance(values, array)
+        bitmap = BitMap(values)
+        bitmap.run_optimize()
+        bitmap.shrink_to_fit()
+        if 4 * (python_bytes(bitmap) + bitmap_heap_bytes(bitmap)) <= 3 * python_bytes(values):
+            self.values = bitmap
+
+
+#: An array of narrow members is weighed against a bitmap of them from this many on (see _NarrowMembers).
+_WEIGH_MEMBERS_FROM = 64
 
 
 class _Bucket:
@@ -937,7 +1033,7 @@ class _HotIndex:
         # dict entry, a tuple key and a Roaring bitmap per slot cost ~390.
         self._members: dict[int, int] = {}
         # Slots with bitmaps of their own: bucket << _SERIAL_BITS | serial → their narrow members, sorted.
-        self._dense: dict[int, array[int]] = {}
+        self._dense: dict[int, _NarrowMembers] = {}
         self._serial = 0  # the next ledger's serial
         # Buckets the add path has moved away from: candidates for compact(). Ordered set.
         self._cold: dict[int, None] = {}
@@ -1708,7 +1804,9 @@ class _HotIndex:
             parts["batch_members"] += once(member) + once(mask)
         parts["batch_members"] += python_bytes(self._dense)
         for slot, bits in self._dense.items():
-            parts["batch_members"] += once(slot) + python_bytes(bits)
+            python, heap = bits.memory_bytes()
+            parts["batch_members"] += once(slot) + python
+            roaring += heap
         parts["schedule"] += python_bytes(self._cold)
         return MemoryUsage(sum(parts.values()), roaring, len(self), parts)
 
@@ -1962,12 +2060,9 @@ class _HotIndex:
         mask = self._members.get(_member_key(bucket, record, entry_id)) if self._members else None
         bits = self._dense.get(bucket << _SERIAL_BITS | record.serial) if self._dense else None
         if bits and entry_id < _NARROW_ENTRIES:
-            low = entry_id << MEMBER_BITS
-            for i in range(bisect_left(bits, low), len(bits)):
-                value = bits[i]
-                if value >= low + _NARROW_INDEXES:
-                    break
-                mask = (mask or 0) | 1 << (value - low)
+            narrow = bits.mask(entry_id)
+            if narrow:
+                mask = (mask or 0) | narrow
         return mask
 
     def _set_mask(self, bucket: int, record: _Ledger, entry_id: int, mask: int) -> None:
@@ -1976,10 +2071,7 @@ class _HotIndex:
         slots: _Bucket = self._schedule[bucket]
         bits = self._dense.get(bucket << _SERIAL_BITS | record.serial) if self._dense else None
         if bits is not None and entry_id < _NARROW_ENTRIES:
-            low = entry_id << MEMBER_BITS
-            start = bisect_left(bits, low)
-            end = bisect_left(bits, low + _NARROW_INDEXES, start)
-            bits[start:end] = array("I", [low | index for index in batch_indexes(mask & _NARROW_MASK)])
+            bits.replace(entry_id, batch_indexes(mask & _NARROW_MASK))
             mask &= ~_NARROW_MASK
         key = _member_key(bucket, record, entry_id)
         if mask:
@@ -1998,12 +2090,9 @@ class _HotIndex:
             slot = bucket << _SERIAL_BITS | record.serial
             bits = self._dense.get(slot)
             if bits is None:
-                bits = self._dense[slot] = array("I")
+                bits = self._dense[slot] = _NarrowMembers()
                 slots.members += 1
-            value = entry_id << MEMBER_BITS | batch_index
-            at = bisect_left(bits, value)
-            if at == len(bits) or bits[at] != value:
-                bits.insert(at, value)
+            bits.add(entry_id << MEMBER_BITS | batch_index)
             return
         key = _member_key(bucket, record, entry_id)
         mask = self._members.get(key)
@@ -2360,13 +2449,10 @@ class _HotIndex:
                     key = bucket << _SERIAL_BITS | record.serial
                     bits = self._dense.get(key)
                     if bits is None:
-                        bits = array("I")
+                        bits = self._dense[key] = _NarrowMembers()
                         slots.members += 1
                     codes = slot_entries[narrow] << np.uint32(MEMBER_BITS)
-                    merged = np.union1d(
-                        np.frombuffer(bits, np.uint32), codes | slot_indexes[narrow].astype(np.uint32)
-                    )
-                    self._dense[key] = _u32(merged)
+                    bits.update(codes | slot_indexes[narrow].astype(np.uint32))
                     if narrow.all():
                         continue
                     slot_entries, slot_indexes = slot_entries[~narrow], slot_indexes[~narrow]

@@ -528,6 +528,28 @@ def test_sparse_batch_members_of_a_slot_with_its_own_bitmap_cost_a_few_bytes_eac
     assert dict(due.batch_indexes) == {entry: (n % 10,) for n, entry in enumerate(entries)}
 
 
+def test_dense_batch_members_of_a_slot_with_its_own_bitmap_cost_under_two_bytes_each() -> None:
+    """Every message of 200 batches of 100 nacked one by one into one bucket (a grid point at k = 12):
+    their members, consecutive, go to a Roaring bitmap once it is the smaller (an array of them is 4 B a
+    member). Members keep their answers after that: a removal, a whole-entry nack over some, the pop."""
+    index = TimeBucketIndex(12)
+    for entry in range(200):
+        for batch_index in range(100):
+            index.add(4096, 7, entry, batch_index)
+    whole = TimeBucketIndex(12)
+    for entry in range(200):
+        whole.add(4096, 7, entry)
+    extra = index.memory_usage().total_bytes - whole.memory_usage().total_bytes
+    assert extra <= 2 * 200 * 100, extra
+    assert index.remove(7, 5, 42) and index.pending_mask(7, 5) == ((1 << 100) - 1) & ~(1 << 42)
+    index.add(4096, 7, 6)  # the whole entry: its members go
+    assert index.pending_mask(7, 6) == -1 and index.pending_mask(7, 7) == (1 << 100) - 1
+    (due,) = index.pop_due(4096)
+    assert due.entry_ids.tolist() == list(range(200))
+    assert due.batch_indexes[5] == tuple(i for i in range(100) if i != 42) and 6 not in due.batch_indexes
+    assert due.batch_indexes[199] == tuple(range(100))
+
+
 @pytest.mark.parametrize("promote_at", [2, 128])
 def test_batch_members_of_many_ledgers_in_shared_slots(promote_at: int) -> None:
     index = TimeBucketIndex(0, promote_at=promote_at)
