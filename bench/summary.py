@@ -45,6 +45,9 @@ def _shape(point: dict[str, Any]) -> str:
 def rows() -> list[list[str]]:
     out: list[list[str]] = []
     lateness, memory = _load("nack_lateness"), _load("nack_memory")
+    whole = _load("nack_memory_grid")  # the run of the whole grid (--extra grid --all --resume), if further
+    if whole and (not memory or whole["summary"]["points"] > memory["summary"]["points"]):
+        memory = whole
     native_bytes = None
     if lateness:
         natives = [b["memory"]["native"]["bytes_per_nack"] for b in lateness["brokers"].values()]
