@@ -487,7 +487,7 @@ def _grid_tables(results: list[dict[str, Any]], native: float | None) -> list[st
     """Many points at a glance: for each dimension of the grid, each value's points, worst, median and
     best bytes per pending nack and worst report error; then the worst points whole."""
     labels: list[Callable[[Point], str]] = [
-        lambda p: f"{p.topics:,} topics",
+        lambda p: f"{p.topics:,} topic{'s' if p.topics > 1 else ''}",
         lambda p: "not batched" if p.batch == 1 else f"batches of {p.batch}",
         lambda p: f"{p.share:.0%} nacked",
         Point.delay_text,
@@ -519,6 +519,17 @@ def _grid_tables(results: list[dict[str, Any]], native: float | None) -> list[st
     ]
 
 
+def _commits_line(results: list[dict[str, Any]]) -> str:
+    """Which commits a resumed run's points were measured at (empty for a run in one go)."""
+    counts: dict[str, int] = {}
+    for result in results:
+        if "commit" in result:
+            counts[result["commit"]] = counts.get(result["commit"], 0) + 1
+    if len(counts) < 2:
+        return ""
+    return "Points by the commit measured: " + ", ".join(f"{n} at {c}" for c, n in counts.items()) + "."
+
+
 def render(data: dict[str, Any], extra: str | None = None) -> str:
     """The docs/performance.md section of a results file (``extra``: the name of a run besides the
     sample, under its own heading)."""
@@ -528,7 +539,11 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
         [
             "## Memory per pending nack, everything the wrapper keeps, over a grid of workloads"
             if extra is None
-            else f"### More points of the grid: `--extra {extra}`",
+            else (
+                f"### The whole grid, measured across sessions: `--extra {extra} --all --resume`"
+                if len(results) > MAX_TABLE_ROWS
+                else f"### More points of the grid: `--extra {extra}`"
+            ),
             "`python bench/nack_memory.py` — issue 23's grid (topics × batching × nack share × delay × k, "
             f"{data['grid_points']} points; this run: {len(results)} of them, {data['pending_target']:,} "
             "pending nacks each). Each point runs a real `NackTracker` (index, timer wheel, arrival filter) "
@@ -540,6 +555,7 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
             f"against the measurement. Native: {data['native_source']}. Goals: ≤ {GOAL_BYTES:g} B per "
             f"pending nack, report within ±{GOAL_REPORT_ERROR:.0%}.",
             report.machine_line(data["machine"]),
+            *(_commits_line(results),),
             f"Within the goal: {totals['within_goal']} of {totals['points']} points; report within "
             f"±{GOAL_REPORT_ERROR:.0%}: {totals['reported_within']}. "
             f"Worst {worst['measured_per_nack']:.1f} B ({worst['point']}), "
