@@ -532,8 +532,10 @@ class _NarrowMembers:
             values.update(_u32(added))
             return
         assert isinstance(values, array)
+        before = len(values)
         self.values = _u32(np.union1d(np.frombuffer(values, np.uint32), added))
-        if len(self.values) >= _WEIGH_MEMBERS_FROM:
+        # (weighed as the array's length passes a power of two: many small updates stay O(1) amortized)
+        if len(self.values) >= _WEIGH_MEMBERS_FROM and len(self.values).bit_length() > before.bit_length():
             self._weigh()
 
     def mask(self, entry_id: int) -> int:

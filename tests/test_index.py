@@ -528,14 +528,21 @@ def test_sparse_batch_members_of_a_slot_with_its_own_bitmap_cost_a_few_bytes_eac
     assert dict(due.batch_indexes) == {entry: (n % 10,) for n, entry in enumerate(entries)}
 
 
-def test_dense_batch_members_of_a_slot_with_its_own_bitmap_cost_under_two_bytes_each() -> None:
-    """Every message of 200 batches of 100 nacked one by one into one bucket (a grid point at k = 12):
-    their members, consecutive, go to a Roaring bitmap once it is the smaller (an array of them is 4 B a
-    member). Members keep their answers after that: a removal, a whole-entry nack over some, the pop."""
+@pytest.mark.parametrize("bulk", [False, True])
+def test_dense_batch_members_of_a_slot_with_its_own_bitmap_cost_under_two_bytes_each(bulk: bool) -> None:
+    """Every message of 200 batches of 100 nacked one by one into one bucket (a grid point at k = 12) — or
+    filed by ``add_many``, 10 entries a call: their members, consecutive, go to a Roaring bitmap once it is
+    the smaller (an array of them is 4 B a member). Members keep their answers after that: a removal, a
+    whole-entry nack over some, the pop."""
     index = TimeBucketIndex(12)
-    for entry in range(200):
-        for batch_index in range(100):
-            index.add(4096, 7, entry, batch_index)
+    for first in range(0, 200, 10):
+        entries = np.repeat(np.arange(first, first + 10), 100)
+        indexes = np.tile(np.arange(100), 10)
+        if bulk:
+            index.add_many(4096, 7, entries, indexes)
+        else:
+            for entry, batch_index in zip(entries.tolist(), indexes.tolist(), strict=True):
+                index.add(4096, 7, entry, batch_index)
     whole = TimeBucketIndex(12)
     for entry in range(200):
         whole.add(4096, 7, entry)
