@@ -41,7 +41,7 @@ import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
-from itertools import chain, pairwise
+from itertools import chain, islice, pairwise
 from typing import Any, Literal, NamedTuple, NoReturn, Protocol, TypeAlias
 
 import numpy as np
@@ -542,14 +542,11 @@ class _NarrowMembers:
         """The batch indexes of ``entry_id`` as a bitmask (0: none). O(log n + its members)."""
         low, mask, values = entry_id << MEMBER_BITS, 0, self.values
         if type(values) is BitMap:
-            for value in values.iter_equal_or_larger(low):
-                if value >= low + _NARROW_INDEXES:
-                    break
-                mask |= 1 << (value - low)
-            return mask
-        assert isinstance(values, array)
-        for i in range(bisect_left(values, low), len(values)):
-            value = values[i]
+            following: Iterator[int] = values.iter_equal_or_larger(low)
+        else:
+            assert isinstance(values, array)
+            following = islice(values, bisect_left(values, low), None)
+        for value in following:
             if value >= low + _NARROW_INDEXES:
                 break
             mask |= 1 << (value - low)
