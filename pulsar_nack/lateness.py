@@ -13,7 +13,8 @@ nack is filed. Three fixed-size structures:
 * :class:`_BucketOffsets` counts, per bucket (up to 40 at once), where its nacks' due times lie in it, in
   the order their copies will come (4 segments of consecutive nacks × 8 bins: 32 ms at k = 8, a count per
   bin, and per segment its first entry id, the lowest and highest offset it holds and whether its offsets
-  fell or rose as they were filed; 6.0 KiB): a forward's copies come in entry order, and a nack of an entry
+  fell or rose as they were filed; 6.0 KiB at 40 buckets, 1.6 KiB for up to 4: rows are made as buckets
+  come): a forward's copies come in entry order, and a nack of an entry
   before its segment's first (an older message nacked again) is counted in an earlier segment, or a new
   first one. A redelivery not sampled counts its time since its bucket plus the next offset of its own
   bucket's nacks in that order — in a segment filed in order (one fixed delay: a due time is the filing time
@@ -241,6 +242,9 @@ class _Buckets:
 OFFSET_BINS = 8
 OFFSET_SEGMENTS = 4
 MAX_OFFSET_BUCKETS = 40
+#: Rows made at first; twice as many each time a bucket finds none free, up to MAX_OFFSET_BUCKETS: a
+#: consumer with a nack or two pending holds 0.9 KiB of offsets, not the 6.0 KiB of 40 rows.
+_FIRST_ROWS = 4
 _CELLS = OFFSET_BINS * OFFSET_SEGMENTS
 #: Offsets are kept as places: 16-bit fractions of the bins' span (``OFFSET_BINS << shift`` ms); a place's
 #: bin is its top bits.
@@ -337,20 +341,21 @@ class _BucketOffsets:
     )
 
     def __init__(self) -> None:
-        self.keys: array[int] = array("q", [_NO_BUCKET]) * MAX_OFFSET_BUCKETS  # a row's bucket time
+        rows = _FIRST_ROWS  # (more as buckets come: _grow)
+        self.keys: array[int] = array("q", [_NO_BUCKET]) * rows  # a row's bucket time
         self.hints: array[int] = array("B", bytes(_HINTS))  # a row that may be a bucket's (see _HINTS)
-        self.cells: array[int] = array("H", bytes(2 * _CELLS * MAX_OFFSET_BUCKETS))  # nacks left
+        self.cells: array[int] = array("H", bytes(2 * _CELLS * rows))  # nacks left
         # the lowest and highest place of each segment's nacks (a cell's span within them: _span)
-        self.low: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
-        self.high: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
-        self.meta: array[int] = array("H", bytes(2 * _META * MAX_OFFSET_BUCKETS))
+        self.low: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * rows))
+        self.high: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * rows))
+        self.meta: array[int] = array("H", bytes(2 * _META * rows))
         # per segment: the place compared last, and how often one compared was below / above the one
         # before it (every 4th nack's: the segment's order, see draw)
-        self.last: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
-        self.moves: array[int] = array("B", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
+        self.last: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * rows))
+        self.moves: array[int] = array("B", bytes(2 * OFFSET_SEGMENTS * rows))
         # per segment: the lowest entry position (its low 16 bits) filed in it; not above the next
         # segment's (see _add)
-        self.entries: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * MAX_OFFSET_BUCKETS))
+        self.entries: array[int] = array("H", bytes(2 * OFFSET_SEGMENTS * rows))
         self.shift = 0  # a bin is 2**shift ms wide
         self.span_log = self.shift + 16 - _BIN_SHIFT  # the bins span 2**this ms
         self.unit = 2.0 ** (self.span_log - 16)  # ms a place
@@ -532,6 +537,9 @@ class _BucketOffsets:
         keys = self.keys
         if _NO_BUCKET in keys:
             row = keys.index(_NO_BUCKET)
+        elif len(keys) < MAX_OFFSET_BUCKETS:
+            row = len(keys)
+            self._grow()
         else:
             earliest = min(keys)
             latest = max(keys)
@@ -545,6 +553,18 @@ class _BucketOffsets:
         self._refused = _NOTHING_REFUSED  # (the rows changed: another bucket may be kept now)
         self._clear(row)
         return row
+
+    def _grow(self) -> None:
+        """Twice the rows (at most :data:`MAX_OFFSET_BUCKETS`): the new ones free, the others where they
+        were (every table is row after row). O(rows)."""
+        rows = len(self.keys)
+        more = min(rows, MAX_OFFSET_BUCKETS - rows)
+        self.keys.extend(array("q", [_NO_BUCKET]) * more)
+        self.cells.extend(array("H", bytes(2 * _CELLS * more)))
+        self.meta.extend(array("H", bytes(2 * _META * more)))
+        for segments in (self.low, self.high, self.last, self.entries):
+            segments.extend(array("H", bytes(2 * OFFSET_SEGMENTS * more)))
+        self.moves.extend(array("B", bytes(2 * OFFSET_SEGMENTS * more)))
 
     def _clear(self, row: int) -> None:
         start = row * _CELLS
@@ -845,7 +865,7 @@ class LatenessHistogram:
 
     def forget_pending(self) -> None:
         """No nack whose offset is counted is pending or on its way any more (a seek; the arrival filter's
-        sweep saw none): the buckets' offsets go (6 KiB, the most of the estimator), to be made again at
+        sweep saw none): the buckets' offsets go (up to 6 KiB, the most of the estimator), to be made again at
         the next nack; the lateness counted so far stays. Not at each draw: the counts do not drain
         exactly (an acked nack's offset stays), and a consumer with one nack pending at a time would make
         the table again at each nack (~10 µs). O(1)."""

@@ -222,6 +222,24 @@ def test_compaction_keeps_content_and_accepts_new_ids() -> None:
     assert index.due_of(10, 60_000) == first_bucket and len(index) == 100_001
 
 
+@pytest.mark.parametrize("compacted", [False, True], ids=["popped-hot", "popped-packed"])
+def test_an_index_drained_to_one_id_holds_a_few_kib_not_its_grown_tables(compacted: bool) -> None:
+    """Issue 23 (≤ 16 KiB fixed, memory flat with run time): 20,000 one-ms buckets (k = 0) popped down to
+    one id leave no grown table behind — the bucket times' chunk (an array keeps its allocation when
+    times leave one by one: 4.4 KB for one), the cold-bucket dict (590 KB for one after 20,000 went
+    uncompacted), the schedule."""
+    index = TimeBucketIndex(precision_bits=0)
+    for i in range(20_000):
+        index.add(1_000 + i, 10 + i % 100, i)
+    if compacted:
+        index.compact()  # every bucket sparse: moved to the packed tier, their times discarded
+    assert sum(len(due.entry_ids) for due in index.pop_due(1_000 + 19_998)) == 19_999
+    index.add(1_000 + 19_999, 10, 7)
+    index.compact()
+    usage = index.memory_usage()
+    assert len(index) == 2 and usage.total_bytes <= 8 * 1024, usage
+
+
 @pytest.mark.parametrize(
     ("args", "error", "message"),
     [

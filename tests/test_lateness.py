@@ -212,10 +212,33 @@ def test_each_redelivery_draws_an_offset_of_its_own_bucket() -> None:
     assert reported is not None
     assert 192 <= reported[0] <= reported[1] <= 224, reported
     assert 300 <= reported[2] <= reported[3] <= 332, reported
-    empty = histogram.nbytes
     for bucket in range(0, 256_000, 256):
         histogram.offset(bucket, 100)
-    assert histogram.nbytes == empty < MAX_BYTES, "a fixed table: 40 buckets at most"
+    full = histogram.nbytes
+    for bucket in range(256_000, 512_000, 256):
+        histogram.offset(bucket, 100)
+    assert histogram.nbytes == full < MAX_BYTES, "a bounded table: 40 buckets at most"
+
+
+def test_the_offsets_grow_with_the_buckets_kept_not_before() -> None:
+    """Issue 23 (≤ 16 KiB fixed for a consumer with a nack pending): the buckets' offsets are made with
+    room for 4 buckets and double as more are kept at once, up to 40 (6 KiB); a nack or two pending
+    hold a quarter of that. Rows made later keep their buckets' nacks as the first ones do: each
+    redelivery draws its own bucket's offset."""
+    histogram = LatenessHistogram()
+    without = histogram.nbytes
+    histogram.offset(1_024, 14)
+    one = histogram.nbytes - without
+    for bucket in range(1_280, 1_024 + 40 * 256, 256):
+        histogram.offset(bucket, 10 + bucket // 256)  # each bucket's nacks at an offset of their own
+    forty = histogram.nbytes - without
+    assert one <= 2_048 and forty >= 3 * one, (one, forty)
+    for bucket in range(1_024, 1_024 + 40 * 256, 256):
+        histogram.add_after_bucket(bucket, 0.0)
+    reported = histogram.percentiles([0.0, 0.5, 1.0])
+    assert reported is not None
+    # 40 redeliveries at once from their bucket: 14 .. 53 ms late, each its own bucket's offset
+    assert 13 <= reported[0] <= 15 and 32 <= reported[1] <= 35 and 52 <= reported[2] <= 54, reported
 
 
 @pytest.mark.parametrize("kept_after", [(1.0, 1.0), (400.0, 800.0)], ids=["first", "after-a-backlog"])

@@ -221,3 +221,51 @@ def test_held_chunked_payload_is_its_own_row_and_in_every_measure() -> None:
     row = next(line for line in lines if "held chunked payload" in line)
     assert "4.194 MB" in row and "4 of" in row and "past it" in row, row
     assert any("no chunked messages" in line for line in render(plain))
+
+
+@pytest.mark.parametrize(("precision_bits", "batch_size", "topics"), [(8, 10, 1), (0, 1, 100), (12, 100, 1_000)])
+def test_a_consumer_left_with_one_nack_after_a_busy_run_keeps_16_kib(
+    monkeypatch: pytest.MonkeyPatch, precision_bits: int, batch_size: int, topics: int
+) -> None:
+    """Issue 23 (≤ 16 KiB fixed + 16 B a pending nack, memory flat with run time): a run whose delays
+    spread over 5 s (the lateness estimator's offsets of 40 buckets made, its sample full) drained — every
+    forwarded copy back and acked, the timer run for 100 s more — and then one nack pending for an hour:
+    the tracker holds ≤ 16 KiB + 16 B by its walk. 17.5-18.8 KB before the offsets were made as buckets
+    came (they come back with the first nack at their largest) and drained tables were let go."""
+    from pulsar_nack import profile as profile_module
+
+    made: list[Any] = []
+    new_tracker = profile_module._new_tracker
+
+    def capture(workload: Workload) -> Any:
+        made.append(new_tracker(workload))
+        return made[-1]
+
+    monkeypatch.setattr(profile_module, "_new_tracker", capture)
+    workload = Workload(
+        rate=400, delay=Delay("uniform", 100.0, 5_000.0), duration_s=20.0, topics=topics,
+        batch_size=batch_size, nack_share=0.3, precision_bits=precision_bits,
+    )  # fmt: skip
+    tracker = profile_module._drive(workload, lambda done: None, lambda: None).tracker
+    _, clock, in_flight = made[0]
+    now = clock[0]
+    for _ in range(2_000):  # 100 s of the timer: forwards, their copies back, compactions, sweeps
+        now += 50
+        clock[0] = now
+        next_due = tracker.index.next_due_ms()
+        if next_due is not None and next_due <= now + tracker.lead_ms:
+            tracker.flush(now)
+        while in_flight and in_flight[0][0] <= now:
+            profile_module._redeliver(tracker, in_flight.popleft()[1], batch_size)
+        tracker.index.compact()
+        sweep_due = tracker.arrivals.sweep_due
+        if sweep_due is not None and now > sweep_due:
+            for again in tracker.arrivals.sweep():
+                tracker.schedule(max(again[0], now), *again[1:])
+    assert tracker.stats().pending == 0 and len(tracker.arrivals.lateness) > 1_000
+    tracker.schedule(now + 3_600_000, 9_999_999, 1, -1, "persistent://public/default/late")
+    clock[0] = now + 2_000
+    tracker.index.compact()
+    stats = tracker.stats(with_memory=True)
+    assert stats.pending == 1
+    assert stats.memory_bytes <= 16 * 1024 + 16, stats.memory_parts
