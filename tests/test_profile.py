@@ -223,7 +223,9 @@ def test_held_chunked_payload_is_its_own_row_and_in_every_measure() -> None:
     assert any("no chunked messages" in line for line in render(plain))
 
 
-@pytest.mark.parametrize(("precision_bits", "batch_size", "topics"), [(8, 10, 1), (0, 1, 100), (12, 100, 1_000)])
+@pytest.mark.parametrize(
+    ("precision_bits", "batch_size", "topics"), [(8, 10, 1), (0, 1, 100), (12, 100, 1_000)]
+)
 def test_a_consumer_left_with_one_nack_after_a_busy_run_keeps_16_kib(
     monkeypatch: pytest.MonkeyPatch, precision_bits: int, batch_size: int, topics: int
 ) -> None:

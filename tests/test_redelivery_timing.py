@@ -169,6 +169,7 @@ def test_nack_stats_lateness_is_the_lateness_the_application_measures(
     # A p99 of 300 rests on the top three: one redelivery whose lateness the wrapper estimated (not
     # sampled) moves it by its error (CI: 255.8 reported, 266.1 the application's, its p98 unknown).
     # So: the application's value at a rank near 99 % (98-99.5 %), within 5 ms.
-    assert app_p98 - 5.0 <= reported[1] <= app_p995 + 5.0, (reported, (app_p50, app_p98, app_p99, app_p995))
+    near_p99 = (app_p50, app_p98, app_p99, app_p995)
+    assert reported[1] is not None and app_p98 - 5.0 <= reported[1] <= app_p995 + 5.0, (reported, near_p99)
     assert min(lateness) >= 0 and stats.lateness_early_share == 0.0
     consumer.close()
