@@ -110,7 +110,7 @@ _ALL_BUT_ONE = {~(1 << index): ~(1 << index) for index in range(128)}
 _PENDING, _QUIET, _WATCH = 0, 1, 2
 # _Recent's: two generations (the current one at offset _Recent.current) of each of three sets
 _RECENT = 3
-_SENT, _SENT_ACKED, _SETTLED = _RECENT, _RECENT + 2, _RECENT + 4  # (sent: delivered)
+_SENT, _UNACKED, _SETTLED = _RECENT, _RECENT + 2, _RECENT + 4  # (sent: delivered; unacked: not acked yet)
 _SETS = _RECENT + 6
 # An emptied dict keeps its hash table (590 KB for `_flights` after one forward at 1,000 topics): a table
 # emptied above this size is released at once, not at the next sweep (smaller ones are kept: no churn)
@@ -243,11 +243,15 @@ class _Recent:
     """Non-batched messages handed out for a forward in the last ``linger_ms`` (and which of them the
     application acked since): a later copy of one — the broker re-dispatching after a reconnect, or a
     second redelivery request — is not handed out again. Two generations, each lasting half of
-    ``linger_ms``, of three sets — delivered, acked, and batched entries whose messages were all acked
-    after a recent forward (``settled``: a late copy of one is acked, not handed out) — kept in the
+    ``linger_ms``, of three sets — delivered, those of them not acked yet, and batched entries whose
+    messages were all acked after a recent forward (``settled``: a late copy of one is acked, not handed
+    out) — kept in the
     filter's :class:`~pulsar_nack.entry_sets.EntrySets` (sets :data:`_RECENT` on): a few bytes a message,
     no object per ledger (a bitmap per ledger and set cost ~300 B a ledger: 608 KB at 1,000 topics after
-    one forward). O(1) per lookup; the caller's lock held throughout."""
+    one forward). Kept as *not acked yet*, not as acked: an application acks what it is handed, so
+    "acked" held nearly every delivered message twice (46 KB of 862 KB at 100 topics, 1 % nacked, 10 s:
+    the profile's), where "not acked yet" holds those the application is working on. O(1) per lookup;
+    the caller's lock held throughout."""
 
     __slots__ = ("current", "sets", "started", "times")
 
@@ -275,6 +279,7 @@ class _Recent:
     def deliver(self, ledger: tuple[str, int], entry_id: int, now: float | None = None) -> None:
         """Handed out (``now``: when, kept with an ack timeout)."""
         self.sets.add(_SENT + self.current, ledger, entry_id)
+        self.sets.add(_UNACKED + self.current, ledger, entry_id)
         if now is not None:
             self.times[0][(ledger[0], ledger[1], entry_id)] = now
 
@@ -292,14 +297,23 @@ class _Recent:
         return None
 
     def ack(self, ledger: tuple[str, int], entry_id: int) -> None:
-        if self._holds(_SENT, ledger, entry_id):
-            self.sets.add(_SENT_ACKED + self.current, ledger, entry_id)
+        sets = self.sets
+        bitmaps = sets.layout.bitmaps
+        for unacked in (_UNACKED, _UNACKED + 1):
+            if bitmaps[unacked]:  # (most acks find both empty: no code made)
+                sets.discard(unacked, ledger, entry_id)
 
     def verdict(self, ledger: tuple[str, int], entry_id: int) -> Verdict | None:
-        """ACKED or DUPLICATE for a copy of a recently handed-out message, else None."""
-        if not self._holds(_SENT, ledger, entry_id):
-            return None
-        return _ACKED if self._holds(_SENT_ACKED, ledger, entry_id) else _DUPLICATE
+        """ACKED or DUPLICATE for a copy of a recently handed-out message, else None: ACKED if a
+        generation that delivered it has seen its ack."""
+        sets = self.sets
+        sent = False
+        for generation in (0, 1):
+            if sets.contains(_SENT + generation, ledger, entry_id):
+                if not sets.contains(_UNACKED + generation, ledger, entry_id):
+                    return _ACKED
+                sent = True
+        return _DUPLICATE if sent else None
 
     def rotate(self, now: float, half_linger_ms: float) -> AbstractBitMap64 | None:
         """Start a new generation once the current one is ``half_linger_ms`` old; returns the codes of
@@ -309,7 +323,7 @@ class _Recent:
         previous = 1 - self.current
         bitmaps = self.sets.layout.bitmaps
         dropped = bitmaps[_SENT + previous].copy()
-        for kind in (_SENT, _SENT_ACKED, _SETTLED):
+        for kind in (_SENT, _UNACKED, _SETTLED):
             self.sets.empty(kind + previous)  # (in place: the layout's bitmaps are never swapped alone)
         self.current = previous
         self.times = [{}, self.times[0]]
@@ -323,11 +337,11 @@ class _Recent:
         bitmaps = sets.layout.bitmaps
         forgotten = BitMap64()
         for generation in (0, 1):
-            delivered, acked = bitmaps[_SENT + generation], bitmaps[_SENT_ACKED + generation]
-            forgotten |= delivered - acked
-            sets.empty(_SENT + generation)  # (in place, as in rotate)
-            if acked:
-                sets.writable(_SENT + generation).update(acked)
+            unacked = bitmaps[_UNACKED + generation]
+            if unacked:
+                forgotten |= unacked
+                sets.writable(_SENT + generation).difference_update(unacked)  # (in place, as in rotate)
+                sets.empty(_UNACKED + generation)
         return forgotten
 
     def reset(self, now: float) -> None:

@@ -689,3 +689,28 @@ def test_a_forward_of_many_ledgers_leaves_no_grown_table_behind() -> None:
     h.run_until(due + 100)
     assert sum(len(ids) for _, ids in h.forwards) == 1_000
     assert sys.getsizeof(h.tracker.arrivals._popped) == sys.getsizeof({})
+
+
+def test_acked_redeliveries_are_kept_once_in_the_recent_sets() -> None:
+    """Issue 23: the filter remembers the non-batched messages it handed out for a forward (a later copy
+    is a duplicate, or acked once the application acked it) as *delivered* and *not acked yet*: an
+    application acks what it is handed, so once it has, each message is held once — where *delivered*
+    and *acked* held it twice. A late copy of an acked one is ACKED, of one not acked DUPLICATE."""
+    from pulsar_nack.arrivals import _RECENT, _SETS
+
+    h = Harness(precision_bits=8)
+    start = h.clock.now
+    for entry in range(1, 2_001):
+        h.tracker.schedule(start + 1_000, 7, entry)
+    h.run_until(start + 2_000)
+    for entry in range(1, 2_001):
+        assert arrive(h, 7, entry) is Verdict.DELIVER
+        if entry > 1:
+            h.tracker.acked(7, entry)
+    bitmaps = h.tracker.arrivals._sets.layout.bitmaps
+    assert sum(len(bitmaps[which]) for which in range(_RECENT, _SETS)) == 2_000 + 1
+    assert arrive(h, 7, 2) is Verdict.ACKED and arrive(h, 7, 2_000) is Verdict.ACKED
+    assert arrive(h, 7, 1) is Verdict.DUPLICATE, "handed out, not acked yet"
+    h.tracker.acked(7, 1)
+    assert arrive(h, 7, 1) is Verdict.ACKED
+    assert sum(len(bitmaps[which]) for which in range(_RECENT, _SETS)) == 2_000
