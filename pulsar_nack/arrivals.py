@@ -1804,6 +1804,13 @@ class ArrivalFilter:
             self._unwatch(self._recent.forget_unacked())
             self._sets.tidy()
 
+    def compact(self) -> None:
+        """Shrink the sets' bitmaps to their values (:meth:`EntrySets.shrink
+        <pulsar_nack.entry_sets.EntrySets.shrink>`): the tracker's compaction, off the nack path.
+        O(containers)."""
+        with self._lock:
+            self._sets.shrink()
+
     def clear(self) -> None:
         """Forget everything (seek, close)."""
         with self._lock:

@@ -446,7 +446,7 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
         while hold.held and hold.pop_due(t) is not None:  # held chunked messages handed out, then acked
             pass
         if t >= next_compact:  # the timer compacts buckets the nacks moved on from, ~1 s later
-            tracker.index.compact()
+            tracker.compact()
             next_compact = t + 1_000.0
         sweep_due = arrivals.sweep_due
         if sweep_due is not None and t > sweep_due:  # the timer retires forwards older than the linger
@@ -494,7 +494,7 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
             progress(done)
     end = start + workload.duration_s * 1_000.0
     timer_work(end)
-    tracker.index.compact()  # what the timer does ~1 s after nacks move on from a bucket
+    tracker.compact()  # what the timer does ~1 s after nacks move on from a bucket
     # The copies the last forwards asked for are the simulated broker's (a consumer hands forwarded ids
     # to the native client and keeps none of its objects): not the tracker's memory.
     in_flight.clear()

@@ -235,11 +235,17 @@ class NackTracker:
             self._timeout = self._wheel.schedule(at_ms, self._on_timer)
 
     def _compact(self) -> None:
-        """Timer thread: compact the buckets nacks have moved on from (off the nack path)."""
+        """Timer thread: :meth:`compact`, ~1 s after nacks moved on from a bucket."""
         with self._lock:
             self._compaction = None
         if not self._closed:
-            self.index.compact()
+            self.compact()
+
+    def compact(self) -> None:
+        """Compact the buckets nacks have moved on from, and shrink the arrival filter's sets (off the
+        nack path: the timer calls it). O(what the buckets and sets hold)."""
+        self.index.compact()
+        self.arrivals.compact()
 
     # -- the index's upkeep ----------------------------------------------------------------------
 

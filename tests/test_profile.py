@@ -259,7 +259,7 @@ def test_a_consumer_left_with_one_nack_after_a_busy_run_keeps_16_kib(
             tracker.flush(now)
         while in_flight and in_flight[0][0] <= now:
             profile_module._redeliver(tracker, in_flight.popleft()[1], batch_size)
-        tracker.index.compact()
+        tracker.compact()
         sweep_due = tracker.arrivals.sweep_due
         if sweep_due is not None and now > sweep_due:
             for again in tracker.arrivals.sweep():
@@ -267,7 +267,7 @@ def test_a_consumer_left_with_one_nack_after_a_busy_run_keeps_16_kib(
     assert tracker.stats().pending == 0 and len(tracker.arrivals.lateness) > 1_000
     tracker.schedule(now + 3_600_000, 9_999_999, 1, -1, "persistent://public/default/late")
     clock[0] = now + 2_000
-    tracker.index.compact()
+    tracker.compact()
     stats = tracker.stats(with_memory=True)
     assert stats.pending == 1
     assert stats.memory_bytes <= 16 * 1024 + 16, stats.memory_parts
