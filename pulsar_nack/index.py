@@ -1795,8 +1795,7 @@ class _HotIndex:
                 # compact() shrinks a bucket's shared bitmap and takes the bucket off the cold list; adds
                 # put it back (or it is the add path's current bucket).
                 compacted = bucket not in self._cold and bucket != self._slot_bucket
-                shrunk = compacted and _worth_shrinking(slots.packed)
-                roaring += shared_bitmap64_heap_bytes(slots.packed, shrunk)
+                roaring += shared_bitmap64_heap_bytes(slots.packed, shrunk=compacted)
         parts["ledgers"] += python_bytes(self._ledgers) + python_bytes(self._ordinals)
         parts["ledgers"] += python_bytes(self._free) + bitmap_heap_bytes(self._free)
         for key, record in self._ledgers.items():
@@ -3447,20 +3446,13 @@ def _entry_masks(
     return list(masks), list(masks.values())
 
 
-def _worth_shrinking(bitmap: BitMap64) -> bool:
-    """Whether ``shrink_to_fit`` frees memory: arrays of 64 values and more on average (measured: with
-    fewer, glibc cannot split the spare bytes off and the tree's reallocation costs more than it saves)."""
-    stats = bitmap.get_statistics()
-    arrays = stats["n_array_containers"]
-    return arrays == 0 or stats["n_values_array_containers"] >= _SHRINK_FROM * arrays
-
-
 def _shrink(bitmap: BitMap64) -> None:
-    if _worth_shrinking(bitmap):
-        bitmap.shrink_to_fit()
-
-
-_SHRINK_FROM = 64
+    """``shrink_to_fit``: in-use heap never grows by it (measured in processes set up for heap
+    measurement, 196 containers of 1 to 200 values each: 25.4 -> 20.0 KB at 1, 46.2 -> 28.2 KB at 35, 105
+    -> 93 KB at 200). It once ran only at 64+ values a container (glibc cannot split a small array's
+    spare bytes off), yet measured whole it frees memory at every size; and memory_usage() counts every
+    compacted bitmap as shrunk."""
+    bitmap.shrink_to_fit()
 
 
 _U32 = np.dtype(np.uint32)  # (np.array with a dtype object skips parsing ``dtype=np.uint32``: ~9 µs cold)
