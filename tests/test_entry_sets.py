@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fresh_process import run_probe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap
@@ -202,22 +203,7 @@ def test_shrink_gives_back_the_room_containers_grew_and_the_report_follows() -> 
     drains as nacks fall due; ``shrink`` (the tracker's compaction) gives the unused room back — a fifth
     of the heap or more here — and ``memory_bytes`` then reports the shrunk sets within 15 % (measured in
     a fresh process set up for heap measurement)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from pulsar_nack.memory import MEASURING_ENV
-
-    out = subprocess.run(
-        [sys.executable, "-c", _SHRINK_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, **MEASURING_ENV},
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe(_SHRINK_PROBE)
     assert result["values"] == 100_000
     assert result["shrunk"] < 0.8 * result["grown"], result
     assert abs(result["reported_shrunk"] / result["shrunk"] - 1) <= 0.15, result

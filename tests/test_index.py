@@ -13,6 +13,7 @@ from typing import NotRequired, TypedDict
 
 import numpy as np
 import pytest
+from fresh_process import run_probe
 
 from pulsar_nack.index import MAX_ENTRY_ID, PROMOTE_AT
 from pulsar_nack.ledgers import LedgerRegistry
@@ -1238,15 +1239,7 @@ def test_compact_shrinks_a_shared_bitmap_of_small_containers_and_reports_it_so()
     130.2 -> 130.1 KB here; now ~10 % less), and the shared bitmaps a re-layout rebuilt were exact while
     the report counted them grown (+25 % at 1 topic, 1 % nacked, k = 12) — and memory_usage() reports the
     compacted bucket within 10 % of the heap (fresh process, set up for heap measurement)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _SHARED_SHRINK_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, **MEASURING_ENV},
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe(_SHARED_SHRINK_PROBE)
     assert result["live"] == 2, result  # (kept live: cheaper shared than packed)
     assert result["compacted"] < 0.95 * result["grown"], result
     assert abs(result["reported"] / result["compacted"] - 1) <= 0.10, result

@@ -6,14 +6,8 @@ cache), as the benchmarks do.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-
-from pulsar_nack.memory import MEASURING_ENV
+from fresh_process import run_probe
 
 _PROBE = """
 import gc, json, sys
@@ -42,15 +36,7 @@ print(json.dumps({"measured": measured, "estimated": estimated}))
 @pytest.mark.parametrize("members", [0, 1, 10, 85, 300, 1000])
 def test_bitmap64_estimate_is_within_10_percent_of_the_heap(members: int) -> None:
     """The batch-member bitmaps of the index: 0 to 1000 members (1 to 16 Roaring containers)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(members)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, **MEASURING_ENV},
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe(_PROBE, str(members))
     assert result["measured"] > 0
     error = result["estimated"] / result["measured"] - 1
     assert abs(error) <= 0.10, result
@@ -111,15 +97,7 @@ def test_shared_bitmap64_estimate_is_within_10_percent_of_the_heap(
 ) -> None:
     """The index's per-bucket shared bitmaps: 1 to 300 ledgers × 1 to 100 ids, 1 to ~100 containers,
     as built (growth headroom: within 15 %) and after ``shrink_to_fit`` (what compact() does: 10 %)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _SHARED_PROBE, str(ledgers), str(per), str(spread), str(int(shrunk))],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        env={**os.environ, **MEASURING_ENV},
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe(_SHARED_PROBE, str(ledgers), str(per), str(spread), str(int(shrunk)))
     assert result["measured"] > 0
     error = result["estimated"] / result["measured"] - 1
     assert abs(error) <= (0.10 if shrunk else 0.15), result
@@ -151,13 +129,6 @@ print(json.dumps({"left": left, "slots": index.structure()["bitmaps"]}))
 def test_reading_memory_usage_leaves_nothing_allocated() -> None:
     """``memory_usage()`` walks bitmaps of 150 container counts it has not met before; what it allocates
     goes away (a ctypes array type per distinct count stayed in ctypes' cache: ~1 KB each)."""
-    out = subprocess.run(
-        [sys.executable, "-c", _READ_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = run_probe(_READ_PROBE, measuring=False)
     assert result["slots"] == 150
     assert result["left"] < 512, result
