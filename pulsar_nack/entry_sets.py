@@ -255,6 +255,7 @@ class EntrySets:
         self.held_ordinals = BitMap()
         self.layout = Layout(0, self._count, self._registry.ordinals)
         self._collect_at = _COLLECT_MIN
+        self._shrunk = False  # (new bitmaps grow as values come)
 
     def _hold(self, ledger: LedgerKey) -> int:
         """Hold ``ledger`` in the registry (sweeping unheld ledgers first, re-coding the bitmaps when its

@@ -207,3 +207,18 @@ def test_shrink_gives_back_the_room_containers_grew_and_the_report_follows() -> 
     assert result["values"] == 100_000
     assert result["shrunk"] < 0.8 * result["grown"], result
     assert abs(result["reported_shrunk"] / result["shrunk"] - 1) <= 0.15, result
+
+
+def test_sets_emptied_after_a_shrink_count_as_grown_again() -> None:
+    """The report counts the sets as shrunk once ``shrink`` ran — until every set is emptied (a seek, a
+    drained consumer): the bitmaps made after that grow as values come, and count as grown."""
+    sets = EntrySets(1)
+    for entry in range(0, 3_000, 3):
+        sets.add(0, ("t", 1), entry)
+    grown = sets.memory_bytes()
+    sets.shrink()
+    assert sets.memory_bytes() < grown
+    sets.clear()
+    for entry in range(0, 3_000, 3):
+        sets.add(0, ("t", 1), entry)
+    assert sets.memory_bytes() == grown
