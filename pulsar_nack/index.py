@@ -42,7 +42,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain, islice, pairwise
-from typing import Any, Literal, NamedTuple, NoReturn, Protocol, TypeAlias
+from typing import Any, Literal, NamedTuple, NoReturn, Protocol, TypeAlias, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -1498,18 +1498,11 @@ class _HotIndex:
                         record.trim(single)
                 done += 1
             # A dict keeps its grown table when entries leave: the buckets, ledgers and batch members
-            # that moved to the packed tier or were popped would leave ~40 B each behind (a consumer
-            # drained after a busy run kept a 1.2 KB schedule for one bucket). O(live) when oversized.
-            if sys.getsizeof(self._schedule) > _OVERSIZED * (len(self._schedule) + 8):
-                self._schedule = dict(self._schedule)
-            if sys.getsizeof(self._ledgers) > _OVERSIZED * (len(self._ledgers) + 8):
-                self._ledgers = dict(self._ledgers)
-            if sys.getsizeof(self._members) > _OVERSIZED * (len(self._members) + 8):
-                self._members = dict(self._members)
-            if sys.getsizeof(self._dense) > _OVERSIZED * (len(self._dense) + 8):
-                self._dense = dict(self._dense)
-            if sys.getsizeof(self._cold) > _OVERSIZED * (len(self._cold) + 8):
-                self._cold = dict(self._cold)  # (popped buckets leave it: 590 KB for one after 20,000)
+            # that moved to the packed tier or were popped would leave ~40 B each behind (the cold
+            # buckets' table: 590 KB for one after 20,000 popped uncompacted). O(live) when oversized.
+            self._schedule, self._ledgers = _fitted(self._schedule), _fitted(self._ledgers)
+            self._members, self._dense = _fitted(self._members), _fitted(self._dense)
+            self._cold = _fitted(self._cold)
             # No narrowing here: the ledgers a compaction moved to the packed tier come back with the
             # next bucket's nacks, and narrowing then widening again re-encoded the shared bitmaps ~3
             # times a compaction (0.4 a nack at 100 topics, 1 h delays: a third of the nack path).
@@ -3444,6 +3437,16 @@ def _entry_masks(
     for entry_id, index in zip(entry_ids.tolist(), indexes.tolist(), strict=True):
         masks[entry_id] = masks.get(entry_id, 0) | 1 << index
     return list(masks), list(masks.values())
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _fitted(table: dict[_K, _V]) -> dict[_K, _V]:
+    """``table``, or a copy of it if its hash table is oversized for what it holds (a dict keeps its
+    grown table as entries leave). O(1), O(entries) when copied."""
+    return dict(table) if sys.getsizeof(table) > _OVERSIZED * (len(table) + 8) else table
 
 
 def _shrink(bitmap: BitMap64) -> None:
