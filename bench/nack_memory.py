@@ -3,9 +3,9 @@
 Issue 23's grid: topics {1, 100, 1,000} × batching {none, batches of 10, batches of 100} × nack share
 {1 %, 10 %, 100 %} × delay {10 s, 60 s, 1 h; fixed, or uniform from it to 60 s more} × k {0, 8, 12} —
 486 points. Each point is a :class:`pulsar_nack.profile.Workload` whose messages arrive over the shortest
-delay, so that at the end nothing has come due and every nack is pending (``--pending``, 100,000 by
-default): ``pending / nack share`` messages through a real :class:`~pulsar_nack.tracker.NackTracker` — its
-index, timer wheel and arrival filter — exactly as ``pulsar-nack profile`` drives it (every arrival passes
+delay, enough that at least ``--pending`` nacks (100,000 by default) are pending at the end (see
+:meth:`Point.workload`), through a real :class:`~pulsar_nack.tracker.NackTracker` — its index, timer
+wheel and arrival filter — exactly as ``pulsar-nack profile`` drives it (every arrival passes
 the filter, the application acks or nacks, the timer compacts buckets left behind), in a fresh process with
 ``PYTHONMALLOC=malloc`` and glibc's in-use bytes (tcache off): *measured* = the heap the process retains
 after the run minus just after the tracker was built, divided by the pending nacks — an upper bound of the
@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
@@ -51,7 +52,8 @@ from typing import Any
 
 import report
 
-from pulsar_nack.profile import Delay, Workload, run_probe
+from pulsar_nack.native import NativeTiming
+from pulsar_nack.profile import STEP_MS, Delay, Workload, run_probe
 
 GOAL_BYTES = 16.0
 GOAL_REPORT_ERROR = 0.10
@@ -143,14 +145,19 @@ class Point:
         return [f"{self.topics:,}", batch, f"{self.share:.0%}", self.delay_text(), str(self.k)]
 
     def workload(self, pending: int) -> Workload:
-        """Messages over the shortest delay, so that every nack is still pending at the end."""
+        """Messages over the shortest delay, enough of them that at least ``pending`` nacks are pending at
+        the end. Some come due by then: the first ``2**k`` ms + a native latency + a timer step of nacks
+        (floor rounding puts them in a bucket the last flush takes: 17 % at 10 s, k = 12) — and the nack
+        share is drawn at random, so 4 standard deviations more are asked for."""
         low = self.delay_s * 1_000.0
         delay = (
             Delay("fixed", low, low)
             if self.spread == "fixed"
             else Delay("uniform", low, low + SPREAD_S * 1e3)
         )
-        messages = round(pending / self.share)
+        due_by_end_ms = 2**self.k + NativeTiming().latency_ms + STEP_MS
+        nacks = pending / (1.0 - due_by_end_ms / low)
+        messages = math.ceil((nacks + 4.0 * math.sqrt(nacks)) / self.share)
         duration_s = float(self.delay_s)
         return Workload(
             rate=messages / duration_s,
@@ -417,7 +424,8 @@ def main(argv: list[str]) -> int:
         if old["pending_target"] != args.pending:
             parser.error(f"--resume: {previous.name} was run at --pending {old['pending_target']:,}")
         wanted = {p.name for p in points}
-        results = [r for r in old["results"] if r["point"] in wanted]
+        # (a point measured with fewer nacks pending than asked for is measured again)
+        results = [r for r in old["results"] if r["point"] in wanted and r["pending"] >= args.pending]
         done = {r["point"] for r in results}
         points = [p for p in points if p.name not in done]
         print(f"resuming: {len(done)} points kept, {len(points)} to measure", flush=True)
@@ -545,9 +553,11 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
                 else f"### More points of the grid: `--extra {extra}`"
             ),
             "`python bench/nack_memory.py` — issue 23's grid (topics × batching × nack share × delay × k, "
-            f"{data['grid_points']} points; this run: {len(results)} of them, {data['pending_target']:,} "
-            "pending nacks each). Each point runs a real `NackTracker` (index, timer wheel, arrival filter) "
-            "as `pulsar-nack profile` drives it, in a fresh process: measured = heap retained from outside "
+            f"{data['grid_points']} points; this run: {len(results)} of them, at least "
+            f"{data['pending_target']:,} pending nacks asked of each, fewest measured "
+            f"{min(r['pending'] for r in results):,}). Each point runs a real `NackTracker` (index, timer "
+            "wheel, arrival filter) as `pulsar-nack profile` drives it, in a fresh process: measured = heap "
+            "retained from outside "
             "(`PYTHONMALLOC=malloc`, glibc in-use bytes, CRoaring included) after the run minus after the "
             "tracker was built, per pending nack, in the process's second run of the workload (its first "
             "tracker, dropped before, leaves process heap that later ones do not add to: *first run* is "

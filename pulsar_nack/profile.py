@@ -66,6 +66,7 @@ from pulsar_nack.shipped import java_reference
 
 __all__ = [
     "MAX_MESSAGES",
+    "STEP_MS",
     "Delay",
     "ProfileError",
     "ProfileResult",
@@ -84,7 +85,7 @@ __all__ = [
 #: The most messages one profile runs (each probe is O(messages) Python work: ~10 s per million).
 MAX_MESSAGES: Final = 20_000_000
 #: Simulated time step: arrivals between two steps see the same clock; the timer's work runs per step.
-_STEP_MS: Final = 10.0
+STEP_MS: Final = 10.0
 _PROGRESS_EVERY: Final = 10_000
 _PROBE_TIMEOUT_S: Final = 3600.0
 
@@ -454,7 +455,7 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
                 tracker.schedule(max(again[0], t), *again[1:])
 
     messages, done, arrived = workload.messages, 0, 0
-    next_step = start + _STEP_MS
+    next_step = start + STEP_MS
     entry_ms = step_ms / streams  # partitions take turns, each entry at its own time
     while done < messages:
         s = arrived % streams
@@ -462,7 +463,7 @@ def _drive(workload: Workload, progress: Callable[[int], None], before: Callable
         arrived += 1
         if t >= next_step:
             timer_work(t)
-            next_step = t + _STEP_MS
+            next_step = t + STEP_MS
         clock[0] = t
         entry = entry_of[s]
         entry_of[s] += 1
