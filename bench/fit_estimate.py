@@ -129,7 +129,7 @@ def validation_points(count: int = 12) -> list[Point]:
 
 def scenario(point: Point, pending: int) -> Scenario:
     """The estimate's view of a grid point: the same workload, counted when its messages have arrived
-    (nothing due yet: duration = the shortest delay)."""
+    (nothing due yet: see :meth:`Point.workload`)."""
     workload = point.workload(pending)
     delay_ms = point.delay_s * 1_000.0
     return Scenario(
@@ -141,7 +141,7 @@ def scenario(point: Point, pending: int) -> Scenario:
         nack_share=point.share,
         topics=point.topics,
         entries_per_ledger=workload.entries_per_ledger,
-        duration_ms=delay_ms,
+        duration_ms=workload.duration_s * 1_000.0,
     )
 
 

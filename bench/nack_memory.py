@@ -2,11 +2,12 @@
 
 Issue 23's grid: topics {1, 100, 1,000} × batching {none, batches of 10, batches of 100} × nack share
 {1 %, 10 %, 100 %} × delay {10 s, 60 s, 1 h; fixed, or uniform from it to 60 s more} × k {0, 8, 12} —
-486 points. Each point is a :class:`pulsar_nack.profile.Workload` whose messages arrive over the shortest
-delay, enough that at least ``--pending`` nacks (100,000 by default) are pending at the end (see
-:meth:`Point.workload`), through a real :class:`~pulsar_nack.tracker.NackTracker` — its index, timer
-wheel and arrival filter — exactly as ``pulsar-nack profile`` drives it (every arrival passes
-the filter, the application acks or nacks, the timer compacts buckets left behind), in a fresh process with
+486 points. Each point is a :class:`pulsar_nack.profile.Workload` whose messages arrive within the
+shortest delay, so that at the end nothing has come due and at least ``--pending`` nacks (100,000 by
+default) are pending (see :meth:`Point.workload`), through a real
+:class:`~pulsar_nack.tracker.NackTracker` — its index, timer wheel and arrival filter — exactly as
+``pulsar-nack profile`` drives it (every arrival passes the filter, the application acks or nacks, the
+timer compacts buckets left behind), in a fresh process with
 ``PYTHONMALLOC=malloc`` and glibc's in-use bytes (tcache off): *measured* = the heap the process retains
 after the run minus just after the tracker was built, divided by the pending nacks — an upper bound of the
 marginal cost (the tracker's fixed cost is before the baseline). The process first runs the same workload
@@ -145,20 +146,19 @@ class Point:
         return [f"{self.topics:,}", batch, f"{self.share:.0%}", self.delay_text(), str(self.k)]
 
     def workload(self, pending: int) -> Workload:
-        """Messages over the shortest delay, enough of them that at least ``pending`` nacks are pending at
-        the end. Some come due by then: the first ``2**k`` ms + a native latency + a timer step of nacks
-        (floor rounding puts them in a bucket the last flush takes: 17 % at 10 s, k = 12) — and the nack
-        share is drawn at random, so 4 standard deviations more are asked for."""
+        """At least ``pending`` nacks, all still pending at the end: the messages arrive over the shortest
+        delay less ``2**k`` ms, a native latency and a timer step (floor rounding files a nack up to
+        ``2**k - 1`` ms early, and a flush takes what is due one latency ahead: over the whole delay, the
+        first 17 % of the nacks at 10 s, k = 12 came due by the end). The nack share is drawn at random:
+        4 standard deviations more are asked for."""
         low = self.delay_s * 1_000.0
         delay = (
             Delay("fixed", low, low)
             if self.spread == "fixed"
             else Delay("uniform", low, low + SPREAD_S * 1e3)
         )
-        due_by_end_ms = 2**self.k + NativeTiming().latency_ms + STEP_MS
-        nacks = pending / (1.0 - due_by_end_ms / low)
-        messages = math.ceil((nacks + 4.0 * math.sqrt(nacks)) / self.share)
-        duration_s = float(self.delay_s)
+        messages = math.ceil((pending + 4.0 * math.sqrt(pending)) / self.share)
+        duration_s = (low - 2**self.k - NativeTiming().latency_ms - STEP_MS) / 1_000.0
         return Workload(
             rate=messages / duration_s,
             delay=delay,
