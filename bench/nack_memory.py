@@ -429,8 +429,10 @@ def main(argv: list[str]) -> int:
         done = {r["point"] for r in results}
         points = [p for p in points if p.name not in done]
         print(f"resuming: {len(done)} points kept, {len(points)} to measure", flush=True)
-    if args.resume:
+    if args.resume:  # a random order, but the larger nack shares first (fewer messages: a 1 % point
+        # takes ~170 s, a 100 % one ~8 s), so that a run stopped early has measured the most points
         random.Random(486).shuffle(points)
+        points.sort(key=lambda point: -point.share)
     for number, result in enumerate(_measured(points, args.pending, args.jobs), 1):
         results.append({**result, "commit": facts["commit"]})
         print(
