@@ -323,6 +323,10 @@ _SMALL_SHARED = 32
 #: byte per slot, so this stays below _OWN.
 PROMOTE_AT = 128
 _OWN = 255  # the size byte of a slot that has its own bitmap
+#: The member masks of batches nacked whole (``2**size - 1``), one int object each for every entry that has
+#: one: an int past 256 is an object of its own (28 B for a batch of 10), and every message of a batch
+#: nacked keeps a mask an entry in ``_HotIndex._members`` (2.8 B a pending nack at batches of 10).
+_WHOLE_BATCHES: dict[int, int] = {}
 
 #: :meth:`TimeBucketIndex.compact` gives a slot of the shared bitmap holding one run of this many
 #: consecutive ids a ``_Run`` of its own (36 bytes plus its dict entry, against 2 bytes per id).
@@ -1127,7 +1131,9 @@ class _HotIndex:
                 key = (bucket << 32 | entry_id) << _SERIAL_BITS | record.serial  # _member_key
                 mask = members.get(key)
                 if mask is not None:
-                    members[key] = mask | 1 << batch_index
+                    mask |= 1 << batch_index
+                    # (a batch nacked whole: one shared int for every entry's mask, see _WHOLE_BATCHES)
+                    members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
                     self._added += 1
                     return bucket
             if self._put(entry_id) or (
@@ -2080,7 +2086,7 @@ class _HotIndex:
         if mask:
             if key not in self._members:
                 slots.members += 1
-            self._members[key] = mask
+            self._members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
         elif self._members and self._members.pop(key, None) is not None:
             slots.members -= 1
 
@@ -2103,7 +2109,8 @@ class _HotIndex:
             slots.members += 1
             self._members[key] = 1 << batch_index
         else:
-            self._members[key] = mask | 1 << batch_index
+            mask |= 1 << batch_index
+            self._members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
 
     def _holding(self, record: _Ledger, entry_id: int) -> list[int]:
         """Bucket times (ascending) of every slot of this ledger that holds ``entry_id``."""
@@ -2465,7 +2472,8 @@ class _HotIndex:
                 have = members.get(key)
                 if have is None:
                     slots.members += 1
-                members[key] = mask if have is None else have | mask
+                mask = mask if have is None else have | mask
+                members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
 
     def _settle(
         self,
