@@ -24,6 +24,7 @@ import os
 import re
 import sys
 import tempfile
+from array import array
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any
@@ -271,12 +272,28 @@ _SMALL_REQUEST = 512  # pymalloc serves requests up to this size from its pools
 _PYMALLOC = os.environ.get("PYTHONMALLOC", "") in ("", "default", "debug", "pymalloc", "pymalloc_debug")
 
 
+#: Containers whose items live in an allocation of their own (a list's item array, a dict's or set's
+#: table, an array's buffer): ``sys.getsizeof`` of an empty one, the object without it. An allocation has
+#: its own rounding and header: a one-item ``array('q')`` is 80 + 32 bytes under ``PYTHONMALLOC=malloc``,
+#: not the 80 of its 72 bytes as one (a bucket time's chunk at k = 0: -8.6 % reported at 1 topic,
+#: batches of 100, every message nacked, 1 h).
+_SEPARATE_ITEMS: dict[type, int] = {
+    list: sys.getsizeof([]),
+    dict: sys.getsizeof({}),
+    set: sys.getsizeof(set()),
+    array: sys.getsizeof(array("b")),
+}
+
+
 def python_bytes(obj: object) -> int:
     """Bytes the allocator hands out for ``obj`` itself (a dict's or list's table included), not what it
     refers to. O(1)."""
     size = sys.getsizeof(obj)
     if isinstance(obj, AbstractBitMap | AbstractBitMap64):
         size = type(obj).__basicsize__  # getsizeof reports the serialized size here
+    empty = _SEPARATE_ITEMS.get(type(obj))
+    if empty is not None and size > empty:
+        return _allocated(empty) + _allocated(size - empty)
     return _allocated(size)
 
 

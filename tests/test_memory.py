@@ -132,3 +132,38 @@ def test_reading_memory_usage_leaves_nothing_allocated() -> None:
     result = run_probe(_READ_PROBE, measuring=False)
     assert result["slots"] == 150
     assert result["left"] < 512, result
+
+
+_CONTAINERS_PROBE = """
+import gc, json
+from array import array
+from pulsar_nack.memory import heap_in_use, python_bytes
+def build(n):  # the small containers the index keeps per bucket at k = 0 (a chunk of one bucket time)
+    return [[array("q", (7,)), [7], {7: 7}, {7, 8}] for _ in range(n)]  # (small ints: shared objects)
+build(100)
+gc.collect()
+before = heap_in_use()
+built = build(5_000)
+gc.collect()
+measured = heap_in_use() - before
+kinds = {}
+for row in built:
+    for item in row:
+        kinds.setdefault(type(item).__name__, 0)
+        kinds[type(item).__name__] += python_bytes(item)
+estimated = sum(kinds.values()) + python_bytes(built) + sum(python_bytes(row) for row in built)
+print(json.dumps({"measured": measured, "estimated": estimated, "kinds": kinds}))
+"""
+
+
+@pytest.mark.parametrize("allocator", ["malloc", "pymalloc"])
+def test_small_containers_are_counted_with_their_item_allocations(
+    allocator: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list's items, a dict's or set's table and an array's buffer are allocations of their own, each
+    with its rounding and, under ``PYTHONMALLOC=malloc``, its chunk header: ``python_bytes`` of one-item
+    containers within 5 % of the heap they take (exact here; counted as one allocation: -10 % under
+    malloc; the index's one-time chunks at k = 0 were reported 8.6 % low)."""
+    monkeypatch.setenv("PYTHONMALLOC", allocator)
+    result = run_probe(_CONTAINERS_PROBE)
+    assert abs(result["estimated"] / result["measured"] - 1) <= 0.05, result
