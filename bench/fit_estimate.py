@@ -127,21 +127,21 @@ def validation_points(count: int = 12) -> list[Point]:
     return random.Random(7).sample(pool, count)
 
 
-def scenario(point: Point, pending: int) -> Scenario:
-    """The estimate's view of a grid point: the same workload, counted when its messages have arrived
-    (nothing due yet: see :meth:`Point.workload`)."""
-    workload = point.workload(pending)
-    delay_ms = point.delay_s * 1_000.0
+def scenario(row: dict[str, Any]) -> Scenario:
+    """The estimate's view of a measured grid point (a row of ``nack_memory.measure``): the workload it
+    ran, counted when its messages have arrived (nothing due yet: see :meth:`Point.workload`)."""
+    point = Point.of(row)
+    workload = point.workload(1)  # (the point's delays and ledgers; the rate and duration are the row's)
     return Scenario(
-        rate=workload.rate,
-        delay_ms=delay_ms,
+        rate=row["rate"],
+        delay_ms=point.delay_s * 1_000.0,
         delay_spread_ms=workload.delay.high_ms - workload.delay.low_ms,
         precision_bits=point.k,
         batch_size=point.batch,
         nack_share=point.share,
         topics=point.topics,
         entries_per_ledger=workload.entries_per_ledger,
-        duration_ms=workload.duration_s * 1_000.0,
+        duration_ms=row["duration_s"] * 1_000.0,
     )
 
 
@@ -220,7 +220,11 @@ def main(argv: list[str]) -> int:
             [*points(), *validation_points()], unit="point", file=sys.stderr, desc="pulsar-nack"
         ):
             measured.append(measure(point, pending))
-    rows = [features(scenario(Point.of(m), pending)) for m in measured]
+    unnamed = sum("duration_s" not in m for m in measured)
+    if unnamed:  # (measured before rows named their workload: bench/nack_memory.py --resume redoes them)
+        print(f"left out: {unnamed} rows that do not name the workload they ran", file=sys.stderr)
+        measured = [m for m in measured if "duration_s" in m]
+    rows = [features(scenario(m)) for m in measured]
     targets = [float(m["measured_bytes"]) for m in measured]
     coefficients = fit_linear(rows, targets, FEATURES)
     predicted = [predict(coefficients, row) for row in rows]
@@ -233,7 +237,7 @@ def main(argv: list[str]) -> int:
         m["loo_predicted_bytes"] = predict(held, rows[index])
         m["loo_error"] = m["loo_predicted_bytes"] / m["measured_bytes"] - 1
     left_out = _errors([m["loo_predicted_bytes"] for m in measured], targets)
-    keys = [range_key(scenario(Point.of(m), pending)) for m in measured]
+    keys = [range_key(scenario(m)) for m in measured]
     ranges = {name: [min(k[name] for k in keys), max(k[name] for k in keys)] for name in keys[0]}
 
     java: dict[str, Any] = {}

@@ -208,10 +208,13 @@ def native_bytes_per_nack() -> tuple[float | None, str]:
 
 def measure(point: Point, pending: int) -> dict[str, Any]:
     started = time.perf_counter()
-    result = run_probe("malloc-warm", point.workload(pending), lambda _done: None)
+    workload = point.workload(pending)
+    result = run_probe("malloc-warm", workload, lambda _done: None)
     per_nack = result["bytes"] / result["pending"]
     return {
         **point.fields(),
+        "rate": workload.rate,  # (the workload measured: the estimate's fit reads it)
+        "duration_s": workload.duration_s,
         "pending": result["pending"],
         "buckets": result["buckets"],
         "measured_bytes": result["bytes"],
@@ -424,8 +427,13 @@ def main(argv: list[str]) -> int:
         if old["pending_target"] != args.pending:
             parser.error(f"--resume: {previous.name} was run at --pending {old['pending_target']:,}")
         wanted = {p.name for p in points}
-        # (a point measured with fewer nacks pending than asked for is measured again)
-        results = [r for r in old["results"] if r["point"] in wanted and r["pending"] >= args.pending]
+        # (a point measured with fewer nacks pending than asked for, or before rows named their workload,
+        # is measured again)
+        results = [
+            r
+            for r in old["results"]
+            if r["point"] in wanted and r["pending"] >= args.pending and "duration_s" in r
+        ]
         done = {r["point"] for r in results}
         points = [p for p in points if p.name not in done]
         print(f"resuming: {len(done)} points kept, {len(points)} to measure", flush=True)

@@ -34,3 +34,13 @@ def test_a_grid_point_ends_with_at_least_the_pending_nacks_asked_for(point: Poin
     result = run_probe("default", point.workload(PENDING), lambda _done: None)
     assert PENDING <= result["pending"] <= 1.25 * PENDING
     assert result["forwards"] == 0  # nothing came due
+
+
+def test_a_row_names_the_workload_the_estimate_is_fitted_to() -> None:
+    """bench/fit_estimate.py fits the estimate to grid rows: the scenario it reads from a row is the
+    workload that ran (its rate and duration), whose pending nacks are the ones measured."""
+    from fit_estimate import scenario
+    from nack_memory import measure
+
+    row = measure(Point(1, 1, 1.0, 10, "fixed", 12), PENDING)
+    assert scenario(row).pending == pytest.approx(row["pending"], rel=0.05)
