@@ -1131,8 +1131,7 @@ class _HotIndex:
                 key = (bucket << 32 | entry_id) << _SERIAL_BITS | record.serial  # _member_key
                 mask = members.get(key)
                 if mask is not None:
-                    mask |= 1 << batch_index
-                    # (a batch nacked whole: one shared int for every entry's mask, see _WHOLE_BATCHES)
+                    mask |= 1 << batch_index  # (_member_mask, inlined: the nack path)
                     members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
                     self._added += 1
                     return bucket
@@ -2086,7 +2085,7 @@ class _HotIndex:
         if mask:
             if key not in self._members:
                 slots.members += 1
-            self._members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
+            self._members[key] = _member_mask(mask)
         elif self._members and self._members.pop(key, None) is not None:
             slots.members -= 1
 
@@ -2109,8 +2108,7 @@ class _HotIndex:
             slots.members += 1
             self._members[key] = 1 << batch_index
         else:
-            mask |= 1 << batch_index
-            self._members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
+            self._members[key] = _member_mask(mask | 1 << batch_index)
 
     def _holding(self, record: _Ledger, entry_id: int) -> list[int]:
         """Bucket times (ascending) of every slot of this ledger that holds ``entry_id``."""
@@ -2472,8 +2470,7 @@ class _HotIndex:
                 have = members.get(key)
                 if have is None:
                     slots.members += 1
-                mask = mask if have is None else have | mask
-                members[key] = _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
+                members[key] = _member_mask(mask if have is None else have | mask)
 
     def _settle(
         self,
@@ -3445,6 +3442,12 @@ def _entry_masks(
     for entry_id, index in zip(entry_ids.tolist(), indexes.tolist(), strict=True):
         masks[entry_id] = masks.get(entry_id, 0) | 1 << index
     return list(masks), list(masks.values())
+
+
+def _member_mask(mask: int) -> int:
+    """``mask`` as ``_HotIndex._members`` keeps it: the one shared int of its value when it is a whole
+    batch's (``2**size - 1``, see :data:`_WHOLE_BATCHES`). O(1)."""
+    return _WHOLE_BATCHES.setdefault(mask, mask) if not mask & mask + 1 else mask
 
 
 _K = TypeVar("_K")
