@@ -127,11 +127,15 @@ def validation_points(count: int = 12) -> list[Point]:
     return random.Random(7).sample(pool, count)
 
 
-def scenario(row: dict[str, Any]) -> Scenario:
+def scenario(row: dict[str, Any], pending: int) -> Scenario:
     """The estimate's view of a measured grid point (a row of ``nack_memory.measure``): the workload it
-    ran, counted when its messages have arrived (nothing due yet: see :meth:`Point.workload`)."""
+    ran, counted when its messages have arrived (see :meth:`Point.workload`). A row of before f9bf8f5
+    does not name it: those ran ``pending / share`` messages over the whole shortest delay (the first
+    ``2**k`` ms of nacks came due by the end; the estimate counts them in flight)."""
     point = Point.of(row)
     workload = point.workload(1)  # (the point's delays and ledgers; the rate and duration are the row's)
+    if "duration_s" not in row:
+        row = {**row, "rate": round(pending / point.share) / point.delay_s, "duration_s": point.delay_s}
     return Scenario(
         rate=row["rate"],
         delay_ms=point.delay_s * 1_000.0,
@@ -220,11 +224,7 @@ def main(argv: list[str]) -> int:
             [*points(), *validation_points()], unit="point", file=sys.stderr, desc="pulsar-nack"
         ):
             measured.append(measure(point, pending))
-    unnamed = sum("duration_s" not in m for m in measured)
-    if unnamed:  # (measured before rows named their workload: bench/nack_memory.py --resume redoes them)
-        print(f"left out: {unnamed} rows that do not name the workload they ran", file=sys.stderr)
-        measured = [m for m in measured if "duration_s" in m]
-    rows = [features(scenario(m)) for m in measured]
+    rows = [features(scenario(m, pending)) for m in measured]
     targets = [float(m["measured_bytes"]) for m in measured]
     coefficients = fit_linear(rows, targets, FEATURES)
     predicted = [predict(coefficients, row) for row in rows]
@@ -237,7 +237,7 @@ def main(argv: list[str]) -> int:
         m["loo_predicted_bytes"] = predict(held, rows[index])
         m["loo_error"] = m["loo_predicted_bytes"] / m["measured_bytes"] - 1
     left_out = _errors([m["loo_predicted_bytes"] for m in measured], targets)
-    keys = [range_key(scenario(m)) for m in measured]
+    keys = [range_key(scenario(m, pending)) for m in measured]
     ranges = {name: [min(k[name] for k in keys), max(k[name] for k in keys)] for name in keys[0]}
 
     java: dict[str, Any] = {}

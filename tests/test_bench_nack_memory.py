@@ -43,4 +43,4 @@ def test_a_row_names_the_workload_the_estimate_is_fitted_to() -> None:
     from nack_memory import measure
 
     row = measure(Point(1, 1, 1.0, 10, "fixed", 12), PENDING)
-    assert scenario(row).pending == pytest.approx(row["pending"], rel=0.05)
+    assert scenario(row, PENDING).pending == pytest.approx(row["pending"], rel=0.05)
