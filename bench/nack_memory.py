@@ -575,7 +575,7 @@ def render(data: dict[str, Any], extra: str | None = None) -> str:
             f"against the measurement. Native: {data['native_source']}. Goals: ≤ {GOAL_BYTES:g} B per "
             f"pending nack, report within ±{GOAL_REPORT_ERROR:.0%}.",
             report.machine_line(data["machine"]),
-            *(_commits_line(results),),
+            *[line for line in (_commits_line(results),) if line],
             f"Within the goal: {totals['within_goal']} of {totals['points']} points; report within "
             f"±{GOAL_REPORT_ERROR:.0%}: {totals['reported_within']}. "
             f"Worst {worst['measured_per_nack']:.1f} B ({worst['point']}), "
